@@ -1,0 +1,193 @@
+// A small MLP classifier with its own CPU kernels, trained through any zero engine; shared by the examples.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zero/zero.hpp"
+
+namespace mlp {
+
+struct config {
+  int layers = 4;      // linear layers; ReLU between them
+  int hidden = 256;
+  int in = 64;
+  int classes = 10;
+  int batch = 64;      // global batch, split evenly over ranks
+  std::uint64_t seed = 1;
+};
+
+// splitmix64: a counter-based generator, so any rank can draw sample k of step t without drawing
+// the others, and every run with the same seed sees the same data.
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+inline std::uint64_t key(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0, std::uint64_t d = 0) {
+  return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
+}
+// Uniform in [-1, 1).
+inline float uniform(std::uint64_t k) { return static_cast<float>(static_cast<double>(k >> 11) * 0x1.0p-52 - 1.0); }
+
+inline int dim(const config& c, int l) { return l == 0 ? c.in : (l == c.layers ? c.classes : c.hidden); }
+
+inline zero::model_spec make_spec(const config& c) {
+  zero::model_spec spec;
+  for (int l = 0; l < c.layers; ++l)
+    spec.unit("layer" + std::to_string(l))
+        .tensor("w", {static_cast<std::size_t>(dim(c, l + 1)), static_cast<std::size_t>(dim(c, l))})
+        .tensor("b", {static_cast<std::size_t>(dim(c, l + 1))});
+  return spec;
+}
+
+// He-uniform weights (limit sqrt(6 / fan_in)), zero biases; a pure function of the seed.
+inline zero::init_fn initializer(const config& c) {
+  return [c](const zero::unit_spec& u, const zero::tensor_spec& t, std::span<float> v) {
+    if (t.name == "b") {
+      std::fill(v.begin(), v.end(), 0.0f);
+      return;
+    }
+    const float limit = std::sqrt(6.0f / static_cast<float>(t.shape[1]));
+    const std::uint64_t unit_key = zero::fnv1a64(u.name.data(), u.name.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = limit * uniform(key(c.seed, 1, unit_key, i));
+  };
+}
+
+// The synthetic task: each class has a prototype point; a sample is its class's prototype plus
+// noise. Sample `index` of step `step` is the same whichever rank draws it.
+struct batch {
+  std::vector<float> x;  // rows x in
+  std::vector<int> y;
+  int rows = 0;
+};
+inline batch make_batch(const config& c, std::uint64_t step, int first, int rows) {
+  batch b;
+  b.rows = rows;
+  b.x.resize(static_cast<std::size_t>(rows) * c.in);
+  b.y.resize(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    const std::uint64_t sample = step * static_cast<std::uint64_t>(c.batch) + static_cast<std::uint64_t>(first + r);
+    const int label = static_cast<int>(key(c.seed, 2, sample) % static_cast<std::uint64_t>(c.classes));
+    b.y[static_cast<std::size_t>(r)] = label;
+    for (int j = 0; j < c.in; ++j) {
+      const float proto = uniform(key(c.seed, 3, static_cast<std::uint64_t>(label), static_cast<std::uint64_t>(j)));
+      const float noise = uniform(key(c.seed, 4, sample, static_cast<std::uint64_t>(j)));
+      b.x[static_cast<std::size_t>(r) * c.in + j] = proto + 1.5f * noise;
+    }
+  }
+  return b;
+}
+
+// out[r][o] = b[o] + sum_i in[r][i] * w[o][i]
+template <class P>
+void linear_forward(const float* in, const P* w, const P* bias, float* out, int rows, int n_in, int n_out) {
+  for (int r = 0; r < rows; ++r)
+    for (int o = 0; o < n_out; ++o) {
+      float acc = static_cast<float>(bias[o]);
+      const float* x = in + static_cast<std::size_t>(r) * n_in;
+      const P* wr = w + static_cast<std::size_t>(o) * n_in;
+      for (int i = 0; i < n_in; ++i) acc += x[i] * static_cast<float>(wr[i]);
+      out[static_cast<std::size_t>(r) * n_out + o] = acc;
+    }
+}
+
+// gw[o][i] += sum_r dout[r][o] * in[r][i]; gb[o] += sum_r dout[r][o]; din[r][i] = sum_o dout[r][o] * w[o][i]
+template <class P, class G>
+void linear_backward(const float* in, const P* w, const float* dout, G* gw, G* gb, float* din, int rows, int n_in,
+                     int n_out) {
+  for (int o = 0; o < n_out; ++o) {
+    float db = 0.0f;
+    for (int r = 0; r < rows; ++r) db += dout[static_cast<std::size_t>(r) * n_out + o];
+    gb[o] = static_cast<G>(static_cast<float>(gb[o]) + db);
+    G* gr = gw + static_cast<std::size_t>(o) * n_in;
+    for (int i = 0; i < n_in; ++i) {
+      float acc = 0.0f;
+      for (int r = 0; r < rows; ++r) acc += dout[static_cast<std::size_t>(r) * n_out + o] * in[static_cast<std::size_t>(r) * n_in + i];
+      gr[i] = static_cast<G>(static_cast<float>(gr[i]) + acc);
+    }
+  }
+  if (!din) return;
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < n_in; ++i) {
+      float acc = 0.0f;
+      for (int o = 0; o < n_out; ++o)
+        acc += dout[static_cast<std::size_t>(r) * n_out + o] * static_cast<float>(w[static_cast<std::size_t>(o) * n_in + i]);
+      din[static_cast<std::size_t>(r) * n_in + i] = acc;
+    }
+}
+
+// Mean softmax cross-entropy over the rows; writes dlogits = (softmax - onehot) / rows and counts hits.
+inline double softmax_xent(const float* logits, const int* y, float* dlogits, int rows, int classes, int& correct) {
+  double loss = 0.0;
+  correct = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* z = logits + static_cast<std::size_t>(r) * classes;
+    float* d = dlogits + static_cast<std::size_t>(r) * classes;
+    const int argmax = static_cast<int>(std::max_element(z, z + classes) - z);
+    const float m = z[argmax];
+    float sum = 0.0f;
+    for (int k = 0; k < classes; ++k) sum += std::exp(z[k] - m);
+    for (int k = 0; k < classes; ++k) d[k] = std::exp(z[k] - m) / sum / static_cast<float>(rows);
+    d[y[r]] -= 1.0f / static_cast<float>(rows);
+    loss += static_cast<double>(std::log(sum) - (z[y[r]] - m));
+    correct += argmax == y[r];
+  }
+  return loss / rows;
+}
+
+struct step_result {
+  double loss = 0.0;  // mean over this rank's rows
+  int correct = 0;
+};
+
+// One training step of this rank on its slice of the global batch: forward (gather, compute,
+// release), backward in reverse unit order (gather, grads, reduce, release), then the engine's step.
+template <class Engine>
+step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank, int ranks) {
+  const int rows = c.batch / ranks;
+  const batch b = make_batch(c, step, rank * rows, rows);
+  std::vector<std::vector<float>> acts(static_cast<std::size_t>(c.layers) + 1);
+  acts[0] = b.x;
+  for (int l = 0; l < c.layers; ++l) {
+    auto p = e.gather(zero::unit_id{static_cast<std::size_t>(l)});
+    const int n_in = dim(c, l), n_out = dim(c, l + 1);
+    auto& out = acts[static_cast<std::size_t>(l) + 1];
+    out.resize(static_cast<std::size_t>(rows) * n_out);
+    linear_forward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), p["b"].data(), out.data(), rows, n_in,
+                   n_out);
+    if (l + 1 < c.layers)
+      for (auto& v : out) v = v > 0.0f ? v : 0.0f;
+    p.release();
+  }
+  step_result res;
+  std::vector<float> dout(static_cast<std::size_t>(rows) * c.classes);
+  res.loss = softmax_xent(acts.back().data(), b.y.data(), dout.data(), rows, c.classes, res.correct);
+  std::vector<float> din;
+  for (int l = c.layers - 1; l >= 0; --l) {
+    const zero::unit_id u{static_cast<std::size_t>(l)};
+    auto p = e.gather(u);
+    auto g = e.grads(u);
+    const int n_in = dim(c, l), n_out = dim(c, l + 1);
+    din.assign(l > 0 ? static_cast<std::size_t>(rows) * n_in : 0, 0.0f);
+    linear_backward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), dout.data(), g["w"].data(),
+                    g["b"].data(), l > 0 ? din.data() : nullptr, rows, n_in, n_out);
+    e.reduce(u);
+    p.release();
+    if (l > 0) {  // through the ReLU of the layer below
+      const auto& a = acts[static_cast<std::size_t>(l)];
+      for (std::size_t i = 0; i < din.size(); ++i) din[i] = a[i] > 0.0f ? din[i] : 0.0f;
+      dout.swap(din);
+    }
+  }
+  e.step();
+  return res;
+}
+
+}  // namespace mlp

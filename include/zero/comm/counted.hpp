@@ -1,0 +1,120 @@
+// comm::counted<C>: a CommBackend decorator that counts the bytes each rank sends, per collective.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "zero/concepts/comm_backend.hpp"
+#include "zero/comm/threads.hpp"
+
+namespace zero::comm {
+
+enum class collective : int { all_reduce, reduce_scatter, all_gather, broadcast };
+inline constexpr int collective_count = 4;
+
+inline const char* to_string(collective c) {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_gather: return "all_gather";
+    case collective::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+// Bytes one rank sends for a collective whose full buffer is `buffer_bytes`, by the bus-volume
+// convention of nccl-tests: (N-1)/N of the buffer for reduce_scatter and all_gather, 2(N-1)/N for
+// all_reduce, the buffer for broadcast. The buffer is the larger side: size()*count elements for
+// reduce_scatter and all_gather. Integer division: exact whenever N divides the buffer, as it does
+// for every collective the engine issues.
+inline std::uint64_t bus_bytes(collective c, std::uint64_t buffer_bytes, int ranks) {
+  const auto n = static_cast<std::uint64_t>(ranks);
+  if (n <= 1) return 0;
+  switch (c) {
+    case collective::all_reduce: return 2 * (n - 1) * buffer_bytes / n;
+    case collective::reduce_scatter:
+    case collective::all_gather: return (n - 1) * buffer_bytes / n;
+    case collective::broadcast: return buffer_bytes;
+  }
+  return 0;
+}
+
+// The bus-volume factor by which nccl-tests turns algorithm bandwidth into bus bandwidth.
+inline double bus_factor(collective c, int ranks) {
+  const double n = ranks;
+  if (ranks <= 1) return 0.0;
+  switch (c) {
+    case collective::all_reduce: return 2.0 * (n - 1) / n;
+    case collective::reduce_scatter:
+    case collective::all_gather: return (n - 1) / n;
+    case collective::broadcast: return 1.0;
+  }
+  return 0.0;
+}
+
+struct comm_stats {
+  std::array<std::uint64_t, collective_count> bytes{};  // bus bytes sent by this rank
+  std::array<std::uint64_t, collective_count> calls{};
+  std::uint64_t total_bytes() const {
+    std::uint64_t t = 0;
+    for (auto b : bytes) t += b;
+    return t;
+  }
+  std::uint64_t operator[](collective c) const { return bytes[static_cast<int>(c)]; }
+  comm_stats operator-(const comm_stats& o) const {
+    comm_stats d;
+    for (int i = 0; i < collective_count; ++i) {
+      d.bytes[i] = bytes[i] - o.bytes[i];
+      d.calls[i] = calls[i] - o.calls[i];
+    }
+    return d;
+  }
+};
+
+// Wraps a backend by reference; forwards every call and adds its bus bytes to stats().
+template <CommBackend C>
+class counted {
+ public:
+  using system = typename C::system;
+  explicit counted(C& inner) : inner_(&inner) {}
+
+  int rank() const { return inner_->rank(); }
+  int size() const { return inner_->size(); }
+  C& inner() const { return *inner_; }
+  const comm_stats& stats() const { return stats_; }
+  void reset() { stats_ = {}; }
+
+  template <class T>
+  void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    inner_->all_reduce(send, recv, count, op);
+    add(collective::all_reduce, count * sizeof(T));
+  }
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    inner_->reduce_scatter(send, recv, count, op);
+    add(collective::reduce_scatter, count * sizeof(T) * static_cast<std::size_t>(size()));
+  }
+  template <class T>
+  void all_gather(const T* send, T* recv, std::size_t count) {
+    inner_->all_gather(send, recv, count);
+    add(collective::all_gather, count * sizeof(T) * static_cast<std::size_t>(size()));
+  }
+  template <class T>
+  void broadcast(const T* send, T* recv, std::size_t count, int root) {
+    inner_->broadcast(send, recv, count, root);
+    add(collective::broadcast, count * sizeof(T));
+  }
+  void barrier() { inner_->barrier(); }
+
+ private:
+  void add(collective c, std::uint64_t buffer_bytes) {
+    stats_.bytes[static_cast<int>(c)] += bus_bytes(c, buffer_bytes, size());
+    stats_.calls[static_cast<int>(c)] += 1;
+  }
+  C* inner_;
+  comm_stats stats_;
+};
+static_assert(CommBackend<counted<threads>>);
+
+}  // namespace zero::comm

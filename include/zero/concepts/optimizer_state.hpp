@@ -1,0 +1,29 @@
+// The OptimizerState concept: per-element state slots, hyper-parameters, and one element-wise update rule.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+
+namespace zero {
+
+// Requirements:
+//   O::slots                    constexpr int, fp32 state values kept per parameter element
+//   O::name                     constexpr std::string_view, e.g. "adamw"
+//   typename O::step_constants  what one step's update needs (learning rate, bias corrections...),
+//                               computed once per step on the host and passed to every element
+//   o.constants(t) -> step_constants, for the 1-based step number t
+//   O::update(c, w, g, s)       ZERO_HD static: updates master weight w (float&) in place from the
+//                               averaged gradient g (float) and the element's state s (float[slots])
+// The rule is applied to the owned, unpadded elements only; it must use zero::fp operations so
+// every backend performs the same floating-point operations.
+template <class O>
+concept OptimizerState = requires(const O& o, std::uint64_t t, float& w, float g, float* s,
+                                  const typename O::step_constants& c) {
+  { O::slots } -> std::convertible_to<int>;
+  { O::name } -> std::convertible_to<std::string_view>;
+  { o.constants(t) } -> std::same_as<typename O::step_constants>;
+  O::update(c, w, g, s);
+} && (O::slots >= 0);
+
+}  // namespace zero

@@ -1,0 +1,27 @@
+// The PrecisionPolicy concept: the storage types of parameters, gradients, master weights and messages.
+#pragma once
+
+#include <concepts>
+#include <string_view>
+
+namespace zero {
+
+// Requirements:
+//   typename P::param_type    what gather() hands to user kernels
+//   typename P::grad_type     what grads() hands to user kernels, and what is reduced
+//   typename P::master_type   the optimizer's copy of the weights (float)
+//   typename P::comm_type     the element type on the wire
+//   P::separate_master        constexpr bool: a master copy exists apart from the parameters (K
+//                             then includes sizeof(master_type) bytes per parameter)
+//   P::name                   constexpr std::string_view
+template <class P>
+concept PrecisionPolicy = requires {
+  typename P::param_type;
+  typename P::grad_type;
+  typename P::master_type;
+  typename P::comm_type;
+  { P::separate_master } -> std::convertible_to<bool>;
+  { P::name } -> std::convertible_to<std::string_view>;
+} && std::same_as<typename P::master_type, float>;
+
+}  // namespace zero

@@ -1,0 +1,45 @@
+// The paper's memory and communication equations, written independently of the engine that must meet them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "zero/error.hpp"
+
+namespace zero::formula {
+
+// Bytes per parameter of each model state: p (parameters), g (gradients), K (master weights, if
+// kept apart from the parameters, plus every optimizer slot).
+struct state_sizes {
+  std::size_t param_bytes = 4, grad_bytes = 4, k_bytes = 8;
+};
+
+// Model-state bytes per rank for ZeRO stage `stage`, Psi padded parameters and N ranks:
+//   stage 0: (p + g + K) Psi        stage 1: (p + g) Psi + K Psi/N
+//   stage 2: p Psi + (g + K) Psi/N  stage 3: (p + g + K) Psi/N
+// Psi is a multiple of N (every unit is padded to one), so the divisions are exact.
+inline std::uint64_t model_state_bytes(int stage, std::uint64_t psi, int n, state_sizes s) {
+  ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0, invalid_argument,
+             "formula: Psi = ", psi, " is not a multiple of N = ", n);
+  const std::uint64_t per_rank = psi / static_cast<std::uint64_t>(n);
+  switch (stage) {
+    case 0: return (s.param_bytes + s.grad_bytes + s.k_bytes) * psi;
+    case 1: return (s.param_bytes + s.grad_bytes) * psi + s.k_bytes * per_rank;
+    case 2: return s.param_bytes * psi + (s.grad_bytes + s.k_bytes) * per_rank;
+    case 3: return (s.param_bytes + s.grad_bytes + s.k_bytes) * per_rank;
+  }
+  fail(error_kind::invalid_argument, "formula: no ZeRO stage ", stage);
+}
+
+// Bytes each rank sends per step (bus volume): 2 Psi (N-1)/N elements for stages 0-2 (one
+// all-reduce, or reduce-scatter plus all-gather), 3 Psi (N-1)/N for stage 3 (parameters gathered in
+// forward and again in backward, gradients reduce-scattered), each of `elem_bytes` bytes.
+inline std::uint64_t comm_bytes_per_step(int stage, std::uint64_t psi, int n, std::size_t elem_bytes) {
+  ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0, invalid_argument,
+             "formula: Psi = ", psi, " is not a multiple of N = ", n);
+  ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
+  const std::uint64_t passes = stage == 3 ? 3 : 2;
+  return passes * psi / static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n - 1) * elem_bytes;
+}
+
+}  // namespace zero::formula

@@ -1,0 +1,95 @@
+// layout: where every tensor lives in the flat, padded buffer of its unit, and which slice each rank owns.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "zero/core/model_spec.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+// A half-open range of element indices.
+struct range {
+  std::size_t begin = 0, end = 0;
+  std::size_t size() const { return end > begin ? end - begin : 0; }
+  bool empty() const { return end <= begin; }
+  friend bool operator==(range, range) = default;
+};
+
+inline range intersect(range a, range b) {
+  range r{a.begin > b.begin ? a.begin : b.begin, a.end < b.end ? a.end : b.end};
+  return r.empty() ? range{r.begin, r.begin} : r;
+}
+
+// Every shard starts on a multiple of this many elements: 64 bytes for 2-byte types (and 128 for
+// 4-byte ones), so vector loads on a shard are aligned whatever the precision.
+inline constexpr std::size_t shard_alignment_elements = 32;
+
+struct unit_layout {
+  std::size_t offset = 0;        // of the unit in the full flat buffer (all units, padded)
+  std::size_t numel = 0;         // unpadded element count
+  std::size_t padded = 0;        // numel rounded up to the partitioner's padded extent
+  std::size_t shard = 0;         // padded / ranks: the slice each rank owns
+  std::size_t shard_offset = 0;  // of this unit's slice in a rank's shard buffer (all units' slices)
+  std::vector<range> tensors;    // each tensor's range inside the unit (unit-local, unpadded, contiguous)
+};
+
+class layout {
+ public:
+  // Lays out spec for `ranks` ranks with Partitioner P's split rule.
+  template <class P>
+  static layout make(const model_spec& spec, int ranks) {
+    spec.validate();
+    ZERO_CHECK(ranks > 0, invalid_argument, "layout: world size must be positive, got ", ranks);
+    layout l;
+    l.ranks_ = ranks;
+    for (const auto& u : spec.units()) {
+      unit_layout ul;
+      ul.offset = l.padded_;
+      ul.shard_offset = l.shard_total_;
+      ul.numel = u.numel;
+      ul.padded = P::padded_extent(u.numel, ranks, shard_alignment_elements);
+      ul.shard = ul.padded / static_cast<std::size_t>(ranks);
+      std::size_t at = 0;
+      for (const auto& t : u.tensors) {
+        ul.tensors.push_back(range{at, at + t.numel});
+        at += t.numel;
+      }
+      for (int r = 0; r < ranks; ++r) {
+        range o = P::owned(ul.padded, r, ranks);
+        // The engine relies on equal, contiguous, rank-ordered slices (collectives on count = shard).
+        ZERO_CHECK(o.begin == static_cast<std::size_t>(r) * ul.shard && o.size() == ul.shard, invalid_argument,
+                   "layout: the partitioner's split of unit '", u.name, "' is not an even rank-ordered split");
+      }
+      l.padded_ += ul.padded;
+      l.shard_total_ += ul.shard;
+      l.numel_ += ul.numel;
+      l.units_.push_back(std::move(ul));
+    }
+    return l;
+  }
+
+  int ranks() const { return ranks_; }
+  std::size_t numel() const { return numel_; }             // unpadded parameter count
+  std::size_t padded() const { return padded_; }           // Psi: padded parameter count
+  std::size_t shard_total() const { return shard_total_; } // Psi / ranks
+  std::size_t num_units() const { return units_.size(); }
+  const unit_layout& unit(unit_id u) const { return units_.at(u.index); }
+  const std::vector<unit_layout>& units() const { return units_; }
+
+  // The unit-local range rank r owns, padding included.
+  range owned(unit_id u, int r) const {
+    const auto& ul = unit(u);
+    return range{static_cast<std::size_t>(r) * ul.shard, static_cast<std::size_t>(r + 1) * ul.shard};
+  }
+  // The part of owned(u, r) that holds real elements: padding never enters a norm or an update.
+  range owned_real(unit_id u, int r) const { return intersect(owned(u, r), range{0, unit(u).numel}); }
+
+ private:
+  int ranks_ = 0;
+  std::size_t numel_ = 0, padded_ = 0, shard_total_ = 0;
+  std::vector<unit_layout> units_;
+};
+
+}  // namespace zero

@@ -1,0 +1,101 @@
+// Memory accounting: every byte the engine holds is allocated through here, by category, with peaks.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <utility>
+
+namespace zero {
+
+enum class mem_category : int { params, grads, master, optimizer_states, transient };
+inline constexpr int mem_category_count = 5;
+
+inline const char* to_string(mem_category c) {
+  switch (c) {
+    case mem_category::params: return "params";
+    case mem_category::grads: return "grads";
+    case mem_category::master: return "master";
+    case mem_category::optimizer_states: return "optimizer_states";
+    case mem_category::transient: return "transient";
+  }
+  return "?";
+}
+
+// Bytes currently held and the most ever held, per category and in total.
+struct memory_report {
+  std::array<std::size_t, mem_category_count> current{}, peak{};
+  std::size_t peak_total = 0;
+
+  std::size_t bytes(mem_category c) const { return current[static_cast<int>(c)]; }
+  std::size_t peak_bytes(mem_category c) const { return peak[static_cast<int>(c)]; }
+  // Persistent model states: what the paper's equations count (transient buffers excluded).
+  std::size_t model_state_bytes() const {
+    return bytes(mem_category::params) + bytes(mem_category::grads) + bytes(mem_category::master) +
+           bytes(mem_category::optimizer_states);
+  }
+};
+
+class memory_accounting {
+ public:
+  void add(mem_category c, std::size_t bytes) {
+    auto i = static_cast<int>(c);
+    r_.current[i] += bytes;
+    if (r_.current[i] > r_.peak[i]) r_.peak[i] = r_.current[i];
+    std::size_t total = 0;
+    for (auto b : r_.current) total += b;
+    if (total > r_.peak_total) r_.peak_total = total;
+  }
+  void remove(mem_category c, std::size_t bytes) { r_.current[static_cast<int>(c)] -= bytes; }
+  const memory_report& report() const { return r_; }
+
+ private:
+  memory_report r_;
+};
+
+// An owning, typed, zero-filled allocation in System's memory space, counted under one category.
+// Move-only; the accounting it reports to must outlive it.
+template <class T, class System>
+class buffer {
+ public:
+  buffer() = default;
+  buffer(std::size_t n, mem_category c, memory_accounting& acct) : n_(n), cat_(c), acct_(&acct) {
+    data_ = static_cast<T*>(System::allocate(n * sizeof(T)));
+    System::fill_zero(data_, n * sizeof(T));
+    acct_->add(cat_, n * sizeof(T));
+  }
+  buffer(buffer&& o) noexcept { swap(o); }
+  buffer& operator=(buffer&& o) noexcept {
+    buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  ~buffer() { reset(); }
+
+  void reset() noexcept {
+    if (acct_ && data_) {
+      System::deallocate(data_, n_ * sizeof(T));
+      acct_->remove(cat_, n_ * sizeof(T));
+    }
+    data_ = nullptr;
+    n_ = 0;
+  }
+  T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void swap(buffer& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(n_, o.n_);
+    std::swap(cat_, o.cat_);
+    std::swap(acct_, o.acct_);
+  }
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+  mem_category cat_ = mem_category::transient;
+  memory_accounting* acct_ = nullptr;
+};
+
+}  // namespace zero

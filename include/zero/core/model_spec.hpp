@@ -1,0 +1,124 @@
+// model_spec: the model declared as units (gathered and released together) of named, shaped tensors.
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "zero/error.hpp"
+
+namespace zero {
+
+struct tensor_spec {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::size_t numel = 0;  // product of shape
+};
+
+struct unit_spec {
+  std::string name;
+  std::vector<tensor_spec> tensors;
+  std::size_t numel = 0;  // sum of the tensors' numel, without padding
+};
+
+// A unit's index in declaration order; what the engine's protocol calls take.
+struct unit_id {
+  std::size_t index = 0;
+  friend bool operator==(unit_id, unit_id) = default;
+};
+
+class model_spec;
+
+// Returned by model_spec::unit(): adds tensors to one unit and converts to its unit_id.
+class unit_builder {
+ public:
+  unit_builder(model_spec& spec, std::size_t index) : spec_(&spec), index_(index) {}
+  unit_builder& tensor(const std::string& name, std::initializer_list<std::size_t> shape) {
+    return tensor(name, std::vector<std::size_t>(shape));
+  }
+  unit_builder& tensor(const std::string& name, const std::vector<std::size_t>& shape);
+  operator unit_id() const { return unit_id{index_}; }
+  unit_id id() const { return unit_id{index_}; }
+
+ private:
+  model_spec* spec_;
+  std::size_t index_;
+};
+
+class model_spec {
+ public:
+  // Starts a new unit; names must be unique and non-empty.
+  unit_builder unit(const std::string& name) {
+    ZERO_CHECK(!name.empty(), invalid_argument, "model_spec: a unit name must not be empty");
+    for (const auto& u : units_)
+      ZERO_CHECK(u.name != name, invalid_argument, "model_spec: unit '", name, "' is declared twice");
+    units_.push_back(unit_spec{name, {}, 0});
+    return unit_builder(*this, units_.size() - 1);
+  }
+
+  const std::vector<unit_spec>& units() const { return units_; }
+  std::size_t num_units() const { return units_.size(); }
+  const unit_spec& operator[](unit_id u) const { return at(u); }
+  const unit_spec& at(unit_id u) const {
+    ZERO_CHECK(u.index < units_.size(), invalid_argument, "model_spec: unit index ", u.index,
+               " is out of range (the model has ", units_.size(), " units)");
+    return units_[u.index];
+  }
+
+  // Looks a unit up by name; throws naming the unknown unit.
+  unit_id find(const std::string& name) const {
+    for (std::size_t i = 0; i < units_.size(); ++i)
+      if (units_[i].name == name) return unit_id{i};
+    fail(error_kind::invalid_argument, "model_spec: unknown unit '", name, "'");
+  }
+
+  // Unpadded parameter count of the whole model.
+  std::size_t numel() const {
+    std::size_t n = 0;
+    for (const auto& u : units_) n += u.numel;
+    return n;
+  }
+
+  // Throws unless the spec can be trained: at least one unit, each with at least one tensor.
+  void validate() const {
+    ZERO_CHECK(!units_.empty(), invalid_argument, "model_spec: the model has no units");
+    for (const auto& u : units_)
+      ZERO_CHECK(!u.tensors.empty(), invalid_argument, "model_spec: unit '", u.name, "' has no tensors");
+  }
+
+  friend bool operator==(const model_spec& a, const model_spec& b) {
+    if (a.units_.size() != b.units_.size()) return false;
+    for (std::size_t i = 0; i < a.units_.size(); ++i) {
+      const auto &x = a.units_[i], &y = b.units_[i];
+      if (x.name != y.name || x.tensors.size() != y.tensors.size()) return false;
+      for (std::size_t t = 0; t < x.tensors.size(); ++t)
+        if (x.tensors[t].name != y.tensors[t].name || x.tensors[t].shape != y.tensors[t].shape) return false;
+    }
+    return true;
+  }
+
+ private:
+  friend class unit_builder;
+  std::vector<unit_spec> units_;
+};
+
+inline unit_builder& unit_builder::tensor(const std::string& name, const std::vector<std::size_t>& shape) {
+  unit_spec& u = spec_->units_[index_];
+  ZERO_CHECK(!name.empty(), invalid_argument, "model_spec: unit '", u.name, "': a tensor name must not be empty");
+  for (const auto& t : u.tensors)
+    ZERO_CHECK(t.name != name, invalid_argument, "model_spec: unit '", u.name, "': tensor '", name,
+               "' is declared twice");
+  ZERO_CHECK(!shape.empty(), invalid_argument, "model_spec: tensor '", u.name, ".", name,
+             "' has an empty shape (a scalar is shape {1})");
+  std::size_t numel = 1;
+  for (std::size_t d : shape) {
+    ZERO_CHECK(d > 0, invalid_argument, "model_spec: tensor '", u.name, ".", name, "' has a zero dimension");
+    numel *= d;
+  }
+  u.tensors.push_back(tensor_spec{name, shape, numel});
+  u.numel += numel;
+  return *this;
+}
+
+}  // namespace zero

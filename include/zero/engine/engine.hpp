@@ -1,0 +1,385 @@
+// engine: one rank's ZeRO protocol (gather, release, grads, reduce, step) over four policies.
+#pragma once
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "zero/comm/counted.hpp"
+#include "zero/concepts/comm_backend.hpp"
+#include "zero/concepts/optimizer_state.hpp"
+#include "zero/concepts/partitioner.hpp"
+#include "zero/concepts/precision_policy.hpp"
+#include "zero/core/formulas.hpp"
+#include "zero/core/fp.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/memory.hpp"
+#include "zero/core/model_spec.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/engine/tensor_view.hpp"
+#include "zero/error.hpp"
+#include "zero/precision/fp32.hpp"
+
+namespace zero {
+
+// Where initial values come from: every rank runs the init function (it must be deterministic),
+// or rank 0 runs it and broadcasts.
+enum class init_source { every_rank, broadcast_from_rank0 };
+
+// Called once per tensor with the full tensor to fill, in declaration order.
+using init_fn = std::function<void(const unit_spec& unit, const tensor_spec& tensor, std::span<float> values)>;
+
+template <Partitioner P, CommBackend Comm, OptimizerState Opt, PrecisionPolicy Prec = precision::fp32>
+class engine {
+ public:
+  using partitioner = P;
+  using comm_backend = Comm;
+  using optimizer = Opt;
+  using precision = Prec;
+  using system = typename Comm::system;
+  using param_type = typename Prec::param_type;
+  using grad_type = typename Prec::grad_type;
+  static_assert(Prec::separate_master || std::same_as<param_type, float>,
+                "a precision policy without a separate master must keep fp32 parameters");
+  static_assert(std::same_as<typename Prec::comm_type, param_type> && std::same_as<grad_type, param_type>,
+                "this engine sends parameters and gradients in the parameter type");
+
+  class gathered;
+  class grad_buffers;
+
+  engine(Comm& comm, const model_spec& spec, Opt opt = {})
+      : comm_(comm),
+        other_comm_(comm),
+        spec_(spec),
+        layout_(layout::make<P>(spec, comm.size())),
+        opt_(opt),
+        rank_(comm.rank()),
+        units_(spec.num_units()) {
+    const std::size_t full = layout_.padded(), shard = layout_.shard_total();
+    params_ = buffer<param_type, system>(P::shards_parameters ? shard : full, mem_category::params, acct_);
+    grads_ = buffer<grad_type, system>(P::shards_gradients ? shard : full, mem_category::grads, acct_);
+    const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
+    if constexpr (Prec::separate_master) master_ = buffer<float, system>(state_elems, mem_category::master, acct_);
+    for (auto& s : states_) s = buffer<float, system>(state_elems, mem_category::optimizer_states, acct_);
+  }
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  // ---- set-up ------------------------------------------------------------------------------
+
+  // Fills every tensor from fn; a collective when the source is rank 0.
+  void initialize(const init_fn& fn, init_source source = init_source::every_rank) {
+    std::vector<float> host;
+    for (std::size_t u = 0; u < spec_.num_units(); ++u) {
+      const unit_spec& us = spec_.units()[u];
+      for (std::size_t t = 0; t < us.tensors.size(); ++t) {
+        const tensor_spec& ts = us.tensors[t];
+        host.assign(ts.numel, 0.0f);
+        if (source == init_source::every_rank || rank_ == 0) fn(us, ts, std::span<float>(host));
+        if (source == init_source::broadcast_from_rank0) {
+          buffer<float, system> wire(ts.numel, mem_category::transient, acct_);
+          system::copy(wire.data(), host.data(), ts.numel * sizeof(float));
+          other_comm_.broadcast(wire.data(), wire.data(), ts.numel, 0);
+          system::copy(host.data(), wire.data(), ts.numel * sizeof(float));
+        }
+        write_tensor(unit_id{u}, t, host.data());
+      }
+    }
+  }
+
+  // ---- the protocol --------------------------------------------------------------------------
+
+  // Makes unit u's parameters available in full until release(u) (or the handle's destruction).
+  gathered gather(unit_id u) {
+    unit_state& s = state(u, "gather");
+    ZERO_CHECK(!s.gathered, protocol, where(u), "gather of a unit that is already gathered; release it first");
+    const unit_layout& ul = layout_.unit(u);
+    if constexpr (P::shards_parameters) {
+      s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
+      comm_.all_gather(params_.data() + ul.shard_offset, s.full_params.data(), ul.shard);
+    }
+    s.gathered = true;
+    ++s.gather_epoch;
+    return gathered(*this, u, s.gather_epoch);
+  }
+
+  void release(unit_id u) {
+    unit_state& s = state(u, "release");
+    ZERO_CHECK(s.gathered, protocol, where(u), "release of a unit that is not gathered");
+    s.gathered = false;
+    s.full_params.reset();
+  }
+
+  // The unit's gradient buffer for this step, zero at its first use in a step; kernels write or
+  // accumulate into it until reduce(u).
+  grad_buffers grads(unit_id u) {
+    unit_state& s = state(u, "grads");
+    ZERO_CHECK(!s.reduced, protocol, where(u), "grads of a unit already reduced in this step");
+    if constexpr (P::shards_gradients)
+      if (s.bucket.empty()) s.bucket = buffer<grad_type, system>(layout_.unit(u).padded, mem_category::transient, acct_);
+    return grad_buffers(*this, u, s.reduce_epoch);
+  }
+
+  // Sums unit u's gradients over ranks (each rank keeps what its shard needs). Every rank calls it
+  // once per unit per step, in the same unit order.
+  void reduce(unit_id u) {
+    unit_state& s = state(u, "reduce");
+    ZERO_CHECK(!s.reduced, protocol, where(u), "reduce of a unit already reduced in this step");
+    const unit_layout& ul = layout_.unit(u);
+    const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
+    if constexpr (P::stage == 0) {
+      grad_type* g = grads_.data() + ul.offset;
+      comm_.all_reduce(g, g, ul.padded, reduce_op::sum);
+    } else if constexpr (!P::shards_gradients) {
+      grad_type* g = grads_.data() + ul.offset;
+      comm_.reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
+    } else {
+      if (s.bucket.empty()) s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
+      grad_type* b = s.bucket.data();
+      comm_.reduce_scatter(b, b + own, ul.shard, reduce_op::sum);
+      // A copy, not an add into the zeroed shard: 0 + (-0) would turn a negative zero positive.
+      system::copy(grads_.data() + ul.shard_offset, b + own, ul.shard * sizeof(grad_type));
+      s.bucket.reset();
+    }
+    s.reduced = true;
+    ++s.reduce_epoch;
+  }
+
+  // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
+  // reduced and released.
+  step_report step() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      ZERO_CHECK(units_[u].reduced, protocol, where(unit_id{u}),
+                 "step() before every unit was reduced (this one was not)");
+      ZERO_CHECK(!units_[u].gathered, protocol, where(unit_id{u}), "step() while this unit is still gathered");
+    }
+    ++step_;
+    const auto c = opt_.constants(step_);
+    for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c);
+    if constexpr (P::shards_optimizer_states && !P::shards_parameters)
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const unit_layout& ul = layout_.unit(unit_id{u});
+        param_type* p = params_.data() + ul.offset;
+        comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
+      }
+    system::fill_zero(grads_.data(), grads_.size() * sizeof(grad_type));
+    for (auto& s : units_) s.reduced = false;
+
+    step_report r;
+    r.step = step_;
+    r.comm = comm_.stats() - at_step_start_;
+    last_step_ = r.comm;
+    at_step_start_ = comm_.stats();
+    return r;
+  }
+
+  // ---- results and reports -------------------------------------------------------------------
+
+  // The fp32 (master) parameters of the whole model, unpadded, tensors in declaration order. A
+  // collective in stages that shard the master weights.
+  std::vector<float> full_params() {
+    std::vector<float> out;
+    out.reserve(layout_.numel());
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const unit_layout& ul = layout_.unit(unit_id{u});
+      const std::size_t at = out.size();
+      out.resize(at + ul.numel);
+      if constexpr (P::shards_optimizer_states) {
+        buffer<float, system> full(ul.padded, mem_category::transient, acct_);
+        other_comm_.all_gather(master_shard(ul), full.data(), ul.shard);
+        system::copy(out.data() + at, full.data(), ul.numel * sizeof(float));
+      } else {
+        system::copy(out.data() + at, master_full(ul), ul.numel * sizeof(float));
+      }
+    }
+    return out;
+  }
+
+  const memory_report& memory() const { return acct_.report(); }
+  comm_report comm() const { return comm_report{comm_.stats(), last_step_, other_comm_.stats(), step_}; }
+
+  // The per-parameter sizes the paper's equations need for this engine's policies.
+  static constexpr formula::state_sizes state_sizes() {
+    return {sizeof(param_type), sizeof(grad_type),
+            (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
+  }
+  std::uint64_t model_state_formula_bytes() const {
+    return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
+  }
+  std::uint64_t comm_formula_bytes() const {
+    return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type));
+  }
+
+  const model_spec& spec() const { return spec_; }
+  const zero::layout& layout() const { return layout_; }
+  const Opt& optimizer_state() const { return opt_; }
+  int rank() const { return rank_; }
+  int world_size() const { return layout_.ranks(); }
+  std::uint64_t steps() const { return step_; }
+
+  // ---- handles -------------------------------------------------------------------------------
+
+  // A unit's gathered parameters; releases the unit when destroyed unless released already.
+  class gathered {
+   public:
+    gathered(gathered&& o) noexcept : e_(o.e_), u_(o.u_), epoch_(o.epoch_) { o.e_ = nullptr; }
+    gathered& operator=(gathered&&) = delete;
+    gathered(const gathered&) = delete;
+    ~gathered() {
+      if (live()) e_->release(u_);
+    }
+    tensor_view<param_type> operator[](std::string_view tensor) const { return view()[tensor]; }
+    unit_view<param_type> view() const {
+      ZERO_CHECK(live(), protocol, e_ ? e_->where(u_) : std::string("engine: "),
+                 "access to parameters of a released unit (gather it again)");
+      return unit_view<param_type>(e_->full_params_of(u_), e_->spec_.units()[u_.index], e_->layout_.unit(u_),
+                                   e_->rank_);
+    }
+    unit_id unit() const { return u_; }
+    void release() {
+      ZERO_CHECK(live(), protocol, e_ ? e_->where(u_) : std::string("engine: "), "release of a released unit");
+      e_->release(u_);
+    }
+
+   private:
+    friend class engine;
+    gathered(engine& e, unit_id u, std::uint64_t epoch) : e_(&e), u_(u), epoch_(epoch) {}
+    bool live() const {
+      return e_ && e_->units_[u_.index].gathered && e_->units_[u_.index].gather_epoch == epoch_;
+    }
+    engine* e_;
+    unit_id u_;
+    std::uint64_t epoch_;
+  };
+
+  // A unit's gradient buffers for the current step; valid until the unit is reduced.
+  class grad_buffers {
+   public:
+    tensor_view<grad_type> operator[](std::string_view tensor) const { return view()[tensor]; }
+    unit_view<grad_type> view() const {
+      const auto& s = e_->units_[u_.index];
+      ZERO_CHECK(!s.reduced && s.reduce_epoch == epoch_, protocol, e_->where(u_),
+                 "access to gradients after the unit was reduced (call grads() in the next step)");
+      return unit_view<grad_type>(e_->full_grads_of(u_), e_->spec_.units()[u_.index], e_->layout_.unit(u_), e_->rank_);
+    }
+    unit_id unit() const { return u_; }
+
+   private:
+    friend class engine;
+    grad_buffers(engine& e, unit_id u, std::uint64_t epoch) : e_(&e), u_(u), epoch_(epoch) {}
+    engine* e_;
+    unit_id u_;
+    std::uint64_t epoch_;
+  };
+
+ private:
+  struct unit_state {
+    bool gathered = false, reduced = false;
+    std::uint64_t gather_epoch = 0, reduce_epoch = 0;
+    buffer<param_type, system> full_params;  // stage 3: the gathered unit
+    buffer<grad_type, system> bucket;        // stages 2-3: the unit's full gradient until reduce
+  };
+
+  std::string where(unit_id u) const {
+    return detail::concat("rank ", rank_, ", unit '", spec_.units()[u.index].name, "': ");
+  }
+  unit_state& state(unit_id u, const char* call) {
+    ZERO_CHECK(u.index < units_.size(), invalid_argument, "rank ", rank_, ": ", call, " of unit index ", u.index,
+               ", but the model has ", units_.size(), " units");
+    return units_[u.index];
+  }
+
+  param_type* full_params_of(unit_id u) {
+    if constexpr (P::shards_parameters) return units_[u.index].full_params.data();
+    else return params_.data() + layout_.unit(u).offset;
+  }
+  grad_type* full_grads_of(unit_id u) {
+    if constexpr (P::shards_gradients) return units_[u.index].bucket.data();
+    else return grads_.data() + layout_.unit(u).offset;
+  }
+
+  // Pointer to element `i` (unit-local) of a buffer that holds either every unit in full or only
+  // this rank's slices; only called for elements the buffer holds.
+  template <class T, bool Sharded>
+  T* element(const buffer<T, system>& b, const unit_layout& ul, std::size_t i) const {
+    if constexpr (Sharded) return b.data() + ul.shard_offset + (i - static_cast<std::size_t>(rank_) * ul.shard);
+    else return b.data() + ul.offset + i;
+  }
+  // The master weights of this rank's shard of a unit, and of the whole unit (unsharded stages).
+  const float* master_shard(const unit_layout& ul) const {
+    const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
+    if constexpr (Prec::separate_master) return element<float, true>(master_, ul, own);
+    else return element<param_type, P::shards_parameters>(params_, ul, own);
+  }
+  const float* master_full(const unit_layout& ul) const {
+    if constexpr (Prec::separate_master) return master_.data() + ul.offset;
+    else return params_.data() + ul.offset;
+  }
+
+  // The optimizer over the elements of unit u this rank updates: its owned, unpadded slice, or the
+  // whole unit when optimizer states are replicated. The gradient is the rank-ordered sum, divided
+  // here by N: one IEEE division per element, the same in every stage.
+  void update_unit(unit_id u, const typename Opt::step_constants& c) {
+    const unit_layout& ul = layout_.unit(u);
+    const range r = P::shards_optimizer_states ? layout_.owned_real(u, rank_) : range{0, ul.numel};
+    if (r.empty()) return;
+    constexpr bool os = P::shards_optimizer_states;
+    const float n = static_cast<float>(layout_.ranks());
+    const grad_type* g = element<grad_type, P::shards_gradients>(grads_, ul, r.begin);
+    param_type* p = element<param_type, P::shards_parameters>(params_, ul, r.begin);
+    float* w = nullptr;
+    if constexpr (Prec::separate_master) w = element<float, os>(master_, ul, r.begin);
+    else w = p;
+    float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
+    for (int k = 0; k < Opt::slots; ++k) st[k] = element<float, os>(states_[k], ul, r.begin);
+    float s[Opt::slots > 0 ? Opt::slots : 1];
+    for (std::size_t j = 0; j < r.size(); ++j) {
+      for (int k = 0; k < Opt::slots; ++k) s[k] = st[k][j];
+      Opt::update(c, w[j], fp::div(static_cast<float>(g[j]), n), s);
+      for (int k = 0; k < Opt::slots; ++k) st[k][j] = s[k];
+      if constexpr (Prec::separate_master) p[j] = static_cast<param_type>(w[j]);
+    }
+  }
+
+  // Stores a full tensor's initial values into whatever part of params and master this rank holds.
+  void write_tensor(unit_id u, std::size_t t, const float* values) {
+    const unit_layout& ul = layout_.unit(u);
+    const range tr = ul.tensors[t];
+    const range own = layout_.owned(u, rank_);
+    std::vector<param_type> cast(tr.size());
+    for (std::size_t i = 0; i < tr.size(); ++i) cast[i] = static_cast<param_type>(values[i]);
+    auto store = [&](auto& buf, const auto* src, bool sharded) {
+      using T = std::remove_pointer_t<decltype(buf.data())>;
+      const range seg = sharded ? intersect(tr, own) : tr;
+      if (seg.empty()) return;
+      T* dst = sharded ? this->template element<T, true>(buf, ul, seg.begin)
+                        : this->template element<T, false>(buf, ul, seg.begin);
+      system::copy(dst, src + (seg.begin - tr.begin), seg.size() * sizeof(T));
+    };
+    store(params_, cast.data(), P::shards_parameters);
+    if constexpr (Prec::separate_master) store(master_, values, P::shards_optimizer_states);
+  }
+
+  memory_accounting acct_;  // first: every buffer below reports to it and must die before it
+  comm::counted<Comm> comm_;        // the protocol's traffic, what the formulas count
+  comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
+  const model_spec spec_;
+  const zero::layout layout_;
+  Opt opt_;
+  int rank_;
+  buffer<param_type, system> params_;
+  buffer<grad_type, system> grads_;
+  buffer<float, system> master_;
+  buffer<float, system> states_[Opt::slots > 0 ? Opt::slots : 1];
+  std::vector<unit_state> units_;
+  std::uint64_t step_ = 0;
+  comm::comm_stats at_step_start_, last_step_;
+};
+
+}  // namespace zero

@@ -1,0 +1,26 @@
+// What the engine reports: the outcome of a step, and the bytes it has communicated.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "zero/comm/counted.hpp"
+
+namespace zero {
+
+struct step_report {
+  std::uint64_t step = 0;   // 1-based number of the step just taken
+  bool skipped = false;     // the update was skipped on every rank (non-finite gradients)
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // global L2 norm, when computed
+  float loss_scale = 1.0f;
+  comm::comm_stats comm;    // bytes this rank sent during the step's protocol calls
+};
+
+struct comm_report {
+  comm::comm_stats protocol;   // gather/reduce/step traffic since construction
+  comm::comm_stats last_step;  // that traffic during the last completed step (gather .. step)
+  comm::comm_stats other;      // initialisation broadcasts, full_params() gathers: outside any step
+  std::uint64_t steps = 0;
+};
+
+}  // namespace zero

@@ -1,0 +1,53 @@
+// optim::adamw: Adam with bias correction and decoupled weight decay (Loshchilov & Hutter).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+#include "zero/concepts/optimizer_state.hpp"
+#include "zero/config.hpp"
+#include "zero/core/fp.hpp"
+
+namespace zero::optim {
+
+struct adamw {
+  static constexpr int slots = 2;  // first moment m, second moment v
+  static constexpr std::string_view name = "adamw";
+
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+
+  struct step_constants {
+    float lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
+    float bias_correction1, bias_correction2;  // 1 - beta^t, computed in double once per step
+  };
+
+  step_constants constants(std::uint64_t t) const {
+    const double td = static_cast<double>(t);
+    return {lr,
+            beta1,
+            1.0f - beta1,
+            beta2,
+            1.0f - beta2,
+            eps,
+            weight_decay,
+            static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), td)),
+            static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), td))};
+  }
+
+  // w <- w - lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
+  ZERO_HD static void update(const step_constants& c, float& w, float g, float* s) {
+    using namespace zero::fp;
+    const float m = add(mul(c.beta1, s[0]), mul(c.one_minus_beta1, g));
+    const float v = add(mul(c.beta2, s[1]), mul(c.one_minus_beta2, mul(g, g)));
+    s[0] = m;
+    s[1] = v;
+    const float m_hat = div(m, c.bias_correction1);
+    const float v_hat = div(v, c.bias_correction2);
+    const float step = add(div(m_hat, add(fp::sqrt(v_hat), c.eps)), mul(c.weight_decay, w));
+    w = sub(w, mul(c.lr, step));
+  }
+};
+static_assert(OptimizerState<adamw>);
+
+}  // namespace zero::optim

@@ -1,0 +1,41 @@
+// optim::sgd: stochastic gradient descent with momentum, Nesterov momentum and L2 weight decay (as PyTorch).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "zero/concepts/optimizer_state.hpp"
+#include "zero/config.hpp"
+#include "zero/core/fp.hpp"
+
+namespace zero::optim {
+
+struct sgd {
+  // The momentum buffer; kept even when momentum is 0 so the state size does not depend on a value.
+  static constexpr int slots = 1;
+  static constexpr std::string_view name = "sgd";
+
+  float lr = 1e-2f, momentum = 0.9f, weight_decay = 0.0f;
+  bool nesterov = false;
+
+  struct step_constants {
+    float lr, momentum, weight_decay;
+    bool nesterov, first_step;  // PyTorch starts the buffer at the first gradient, not at mu*0 + g
+  };
+
+  step_constants constants(std::uint64_t t) const { return {lr, momentum, weight_decay, nesterov, t == 1}; }
+
+  // g' = g + wd*w; buf = mu*buf + g' (buf = g' on the first step); d = nesterov ? g' + mu*buf : buf;
+  // w <- w - lr*d
+  ZERO_HD static void update(const step_constants& c, float& w, float g, float* s) {
+    using namespace zero::fp;
+    const float gd = add(g, mul(c.weight_decay, w));
+    const float buf = c.first_step ? gd : add(mul(c.momentum, s[0]), gd);
+    s[0] = buf;
+    const float d = c.nesterov ? add(gd, mul(c.momentum, buf)) : buf;
+    w = sub(w, mul(c.lr, d));
+  }
+};
+static_assert(OptimizerState<sgd>);
+
+}  // namespace zero::optim

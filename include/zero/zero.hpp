@@ -1,0 +1,22 @@
+// The umbrella header of the host-only library: engine, policies, thread backend and reports.
+#pragma once
+
+#include "zero/config.hpp"
+#include "zero/error.hpp"
+#include "zero/concepts/comm_backend.hpp"
+#include "zero/concepts/optimizer_state.hpp"
+#include "zero/concepts/partitioner.hpp"
+#include "zero/concepts/precision_policy.hpp"
+#include "zero/core/formulas.hpp"
+#include "zero/core/hash.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/memory.hpp"
+#include "zero/core/model_spec.hpp"
+#include "zero/comm/counted.hpp"
+#include "zero/comm/threads.hpp"
+#include "zero/engine/engine.hpp"
+#include "zero/optim/adamw.hpp"
+#include "zero/optim/sgd.hpp"
+#include "zero/partition/stages.hpp"
+#include "zero/precision/fp32.hpp"
+#include "zero/sys/host.hpp"
