@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Shared set-up of demo.sh and test.sh: installs the Debian packages that are missing, then configures
+# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR).
+set -eu
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${ZERO_BUILD_DIR:-$root/build}
+
+packages=(meson ninja-build g++ pkg-config cmake python3 doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
+          libopenmpi-dev openmpi-bin)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >&2
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" "$root" >&2
+fi
+meson compile -C "$build" >&2

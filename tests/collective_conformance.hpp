@@ -1,0 +1,2 @@
+// Placeholder; replaced by the collective conformance suite.
+#pragma once

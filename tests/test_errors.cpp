@@ -1,0 +1,149 @@
+// Bad input and protocol misuse throw zero::error naming rank, unit and tensor; a failing rank never hangs the rest.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <stdexcept>
+
+#include "toy_model.hpp"
+
+namespace {
+
+using adamw = zero::optim::adamw;
+template <class Stage>
+using engine = zero::engine<Stage, zero::comm::threads, adamw>;
+
+// Runs fn on one rank with a fresh stage-S engine over the toy model.
+template <class Stage, class Fn>
+void on_one_rank(Fn fn) {
+  zero::comm::threads::launch(1, [&](zero::comm::threads& comm) {
+    engine<Stage> e(comm, toy::spec());
+    e.initialize(toy::initializer());
+    fn(e);
+  });
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("protocol misuse is refused with a message naming rank and unit", Stage, zero::stage0,
+                   zero::stage1, zero::stage2, zero::stage3) {
+  const zero::unit_id embed{0}, head{3};
+  SUBCASE("an unknown tensor name lists the unit's tensors") {
+    on_one_rank<Stage>([&](auto& e) {
+      auto p = e.gather(head);
+      CHECK_THROWS_WITH_AS(p["bias"], "rank 0: unit 'head' has no tensor 'bias' (it has: w, b)", zero::error);
+      auto g = e.grads(head);
+      CHECK_THROWS_WITH_AS(g["x"], doctest::Contains("unit 'head' has no tensor 'x'"), zero::error);
+    });
+  }
+  SUBCASE("a unit index out of range") {
+    on_one_rank<Stage>([&](auto& e) {
+      CHECK_THROWS_WITH_AS(e.gather(zero::unit_id{9}), "rank 0: gather of unit index 9, but the model has 4 units",
+                           zero::error);
+    });
+  }
+  SUBCASE("access to a released unit's parameters") {
+    on_one_rank<Stage>([&](auto& e) {
+      auto p = e.gather(embed);
+      p.release();
+      CHECK_THROWS_WITH_AS(p["w"], doctest::Contains("rank 0, unit 'embed': access to parameters of a released unit"),
+                           zero::error);
+      CHECK_THROWS_WITH_AS(p.release(), doctest::Contains("release of a released unit"), zero::error);
+      CHECK_THROWS_WITH_AS(e.release(embed), doctest::Contains("release of a unit that is not gathered"), zero::error);
+    });
+  }
+  SUBCASE("gathering a unit twice") {
+    on_one_rank<Stage>([&](auto& e) {
+      auto p = e.gather(embed);
+      CHECK_THROWS_WITH_AS(e.gather(embed), doctest::Contains("unit 'embed': gather of a unit that is already gathered"),
+                           zero::error);
+    });
+  }
+  SUBCASE("the handle releases the unit when it goes out of scope") {
+    on_one_rank<Stage>([&](auto& e) {
+      { auto p = e.gather(embed); }
+      CHECK_NOTHROW(e.gather(embed).release());
+    });
+  }
+  SUBCASE("step before every unit was reduced names the first one missing") {
+    on_one_rank<Stage>([&](auto& e) {
+      e.reduce(head);
+      CHECK_THROWS_WITH_AS(e.step(), "rank 0, unit 'embed': step() before every unit was reduced (this one was not)",
+                           zero::error);
+    });
+  }
+  SUBCASE("step while a unit is gathered") {
+    on_one_rank<Stage>([&](auto& e) {
+      for (std::size_t u = 0; u < 4; ++u) e.reduce(zero::unit_id{u});
+      auto p = e.gather(head);
+      CHECK_THROWS_WITH_AS(e.step(), doctest::Contains("unit 'head': step() while this unit is still gathered"),
+                           zero::error);
+    });
+  }
+  SUBCASE("reducing twice, and gradients after the reduce") {
+    on_one_rank<Stage>([&](auto& e) {
+      auto g = e.grads(head);
+      e.reduce(head);
+      CHECK_THROWS_WITH_AS(e.reduce(head), doctest::Contains("reduce of a unit already reduced in this step"),
+                           zero::error);
+      CHECK_THROWS_WITH_AS(e.grads(head), doctest::Contains("grads of a unit already reduced in this step"),
+                           zero::error);
+      CHECK_THROWS_WITH_AS(g["w"], doctest::Contains("access to gradients after the unit was reduced"), zero::error);
+    });
+  }
+  SUBCASE("errors carry their kind") {
+    on_one_rank<Stage>([&](auto& e) {
+      try {
+        e.step();
+        FAIL("step() without reduces did not throw");
+      } catch (const zero::error& err) {
+        CHECK(err.kind() == zero::error_kind::protocol);
+      }
+    });
+  }
+}
+
+TEST_CASE("an engine over an empty model or a world size of 0 is refused") {
+  zero::model_spec empty;
+  CHECK_THROWS_WITH_AS(zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
+                         engine<zero::stage3> e(comm, empty);
+                       }),
+                       "model_spec: the model has no units", zero::error);
+  CHECK_THROWS_WITH_AS(zero::comm::threads::launch(0, [](zero::comm::threads&) {}),
+                       doctest::Contains("world size must be positive"), zero::error);
+}
+
+TEST_CASE_TEMPLATE("a rank that throws mid-step ends the run with an error on every rank, without a hang", Stage,
+                   zero::stage0, zero::stage1, zero::stage2, zero::stage3) {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    std::vector<std::string> seen(static_cast<std::size_t>(n));
+    const auto start = std::chrono::steady_clock::now();
+    zero::comm::threads::options opts;
+    opts.timeout = std::chrono::seconds(60);  // the abort, not the timeout, must end the others
+    CHECK_THROWS_WITH_AS(
+        zero::comm::threads::launch(
+            n,
+            [&](zero::comm::threads& comm) {
+              engine<Stage> e(comm, toy::spec());
+              e.initialize(toy::initializer());
+              try {
+                toy::train_step(e, comm.rank(), 0);
+                // Step 2: the last rank fails in its own computation, the others go on into collectives.
+                if (comm.rank() == n - 1) throw std::runtime_error("injected failure in backward");
+                toy::train_step(e, comm.rank(), 1);
+              } catch (const std::exception& ex) {
+                seen[static_cast<std::size_t>(comm.rank())] = ex.what();
+                throw;
+              }
+            },
+            opts),
+        "injected failure in backward", std::runtime_error);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(secs < 10.0);
+    for (int r = 0; r + 1 < n; ++r) {
+      CAPTURE(r);
+      CHECK(seen[static_cast<std::size_t>(r)].find("aborted: rank " + std::to_string(n - 1) +
+                                                   " failed: injected failure in backward") != std::string::npos);
+    }
+  }
+}

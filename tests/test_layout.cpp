@@ -1,0 +1,118 @@
+// Layout: padding, shard boundaries and alignment, including the edge cases of tiny units and large N.
+#include <doctest/doctest.h>
+
+#include "zero/zero.hpp"
+
+using zero::layout;
+using zero::model_spec;
+
+namespace {
+
+void check_invariants(const model_spec& spec, const layout& l) {
+  const int n = l.ranks();
+  std::size_t offset = 0, shard_offset = 0, numel = 0;
+  for (std::size_t u = 0; u < spec.num_units(); ++u) {
+    const auto& ul = l.unit(zero::unit_id{u});
+    CHECK(ul.offset == offset);
+    CHECK(ul.shard_offset == shard_offset);
+    CHECK(ul.numel == spec.units()[u].numel);
+    CHECK(ul.padded >= ul.numel);
+    CHECK(ul.padded % (static_cast<std::size_t>(n) * zero::shard_alignment_elements) == 0);
+    CHECK(ul.padded - ul.numel < static_cast<std::size_t>(n) * zero::shard_alignment_elements);
+    CHECK(ul.shard * static_cast<std::size_t>(n) == ul.padded);
+    // Every shard starts on a 64-byte boundary for 2- and 4-byte elements.
+    CHECK((ul.shard_offset * 2) % 64 == 0);
+    CHECK((ul.offset * 2) % 64 == 0);
+    std::size_t covered = 0;
+    for (int r = 0; r < n; ++r) {
+      const auto o = l.owned(zero::unit_id{u}, r);
+      CHECK(o.begin == covered);
+      covered = o.end;
+      const auto real = l.owned_real(zero::unit_id{u}, r);
+      if (!real.empty()) CHECK(real.end <= ul.numel);
+      if (!real.empty()) CHECK(real.begin == o.begin);
+      CHECK(real.size() <= o.size());
+    }
+    CHECK(covered == ul.padded);
+    // Tensors are contiguous, in declaration order, and never reach into the padding.
+    std::size_t at = 0;
+    for (std::size_t t = 0; t < ul.tensors.size(); ++t) {
+      CHECK(ul.tensors[t].begin == at);
+      CHECK(ul.tensors[t].size() == spec.units()[u].tensors[t].numel);
+      at = ul.tensors[t].end;
+    }
+    CHECK(at == ul.numel);
+    offset += ul.padded;
+    shard_offset += ul.shard;
+    numel += ul.numel;
+  }
+  CHECK(l.padded() == offset);
+  CHECK(l.shard_total() == shard_offset);
+  CHECK(l.shard_total() * static_cast<std::size_t>(n) == l.padded());
+  CHECK(l.numel() == numel);
+}
+
+}  // namespace
+
+TEST_CASE("layout pads each unit to a multiple of N x alignment and splits it evenly") {
+  model_spec spec;
+  spec.unit("a").tensor("w", {7, 5}).tensor("b", {7});
+  spec.unit("tiny").tensor("s", {1});
+  spec.unit("one_element_tensors").tensor("x", {1}).tensor("y", {1}).tensor("z", {1});
+  spec.unit("big").tensor("w", {300, 17});
+  for (int n : {1, 2, 3, 4, 7, 8, 64, 1000}) {
+    CAPTURE(n);
+    const auto l = layout::make<zero::stage3>(spec, n);
+    check_invariants(spec, l);
+  }
+}
+
+TEST_CASE("layout edge cases: N = 1, a unit smaller than N, N larger than the element count") {
+  model_spec spec;
+  spec.unit("u").tensor("w", {3});
+  SUBCASE("N = 1 pads to one alignment quantum") {
+    const auto l = layout::make<zero::stage0>(spec, 1);
+    CHECK(l.padded() == zero::shard_alignment_elements);
+    CHECK(l.owned_real(zero::unit_id{0}, 0) == zero::range{0, 3});
+  }
+  SUBCASE("N = 8 > 3 elements: rank 0 owns all real elements, the others only padding") {
+    const auto l = layout::make<zero::stage3>(spec, 8);
+    CHECK(l.padded() == 8 * zero::shard_alignment_elements);
+    CHECK(l.owned_real(zero::unit_id{0}, 0) == zero::range{0, 3});
+    for (int r = 1; r < 8; ++r) CHECK(l.owned_real(zero::unit_id{0}, r).empty());
+  }
+  SUBCASE("a real element count that is an exact multiple needs no padding") {
+    model_spec exact;
+    exact.unit("u").tensor("w", {4 * zero::shard_alignment_elements});
+    const auto l = layout::make<zero::stage2>(exact, 4);
+    CHECK(l.padded() == l.numel());
+    for (int r = 0; r < 4; ++r) CHECK(l.owned_real(zero::unit_id{0}, r).size() == zero::shard_alignment_elements);
+  }
+}
+
+TEST_CASE("layout and model_spec reject bad input with a message naming what is wrong") {
+  model_spec empty;
+  CHECK_THROWS_WITH_AS(layout::make<zero::stage1>(empty, 2), doctest::Contains("no units"), zero::error);
+  model_spec no_tensors;
+  no_tensors.unit("u");
+  CHECK_THROWS_WITH_AS(layout::make<zero::stage1>(no_tensors, 2), doctest::Contains("'u' has no tensors"),
+                       zero::error);
+  model_spec ok;
+  ok.unit("u").tensor("w", {2});
+  CHECK_THROWS_WITH_AS(layout::make<zero::stage1>(ok, 0), doctest::Contains("world size must be positive"),
+                       zero::error);
+  CHECK_THROWS_WITH_AS(ok.unit("u"), doctest::Contains("'u' is declared twice"), zero::error);
+  CHECK_THROWS_WITH_AS(ok.unit("v").tensor("w", {2}).tensor("w", {3}), doctest::Contains("'w' is declared twice"),
+                       zero::error);
+  CHECK_THROWS_WITH_AS(ok.unit("z").tensor("w", {2, 0}), doctest::Contains("zero dimension"), zero::error);
+  CHECK_THROWS_WITH_AS(ok.unit("e").tensor("w", std::vector<std::size_t>{}), doctest::Contains("empty shape"),
+                       zero::error);
+  CHECK_THROWS_WITH_AS(ok.find("nope"), doctest::Contains("unknown unit 'nope'"), zero::error);
+}
+
+TEST_CASE("even_split models the Partitioner requirements") {
+  static_assert(zero::stage0::padded_extent(1, 4, 32) == 128);
+  static_assert(zero::stage0::padded_extent(128, 4, 32) == 128);
+  static_assert(zero::stage0::padded_extent(129, 4, 32) == 256);
+  CHECK(zero::stage3::owned(256, 3, 4) == zero::range{192, 256});
+}

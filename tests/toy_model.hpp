@@ -1,0 +1,129 @@
+// A toy model for engine tests: awkward unit sizes, gradients that depend on the parameters and the
+// rank, and a single-process reference that sums the N per-rank gradients in rank order.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "zero/zero.hpp"
+
+namespace toy {
+
+// Units of awkward sizes: a large one, a unit smaller than any N, one-element tensors, a 2-D one.
+inline zero::model_spec spec() {
+  zero::model_spec s;
+  s.unit("embed").tensor("w", {37, 11});
+  s.unit("tiny").tensor("scale", {1});
+  s.unit("block").tensor("w", {29, 13}).tensor("b", {29}).tensor("gain", {1});
+  s.unit("head").tensor("w", {5, 29}).tensor("b", {5});
+  return s;
+}
+
+// Initial value of the parameter at unpadded global index i.
+inline float initial(std::size_t i) { return 0.02f * (static_cast<float>((i * 7919) % 2003) - 1001.0f) / 1001.0f; }
+
+// Rank r's gradient for the parameter at global index i with current value w at step t: depends on
+// all three, so a divergence anywhere shows up in later steps.
+inline float gradient(float w, int r, std::uint64_t t, std::size_t i) {
+  return std::sin(w * static_cast<float>(r + 1) * 0.7f + static_cast<float>(t) * 0.3f + static_cast<float>(i) * 0.013f) *
+         (0.5f + 0.1f * static_cast<float>(r));
+}
+
+inline zero::init_fn initializer() {
+  return [](const zero::unit_spec& u, const zero::tensor_spec& t, std::span<float> v) {
+    // Global index of the tensor's first element: the unpadded offsets of everything declared before.
+    static const zero::model_spec s = spec();
+    std::size_t base = 0;
+    for (const auto& unit : s.units()) {
+      for (const auto& ts : unit.tensors) {
+        if (unit.name == u.name && ts.name == t.name) {
+          for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial(base + j);
+          return;
+        }
+        base += ts.numel;
+      }
+    }
+  };
+}
+
+// One step of the protocol on this rank: a forward pass over all units (gather, release) and a
+// backward pass in reverse (gather, grads, reduce, release), then step().
+template <class Engine>
+zero::step_report train_step(Engine& e, int rank, std::uint64_t t) {
+  const auto& s = e.spec();
+  for (std::size_t u = 0; u < s.num_units(); ++u) {
+    auto p = e.gather(zero::unit_id{u});
+    p.release();
+  }
+  std::vector<std::size_t> unit_base(s.num_units(), 0);
+  for (std::size_t u = 1; u < s.num_units(); ++u) unit_base[u] = unit_base[u - 1] + s.units()[u - 1].numel;
+  for (std::size_t u = s.num_units(); u-- > 0;) {
+    const zero::unit_id id{u};
+    auto p = e.gather(id);
+    auto g = e.grads(id);
+    const auto pv = p.view();
+    const auto gv = g.view();
+    for (std::size_t j = 0; j < pv.size(); ++j)
+      gv.data()[j] = gradient(static_cast<float>(pv.data()[j]), rank, t, unit_base[u] + j);
+    e.reduce(id);
+  }
+  return e.step();
+}
+
+struct run_result {
+  std::vector<float> params;  // consolidated, from rank 0
+  std::vector<zero::memory_report> memory;
+  std::vector<zero::comm_report> comm;
+  std::uint64_t model_state_formula = 0, comm_formula = 0, padded = 0;
+};
+
+// Trains the toy model for `steps` steps on N thread ranks under one stage and optimizer.
+template <class Stage, class Opt>
+run_result run(int n, int steps, Opt opt) {
+  run_result res;
+  res.memory.resize(static_cast<std::size_t>(n));
+  res.comm.resize(static_cast<std::size_t>(n));
+  const zero::model_spec s = spec();
+  zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
+    zero::engine<Stage, zero::comm::threads, Opt> e(comm, s, opt);
+    e.initialize(initializer());
+    for (int t = 0; t < steps; ++t) train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    const auto r = static_cast<std::size_t>(comm.rank());
+    res.memory[r] = e.memory();
+    res.comm[r] = e.comm();
+    auto full = e.full_params();
+    if (comm.rank() == 0) {
+      res.params = std::move(full);
+      res.model_state_formula = e.model_state_formula_bytes();
+      res.comm_formula = e.comm_formula_bytes();
+      res.padded = e.layout().padded();
+    }
+  });
+  return res;
+}
+
+// The same training in one process, no engine: per element, the N gradients summed in rank order
+// (acc = g0; acc += g1; ...), divided by N, then the optimizer's rule.
+template <class Opt>
+std::vector<float> reference(int n, int steps, Opt opt) {
+  const zero::model_spec s = spec();
+  std::vector<float> w(s.numel());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = initial(i);
+  std::vector<float> state(w.size() * static_cast<std::size_t>(Opt::slots), 0.0f);
+  for (int t = 0; t < steps; ++t) {
+    const auto c = opt.constants(static_cast<std::uint64_t>(t) + 1);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      float acc = gradient(w[i], 0, static_cast<std::uint64_t>(t), i);
+      for (int r = 1; r < n; ++r) acc += gradient(w[i], r, static_cast<std::uint64_t>(t), i);
+      float st[Opt::slots > 0 ? Opt::slots : 1];
+      for (int k = 0; k < Opt::slots; ++k) st[k] = state[i * Opt::slots + static_cast<std::size_t>(k)];
+      Opt::update(c, w[i], acc / static_cast<float>(n), st);
+      for (int k = 0; k < Opt::slots; ++k) state[i * Opt::slots + static_cast<std::size_t>(k)] = st[k];
+    }
+  }
+  return w;
+}
+
+}  // namespace toy

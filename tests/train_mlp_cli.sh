@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# train_mlp's command line: bad flags give a usage message and exit code 2; --help exits 0.
+# Usage: train_mlp_cli.sh TRAIN_MLP
+set -u
+train_mlp=$1
+failures=0
+expect() {  # expect CODE PATTERN ARGS...
+  local want=$1 pattern=$2; shift 2
+  out=$("$train_mlp" "$@" 2>&1); rc=$?
+  if [ $rc -ne "$want" ] || ! grep -Eq -- "$pattern" <<<"$out"; then
+    echo "FAIL: train_mlp $* -> exit $rc (want $want), output lacks /$pattern/:"; echo "$out" | head -5
+    failures=$((failures + 1))
+  else
+    echo "ok   train_mlp $* -> exit $rc"
+  fi
+}
+expect 2 'stage.*(not in range|0 - 3)' --stage 4
+expect 2 'Usage' --stage 7
+expect 2 'optimizer' --optimizer lamb
+expect 2 'multiple of --ranks' --ranks 3 --batch 64
+expect 2 'ranks' --ranks 0
+expect 2 'lr' --lr -1
+expect 2 'unrecognized|Extras|not expected' --no-such-flag
+expect 2 'steps' --steps abc
+expect 0 'Usage' --help
+expect 0 'loss' --steps 3 --hidden 16 --layers 2
+[ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }
