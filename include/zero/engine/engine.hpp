@@ -201,6 +201,70 @@ class engine {
     return out;
   }
 
+  // ---- optimizer-state access (checkpoints) -------------------------------------------------
+
+  // The unit-local, unpadded range of master weights and optimizer slots this rank holds: its owned
+  // slice when optimizer states are sharded, the whole unit otherwise.
+  range held_range(unit_id u) const {
+    state_check(u);
+    return P::shards_optimizer_states ? layout_.owned_real(u, rank_) : range{0, layout_.unit(u).numel};
+  }
+  // The slice this rank is responsible for writing to a checkpoint: owned_real in every stage, so
+  // the N ranks write disjoint slices that cover the model even where states are replicated.
+  range canonical_range(unit_id u) const {
+    state_check(u);
+    return layout_.owned_real(u, rank_);
+  }
+
+  // Copies master weights (fp32) and each optimizer slot of unit-local range r (within
+  // held_range(u)) to host memory: master[r.size()], slots[k][r.size()] for k < Opt::slots.
+  void read_state(unit_id u, range r, float* master, float* const* slots) const {
+    const unit_layout& ul = checked_state_range(u, r, "read_state");
+    constexpr bool os = P::shards_optimizer_states;
+    if (r.empty()) return;
+    system::copy(master, master_element(ul, r.begin), r.size() * sizeof(float));
+    for (int k = 0; k < Opt::slots; ++k)
+      system::copy(slots[k], element<float, os>(states_[k], ul, r.begin), r.size() * sizeof(float));
+  }
+
+  // Stores master weights and optimizer slots of unit-local range r (within held_range(u)). The
+  // parameters follow only at finish_load().
+  void write_state(unit_id u, range r, const float* master, const float* const* slots) {
+    const unit_layout& ul = checked_state_range(u, r, "write_state");
+    constexpr bool os = P::shards_optimizer_states;
+    if (r.empty()) return;
+    system::copy(master_element(ul, r.begin), master, r.size() * sizeof(float));
+    for (int k = 0; k < Opt::slots; ++k)
+      system::copy(element<float, os>(states_[k], ul, r.begin), slots[k], r.size() * sizeof(float));
+  }
+
+  // After write_state() on every held range: restores the step counter and training state and
+  // refreshes the parameters from the master weights (a collective in stages 1 and 2).
+  void finish_load(const training_state& ts) {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      ZERO_CHECK(!units_[u].gathered && !units_[u].reduced, protocol, where(unit_id{u}),
+                 "finish_load() in the middle of a step");
+    step_ = ts.step;
+    if constexpr (Prec::separate_master) {
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const unit_layout& ul = layout_.unit(unit_id{u});
+        const range r = held_range(unit_id{u});
+        const float* w = master_element(ul, r.begin);
+        param_type* p = element<param_type, P::shards_parameters>(params_, ul, r.begin);
+        for (std::size_t j = 0; j < r.size(); ++j) p[j] = static_cast<param_type>(w[j]);
+      }
+    }
+    if constexpr (P::shards_optimizer_states && !P::shards_parameters)
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const unit_layout& ul = layout_.unit(unit_id{u});
+        param_type* p = params_.data() + ul.offset;
+        other_comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
+      }
+  }
+
+  // Everything besides the tensors that a resumed run needs to continue identically.
+  training_state state() const { return training_state{step_}; }
+
   const memory_report& memory() const { return acct_.report(); }
   comm_report comm() const { return comm_report{comm_.stats(), last_step_, other_comm_.stats(), step_}; }
 
@@ -320,6 +384,22 @@ class engine {
   const float* master_full(const unit_layout& ul) const {
     if constexpr (Prec::separate_master) return master_.data() + ul.offset;
     else return params_.data() + ul.offset;
+  }
+
+  void state_check(unit_id u) const {
+    ZERO_CHECK(u.index < units_.size(), invalid_argument, "rank ", rank_, ": unit index ", u.index,
+               " is out of range (the model has ", units_.size(), " units)");
+  }
+  const unit_layout& checked_state_range(unit_id u, range r, const char* call) const {
+    const range held = held_range(u);
+    ZERO_CHECK(r.empty() || (r.begin >= held.begin && r.end <= held.end), invalid_argument, where(u), call,
+               " of elements [", r.begin, ", ", r.end, ") outside the held range [", held.begin, ", ", held.end, ")");
+    return layout_.unit(u);
+  }
+  // The master weight of unit-local element i, which this rank must hold.
+  float* master_element(const unit_layout& ul, std::size_t i) const {
+    if constexpr (Prec::separate_master) return element<float, P::shards_optimizer_states>(master_, ul, i);
+    else return element<param_type, P::shards_parameters>(params_, ul, i);
   }
 
   // The optimizer over the elements of unit u this rank updates: its owned, unpadded slice, or the

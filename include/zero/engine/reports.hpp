@@ -16,6 +16,15 @@ struct step_report {
   comm::comm_stats comm;    // bytes this rank sent during the step's protocol calls
 };
 
+// The scalar state of training besides the tensors: what a checkpoint stores next to them.
+struct training_state {
+  std::uint64_t step = 0;           // completed optimizer steps (skipped ones included)
+  float loss_scale = 1.0f;          // dynamic loss scaling: the current scale
+  std::uint64_t clean_steps = 0;    // steps since the last overflow or growth of the scale
+  int hysteresis_left = 0;          // overflows still tolerated before the scale is halved
+  std::uint64_t skipped_steps = 0;  // steps skipped because of non-finite gradients
+};
+
 struct comm_report {
   comm::comm_stats protocol;   // gather/reduce/step traffic since construction
   comm::comm_stats last_step;  // that traffic during the last completed step (gather .. step)
