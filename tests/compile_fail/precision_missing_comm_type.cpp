@@ -8,6 +8,7 @@ struct no_comm_type {
   using grad_type = float;
   using master_type = float;
   static constexpr bool separate_master = false;
+  static constexpr bool loss_scaling = false;
   static constexpr std::string_view name = "x";
 };
 static_assert(zero::PrecisionPolicy<no_comm_type>);

@@ -17,6 +17,7 @@
 
 #include "zero/comm/reduce_op.hpp"
 #include "zero/concepts/comm_backend.hpp"
+#include "zero/core/numeric.hpp"
 #include "zero/error.hpp"
 #include "zero/sys/host.hpp"
 
@@ -141,6 +142,14 @@ void combine(T* acc, const T* x, std::size_t n, reduce_op op) {
     for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i]);
 }
 
+template <class A, class T>
+void combine_widened(A* acc, const T* x, std::size_t n, reduce_op op) {
+  if (op == reduce_op::sum)
+    for (std::size_t i = 0; i < n; ++i) acc[i] += static_cast<A>(x[i]);
+  else
+    for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], static_cast<A>(x[i]));
+}
+
 }  // namespace detail
 
 struct threads_options {
@@ -238,7 +247,7 @@ class threads {
   template <class T>
   std::vector<const T*> enter(detail::coll_kind kind, const T* send, T* recv, std::size_t count, reduce_op op,
                               int root) {
-    static_assert(std::is_arithmetic_v<T>, "comm::threads collectives take arithmetic element types");
+    static_assert(is_wire_type_v<T>, "comm::threads collectives take arithmetic types, zero::bf16 and zero::fp16");
     world_->slot(rank_) = detail::announcement{kind, count, sizeof(T), op, root, send, recv};
     world_->arrive_and_wait(rank_, kind);
     check_agreement();
@@ -268,17 +277,27 @@ class threads {
 
   // Reduces [begin, end) of all peers' send buffers in rank order, a cache-sized block at a time,
   // and hands each finished block to emit. The block is reduced completely before emit writes, so
-  // a receive buffer that aliases a send buffer is safe.
+  // a receive buffer that aliases a send buffer is safe. 2-byte floats are summed in fp32 and
+  // rounded once.
   template <class T, class Emit>
   static void reduce_blocks(const std::vector<const T*>& peers, std::size_t begin, std::size_t end, reduce_op op,
                             Emit emit) {
+    using A = accumulate_as_t<T>;
     constexpr std::size_t block = 2048;
-    T acc[block];
+    A acc[block];
+    [[maybe_unused]] T out[std::is_same_v<A, T> ? 1 : block];
     for (std::size_t at = begin; at < end; at += block) {
       const std::size_t len = std::min(block, end - at);
-      std::memcpy(acc, peers[0] + at, len * sizeof(T));
-      for (std::size_t k = 1; k < peers.size(); ++k) detail::combine(acc, peers[k] + at, len, op);
-      emit(at, acc, len);
+      if constexpr (std::is_same_v<A, T>) {
+        std::memcpy(acc, peers[0] + at, len * sizeof(T));
+        for (std::size_t k = 1; k < peers.size(); ++k) detail::combine(acc, peers[k] + at, len, op);
+        emit(at, acc, len);
+      } else {
+        for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(peers[0][at + i]);
+        for (std::size_t k = 1; k < peers.size(); ++k) detail::combine_widened(acc, peers[k] + at, len, op);
+        for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<T>(acc[i]);
+        emit(at, out, len);
+      }
     }
   }
 

@@ -13,6 +13,7 @@ namespace zero {
 //   typename P::comm_type     the element type on the wire
 //   P::separate_master        constexpr bool: a master copy exists apart from the parameters (K
 //                             then includes sizeof(master_type) bytes per parameter)
+//   P::loss_scaling           constexpr bool: gradients arrive multiplied by a dynamic loss scale
 //   P::name                   constexpr std::string_view
 template <class P>
 concept PrecisionPolicy = requires {
@@ -21,6 +22,7 @@ concept PrecisionPolicy = requires {
   typename P::master_type;
   typename P::comm_type;
   { P::separate_master } -> std::convertible_to<bool>;
+  { P::loss_scaling } -> std::convertible_to<bool>;
   { P::name } -> std::convertible_to<std::string_view>;
 } && std::same_as<typename P::master_type, float>;
 

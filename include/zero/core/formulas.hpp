@@ -33,12 +33,17 @@ inline std::uint64_t model_state_bytes(int stage, std::uint64_t psi, int n, stat
 
 // Bytes each rank sends per step (bus volume): 2 Psi (N-1)/N elements for stages 0-2 (one
 // all-reduce, or reduce-scatter plus all-gather), 3 Psi (N-1)/N for stage 3 (parameters gathered in
-// forward and again in backward, gradients reduce-scattered), each of `elem_bytes` bytes.
-inline std::uint64_t comm_bytes_per_step(int stage, std::uint64_t psi, int n, std::size_t elem_bytes) {
+// forward and again in backward, gradients reduce-scattered), each of `elem_bytes` bytes. With M
+// micro-batches each reduced on its own, the gradient pass (and in stage 3 the gathers) happen M
+// times: 2M, M + 1, M + 1 and 3M Psi (N-1)/N.
+inline std::uint64_t comm_bytes_per_step(int stage, std::uint64_t psi, int n, std::size_t elem_bytes,
+                                         int micro_batches = 1) {
   ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0, invalid_argument,
              "formula: Psi = ", psi, " is not a multiple of N = ", n);
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
-  const std::uint64_t passes = stage == 3 ? 3 : 2;
+  ZERO_CHECK(micro_batches >= 1, invalid_argument, "formula: micro_batches must be at least 1");
+  const auto m = static_cast<std::uint64_t>(micro_batches);
+  const std::uint64_t passes = stage == 3 ? 3 * m : (stage == 0 ? 2 * m : m + 1);
   return passes * psi / static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n - 1) * elem_bytes;
 }
 

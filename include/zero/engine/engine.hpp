@@ -21,10 +21,12 @@
 #include "zero/core/layout.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/tensor_view.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/fp32.hpp"
+#include "zero/precision/loss_scaler.hpp"
 
 namespace zero {
 
@@ -53,17 +55,25 @@ class engine {
   class gathered;
   class grad_buffers;
 
-  engine(Comm& comm, const model_spec& spec, Opt opt = {})
+  engine(Comm& comm, const model_spec& spec, Opt opt = {}, engine_options options = {})
       : comm_(comm),
         other_comm_(comm),
+        control_comm_(comm),
         spec_(spec),
         layout_(layout::make<P>(spec, comm.size())),
         opt_(opt),
+        options_(options),
+        scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
         rank_(comm.rank()),
         units_(spec.num_units()) {
+    validate_options();
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
     params_ = buffer<param_type, system>(P::shards_parameters ? shard : full, mem_category::params, acct_);
-    grads_ = buffer<grad_type, system>(P::shards_gradients ? shard : full, mem_category::grads, acct_);
+    const std::size_t grad_elems = P::shards_gradients ? shard : full;
+    if (options_.fp32_grad_accumulation)
+      grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
+    else
+      grads_ = buffer<grad_type, system>(grad_elems, mem_category::grads, acct_);
     const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
     if constexpr (Prec::separate_master) master_ = buffer<float, system>(state_elems, mem_category::master, acct_);
     for (auto& s : states_) s = buffer<float, system>(state_elems, mem_category::optimizer_states, acct_);
@@ -120,64 +130,89 @@ class engine {
   // accumulate into it until reduce(u).
   grad_buffers grads(unit_id u) {
     unit_state& s = state(u, "grads");
-    ZERO_CHECK(!s.reduced, protocol, where(u), "grads of a unit already reduced in this step");
-    if constexpr (P::shards_gradients)
-      if (s.bucket.empty()) s.bucket = buffer<grad_type, system>(layout_.unit(u).padded, mem_category::transient, acct_);
+    ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "grads of a unit already reduced in this step",
+               reduce_count_text(s.reduces));
+    if (uses_bucket() && s.bucket.empty())
+      s.bucket = buffer<grad_type, system>(layout_.unit(u).padded, mem_category::transient, acct_);
     return grad_buffers(*this, u, s.reduce_epoch);
   }
 
   // Sums unit u's gradients over ranks (each rank keeps what its shard needs). Every rank calls it
-  // once per unit per step, in the same unit order.
+  // in the same unit order, once per unit per micro-batch (reduce_each_micro_batch) or once per step.
   void reduce(unit_id u) {
     unit_state& s = state(u, "reduce");
-    ZERO_CHECK(!s.reduced, protocol, where(u), "reduce of a unit already reduced in this step");
+    ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
+               reduce_count_text(s.reduces));
     const unit_layout& ul = layout_.unit(u);
     const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
-    if constexpr (P::stage == 0) {
+    if (!uses_bucket()) {
+      // The full gradient is persistent: reduce it in place.
       grad_type* g = grads_.data() + ul.offset;
-      comm_.all_reduce(g, g, ul.padded, reduce_op::sum);
-    } else if constexpr (!P::shards_gradients) {
-      grad_type* g = grads_.data() + ul.offset;
-      comm_.reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
+      if constexpr (P::stage == 0) comm_.all_reduce(g, g, ul.padded, reduce_op::sum);
+      else comm_.reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
     } else {
       if (s.bucket.empty()) s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
       grad_type* b = s.bucket.data();
-      comm_.reduce_scatter(b, b + own, ul.shard, reduce_op::sum);
-      // A copy, not an add into the zeroed shard: 0 + (-0) would turn a negative zero positive.
-      system::copy(grads_.data() + ul.shard_offset, b + own, ul.shard * sizeof(grad_type));
+      if constexpr (P::stage == 0) comm_.all_reduce(b, b, ul.padded, reduce_op::sum);
+      else comm_.reduce_scatter(b, b + own, ul.shard, reduce_op::sum);
+      // Stage 0 keeps the whole unit, the others their slice.
+      const std::size_t from = P::stage == 0 ? 0 : own, count = P::stage == 0 ? ul.padded : ul.shard;
+      with_grad_store([&](auto& store) { accumulate(store, ul, from, b + from, count, s.reduces == 0); });
       s.bucket.reset();
     }
-    s.reduced = true;
+    ++s.reduces;
     ++s.reduce_epoch;
   }
 
   // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
-  // reduced and released.
+  // reduced (M times under reduce_each_micro_batch) and released. When the global gradient norm is
+  // not finite on any rank, every rank skips the update and the loss scale adjusts identically.
   step_report step() {
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      ZERO_CHECK(units_[u].reduced, protocol, where(unit_id{u}),
-                 "step() before every unit was reduced (this one was not)");
+      ZERO_CHECK(units_[u].reduced(reduces_per_step()), protocol, where(unit_id{u}),
+                 "step() before every unit was reduced (this one was not", reduce_count_text(units_[u].reduces), ")");
       ZERO_CHECK(!units_[u].gathered, protocol, where(unit_id{u}), "step() while this unit is still gathered");
     }
-    ++step_;
-    const auto c = opt_.constants(step_);
-    for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c);
-    if constexpr (P::shards_optimizer_states && !P::shards_parameters)
-      for (std::size_t u = 0; u < units_.size(); ++u) {
-        const unit_layout& ul = layout_.unit(unit_id{u});
-        param_type* p = params_.data() + ul.offset;
-        comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
-      }
-    system::fill_zero(grads_.data(), grads_.size() * sizeof(grad_type));
-    for (auto& s : units_) s.reduced = false;
-
     step_report r;
+    r.loss_scale = scaler_.scale();
+    // The gradient the optimizer sees: the rank-ordered sum divided by N and by the loss scale, in
+    // one IEEE division (N x scale is exact: the scale is a power of two).
+    const float divisor = fp::mul(static_cast<float>(layout_.ranks()), scaler_.scale());
+    float coef = 1.0f;
+    if (needs_norm()) {
+      const double sq = global_sum_of_squares(divisor);
+      r.grad_norm = std::sqrt(sq);
+      r.skipped = !std::isfinite(sq);
+      if (!r.skipped && options_.clip_norm > 0.0f && r.grad_norm > options_.clip_norm)
+        coef = static_cast<float>(static_cast<double>(options_.clip_norm) / (r.grad_norm + 1e-6));
+    }
+    if (!r.skipped) {
+      ++step_;
+      const auto c = opt_.constants(step_);
+      for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c, divisor, coef);
+      if constexpr (P::shards_optimizer_states && !P::shards_parameters)
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+          const unit_layout& ul = layout_.unit(unit_id{u});
+          param_type* p = params_.data() + ul.offset;
+          comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
+        }
+    } else {
+      ++skipped_;
+    }
+    scaler_.update(r.skipped);
+    with_grad_store([&](auto& store) { system::fill_zero(store.data(), store.size() * sizeof(*store.data())); });
+    for (auto& s : units_) s.reduces = 0;
+
     r.step = step_;
     r.comm = comm_.stats() - at_step_start_;
     last_step_ = r.comm;
     at_step_start_ = comm_.stats();
     return r;
   }
+
+  // The factor user kernels multiply the loss by (1 unless the precision policy scales the loss).
+  float loss_scale() const { return scaler_.scale(); }
+  const engine_options& options() const { return options_; }
 
   // ---- results and reports -------------------------------------------------------------------
 
@@ -242,9 +277,11 @@ class engine {
   // refreshes the parameters from the master weights (a collective in stages 1 and 2).
   void finish_load(const training_state& ts) {
     for (std::size_t u = 0; u < units_.size(); ++u)
-      ZERO_CHECK(!units_[u].gathered && !units_[u].reduced, protocol, where(unit_id{u}),
+      ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
                  "finish_load() in the middle of a step");
     step_ = ts.step;
+    skipped_ = ts.skipped_steps;
+    if constexpr (Prec::loss_scaling) scaler_.restore(ts.loss_scale, ts.clean_steps, ts.hysteresis_left);
     if constexpr (Prec::separate_master) {
       for (std::size_t u = 0; u < units_.size(); ++u) {
         const unit_layout& ul = layout_.unit(unit_id{u});
@@ -263,21 +300,26 @@ class engine {
   }
 
   // Everything besides the tensors that a resumed run needs to continue identically.
-  training_state state() const { return training_state{step_}; }
+  training_state state() const {
+    return training_state{step_, scaler_.scale(), scaler_.clean_steps(), scaler_.hysteresis_left(), skipped_};
+  }
 
   const memory_report& memory() const { return acct_.report(); }
-  comm_report comm() const { return comm_report{comm_.stats(), last_step_, other_comm_.stats(), step_}; }
+  comm_report comm() const {
+    return comm_report{comm_.stats(), last_step_, other_comm_.stats(), control_comm_.stats(), step_ + skipped_};
+  }
 
   // The per-parameter sizes the paper's equations need for this engine's policies.
-  static constexpr formula::state_sizes state_sizes() {
-    return {sizeof(param_type), sizeof(grad_type),
+  formula::state_sizes state_sizes() const {
+    return {sizeof(param_type), options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type),
             (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
   }
   std::uint64_t model_state_formula_bytes() const {
     return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
   }
   std::uint64_t comm_formula_bytes() const {
-    return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type));
+    return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type),
+                                        reduces_per_step());
   }
 
   const model_spec& spec() const { return spec_; }
@@ -328,8 +370,9 @@ class engine {
     tensor_view<grad_type> operator[](std::string_view tensor) const { return view()[tensor]; }
     unit_view<grad_type> view() const {
       const auto& s = e_->units_[u_.index];
-      ZERO_CHECK(!s.reduced && s.reduce_epoch == epoch_, protocol, e_->where(u_),
-                 "access to gradients after the unit was reduced (call grads() in the next step)");
+      ZERO_CHECK(s.reduce_epoch == epoch_, protocol, e_->where(u_),
+                 "access to gradients after the unit was reduced (call grads() again for the next micro-batch "
+                 "or step)");
       return unit_view<grad_type>(e_->full_grads_of(u_), e_->spec_.units()[u_.index], e_->layout_.unit(u_), e_->rank_);
     }
     unit_id unit() const { return u_; }
@@ -344,8 +387,10 @@ class engine {
 
  private:
   struct unit_state {
-    bool gathered = false, reduced = false;
+    bool gathered = false;
+    int reduces = 0;  // reduce() calls in the current step
     std::uint64_t gather_epoch = 0, reduce_epoch = 0;
+    bool reduced(int per_step) const { return reduces >= per_step; }
     buffer<param_type, system> full_params;  // stage 3: the gathered unit
     buffer<grad_type, system> bucket;        // stages 2-3: the unit's full gradient until reduce
   };
@@ -364,8 +409,95 @@ class engine {
     else return params_.data() + layout_.unit(u).offset;
   }
   grad_type* full_grads_of(unit_id u) {
-    if constexpr (P::shards_gradients) return units_[u.index].bucket.data();
-    else return grads_.data() + layout_.unit(u).offset;
+    if (uses_bucket()) return units_[u.index].bucket.data();
+    return grads_.data() + layout_.unit(u).offset;
+  }
+
+  // ---- gradient accumulation and norms ----
+
+  void validate_options() const {
+    const engine_options& o = options_;
+    ZERO_CHECK(o.micro_batches >= 1, invalid_argument, "rank ", rank_, ": micro_batches must be at least 1, got ",
+               o.micro_batches);
+    ZERO_CHECK(o.accumulate != accumulation::local_then_reduce || !P::shards_gradients, invalid_argument, "rank ",
+               rank_, ": local_then_reduce accumulation keeps every unit's full gradient until its single reduce; ZeRO "
+               "stage ", P::stage, " shards gradients, so use reduce_each_micro_batch");
+    ZERO_CHECK(!o.fp32_grad_accumulation || P::shards_gradients, invalid_argument, "rank ", rank_,
+               ": fp32_grad_accumulation applies to the gradient shard of stages 2 and 3; stage ", P::stage,
+               " keeps full gradients in the precision's gradient type");
+    ZERO_CHECK(o.clip_norm >= 0.0f, invalid_argument, "rank ", rank_, ": clip_norm must be >= 0, got ", o.clip_norm);
+  }
+  int reduces_per_step() const {
+    return options_.accumulate == accumulation::reduce_each_micro_batch ? options_.micro_batches : 1;
+  }
+  std::string reduce_count_text(int done) const {
+    if (reduces_per_step() == 1) return "";
+    return detail::concat(": ", done, " of ", reduces_per_step(), " micro-batch reduces");
+  }
+  // Whether kernels write a transient bucket per micro-batch instead of the persistent gradient:
+  // always when gradients are sharded, and when several reduced micro-batches must be added up.
+  bool uses_bucket() const { return P::shards_gradients || reduces_per_step() > 1; }
+  bool needs_norm() const {
+    return Prec::separate_master || options_.clip_norm > 0.0f || options_.compute_grad_norm;
+  }
+
+  // Calls f with the buffer that holds the reduced gradients: fp32 or the precision's type.
+  template <class F>
+  void with_grad_store(F f) {
+    if (options_.fp32_grad_accumulation) f(grads32_);
+    else f(grads_);
+  }
+  template <class F>
+  void with_grad_store(F f) const {
+    if (options_.fp32_grad_accumulation) f(grads32_);
+    else f(grads_);
+  }
+
+  // Stores (first micro-batch) or adds (later ones, in fp32, rounded once) `count` reduced elements
+  // starting at unit-local element `from` into the persistent gradient store. A copy, not an add into
+  // zeros, for the first: 0 + (-0) would turn a negative zero positive.
+  template <class S>
+  void accumulate(S& store, const unit_layout& ul, std::size_t from, const grad_type* src, std::size_t count,
+                  bool first) {
+    using T = std::remove_pointer_t<decltype(store.data())>;
+    T* dst = element<T, P::shards_gradients>(store, ul, from);
+    for (std::size_t i = 0; i < count; ++i)
+      dst[i] = first ? static_cast<T>(static_cast<float>(src[i]))
+                     : static_cast<T>(fp::add(static_cast<float>(dst[i]), static_cast<float>(src[i])));
+  }
+
+  // Sum of squares of the averaged, unscaled gradient over real elements, identical on every rank
+  // and in every stage: each rank sums its owned slice unit by unit, and the partial sums are added in
+  // rank order (by the all-reduce, or locally over the N slices where gradients are replicated).
+  double global_sum_of_squares(float divisor) {
+    auto partial = [&](int r) {
+      double acc = 0.0;
+      with_grad_store([&](const auto& store) {
+        using T = std::remove_pointer_t<decltype(store.data())>;
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+          const unit_layout& ul = layout_.unit(unit_id{u});
+          const range o = layout_.owned_real(unit_id{u}, r);
+          if (o.empty()) continue;
+          const T* g = P::shards_gradients ? store.data() + ul.shard_offset + (o.begin - static_cast<std::size_t>(r) * ul.shard)
+                                           : store.data() + ul.offset + o.begin;
+          for (std::size_t j = 0; j < o.size(); ++j) {
+            const double x = fp::div(static_cast<float>(g[j]), divisor);
+            acc += x * x;
+          }
+        }
+      });
+      return acc;
+    };
+    if constexpr (P::shards_optimizer_states) {
+      double total = partial(rank_);
+      control_comm_.all_reduce(&total, &total, 1, reduce_op::sum);
+      return total;
+    } else {
+      // Replicated gradients: the same N partial sums the sharded stages compute, added the same way.
+      double total = partial(0);
+      for (int r = 1; r < layout_.ranks(); ++r) total += partial(r);
+      return total;
+    }
   }
 
   // Pointer to element `i` (unit-local) of a buffer that holds either every unit in full or only
@@ -403,28 +535,30 @@ class engine {
   }
 
   // The optimizer over the elements of unit u this rank updates: its owned, unpadded slice, or the
-  // whole unit when optimizer states are replicated. The gradient is the rank-ordered sum, divided
-  // here by N: one IEEE division per element, the same in every stage.
-  void update_unit(unit_id u, const typename Opt::step_constants& c) {
+  // whole unit when optimizer states are replicated. The gradient is the rank-ordered sum divided by
+  // N x loss scale, then multiplied by the clipping coefficient when clipping applies.
+  void update_unit(unit_id u, const typename Opt::step_constants& c, float divisor, float coef) {
     const unit_layout& ul = layout_.unit(u);
     const range r = P::shards_optimizer_states ? layout_.owned_real(u, rank_) : range{0, ul.numel};
     if (r.empty()) return;
     constexpr bool os = P::shards_optimizer_states;
-    const float n = static_cast<float>(layout_.ranks());
-    const grad_type* g = element<grad_type, P::shards_gradients>(grads_, ul, r.begin);
     param_type* p = element<param_type, P::shards_parameters>(params_, ul, r.begin);
-    float* w = nullptr;
-    if constexpr (Prec::separate_master) w = element<float, os>(master_, ul, r.begin);
-    else w = p;
+    float* w = master_element(ul, r.begin);
     float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
     for (int k = 0; k < Opt::slots; ++k) st[k] = element<float, os>(states_[k], ul, r.begin);
-    float s[Opt::slots > 0 ? Opt::slots : 1];
-    for (std::size_t j = 0; j < r.size(); ++j) {
-      for (int k = 0; k < Opt::slots; ++k) s[k] = st[k][j];
-      Opt::update(c, w[j], fp::div(static_cast<float>(g[j]), n), s);
-      for (int k = 0; k < Opt::slots; ++k) st[k][j] = s[k];
-      if constexpr (Prec::separate_master) p[j] = static_cast<param_type>(w[j]);
-    }
+    with_grad_store([&](const auto& store) {
+      using T = std::remove_pointer_t<decltype(store.data())>;
+      const T* g = element<T, P::shards_gradients>(store, ul, r.begin);
+      float s[Opt::slots > 0 ? Opt::slots : 1];
+      for (std::size_t j = 0; j < r.size(); ++j) {
+        float gj = fp::div(static_cast<float>(g[j]), divisor);
+        if (coef != 1.0f) gj = fp::mul(gj, coef);
+        for (int k = 0; k < Opt::slots; ++k) s[k] = st[k][j];
+        Opt::update(c, w[j], gj, s);
+        for (int k = 0; k < Opt::slots; ++k) st[k][j] = s[k];
+        if constexpr (Prec::separate_master) p[j] = static_cast<param_type>(w[j]);
+      }
+    });
   }
 
   // Stores a full tensor's initial values into whatever part of params and master this rank holds.
@@ -449,16 +583,20 @@ class engine {
   memory_accounting acct_;  // first: every buffer below reports to it and must die before it
   comm::counted<Comm> comm_;        // the protocol's traffic, what the formulas count
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
+  comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)
   const model_spec spec_;
   const zero::layout layout_;
   Opt opt_;
+  engine_options options_;
+  loss_scaler scaler_;
   int rank_;
   buffer<param_type, system> params_;
   buffer<grad_type, system> grads_;
+  buffer<float, system> grads32_;  // instead of grads_ under fp32_grad_accumulation
   buffer<float, system> master_;
   buffer<float, system> states_[Opt::slots > 0 ? Opt::slots : 1];
   std::vector<unit_state> units_;
-  std::uint64_t step_ = 0;
+  std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
 };
 

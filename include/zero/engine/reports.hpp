@@ -9,16 +9,16 @@
 namespace zero {
 
 struct step_report {
-  std::uint64_t step = 0;   // 1-based number of the step just taken
+  std::uint64_t step = 0;   // optimizer updates so far (a skipped step does not count)
   bool skipped = false;     // the update was skipped on every rank (non-finite gradients)
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // global L2 norm, when computed
-  float loss_scale = 1.0f;
+  float loss_scale = 1.0f;  // the scale this step's gradients carried
   comm::comm_stats comm;    // bytes this rank sent during the step's protocol calls
 };
 
 // The scalar state of training besides the tensors: what a checkpoint stores next to them.
 struct training_state {
-  std::uint64_t step = 0;           // completed optimizer steps (skipped ones included)
+  std::uint64_t step = 0;           // completed optimizer updates (skipped steps not included)
   float loss_scale = 1.0f;          // dynamic loss scaling: the current scale
   std::uint64_t clean_steps = 0;    // steps since the last overflow or growth of the scale
   int hysteresis_left = 0;          // overflows still tolerated before the scale is halved
@@ -29,7 +29,8 @@ struct comm_report {
   comm::comm_stats protocol;   // gather/reduce/step traffic since construction
   comm::comm_stats last_step;  // that traffic during the last completed step (gather .. step)
   comm::comm_stats other;      // initialisation broadcasts, full_params() gathers: outside any step
-  std::uint64_t steps = 0;
+  comm::comm_stats control;    // the step's one scalar all-reduce (gradient norm and overflow flag)
+  std::uint64_t steps = 0;     // step() calls, skipped ones included
 };
 
 }  // namespace zero

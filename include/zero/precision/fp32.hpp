@@ -13,6 +13,7 @@ struct fp32 {
   using master_type = float;
   using comm_type = float;
   static constexpr bool separate_master = false;
+  static constexpr bool loss_scaling = false;
   static constexpr std::string_view name = "fp32";
 };
 static_assert(PrecisionPolicy<fp32>);
