@@ -65,8 +65,11 @@ zero::step_report train_step(Engine& e, int rank, std::uint64_t t) {
     auto g = e.grads(id);
     const auto pv = p.view();
     const auto gv = g.view();
+    // Gradients of the scaled loss, stored in the precision's gradient type (x 1 is exact for fp32).
+    using G = typename Engine::grad_type;
+    const float scale = e.loss_scale();
     for (std::size_t j = 0; j < pv.size(); ++j)
-      gv.data()[j] = gradient(static_cast<float>(pv.data()[j]), rank, t, unit_base[u] + j);
+      gv.data()[j] = static_cast<G>(gradient(static_cast<float>(pv.data()[j]), rank, t, unit_base[u] + j) * scale);
     e.reduce(id);
   }
   return e.step();
@@ -76,21 +79,23 @@ struct run_result {
   std::vector<float> params;  // consolidated, from rank 0
   std::vector<zero::memory_report> memory;
   std::vector<zero::comm_report> comm;
+  std::vector<std::vector<zero::step_report>> reports;  // per rank, per step
   std::uint64_t model_state_formula = 0, comm_formula = 0, padded = 0;
 };
 
 // Trains the toy model for `steps` steps on N thread ranks under one stage and optimizer.
-template <class Stage, class Opt>
-run_result run(int n, int steps, Opt opt) {
+template <class Stage, class Opt, class Prec = zero::precision::fp32>
+run_result run(int n, int steps, Opt opt, zero::engine_options options = {}) {
   run_result res;
   res.memory.resize(static_cast<std::size_t>(n));
   res.comm.resize(static_cast<std::size_t>(n));
+  res.reports.resize(static_cast<std::size_t>(n));
   const zero::model_spec s = spec();
   zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
-    zero::engine<Stage, zero::comm::threads, Opt> e(comm, s, opt);
+    zero::engine<Stage, zero::comm::threads, Opt, Prec> e(comm, s, opt, options);
     e.initialize(initializer());
-    for (int t = 0; t < steps; ++t) train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
     const auto r = static_cast<std::size_t>(comm.rank());
+    for (int t = 0; t < steps; ++t) res.reports[r].push_back(train_step(e, comm.rank(), static_cast<std::uint64_t>(t)));
     res.memory[r] = e.memory();
     res.comm[r] = e.comm();
     auto full = e.full_params();
