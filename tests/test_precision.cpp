@@ -110,7 +110,8 @@ TEST_CASE_TEMPLATE("model-state bytes equal the K = 12 formulas for 2-byte preci
     CHECK(bytes(s3) == 18 * psi / N);
     CHECK(s3.model_state_formula == bytes(s3));
     // Bytes are counted in the type actually sent: 2 per element.
-    const auto& c = toy::run<zero::stage3, adamw, Prec>(n, 2, {}).comm[0];
+    const auto two_steps = toy::run<zero::stage3, adamw, Prec>(n, 2, {});
+    const auto& c = two_steps.comm[0];
     CHECK(c.last_step.total_bytes() == 3 * psi * (N - 1) / N * 2);
     CHECK(c.control.total_bytes() == 2 * 2 * (N - 1) * 8 / N);  // one 8-byte all-reduce per step
   }

@@ -94,9 +94,9 @@ class engine {
         if (source == init_source::every_rank || rank_ == 0) fn(us, ts, std::span<float>(host));
         if (source == init_source::broadcast_from_rank0) {
           buffer<float, system> wire(ts.numel, mem_category::transient, acct_);
-          system::copy(wire.data(), host.data(), ts.numel * sizeof(float));
+          sys_.copy_from_host(wire.data(), host.data(), ts.numel * sizeof(float));
           other_comm_.broadcast(wire.data(), wire.data(), ts.numel, 0);
-          system::copy(host.data(), wire.data(), ts.numel * sizeof(float));
+          sys_.copy_to_host(host.data(), wire.data(), ts.numel * sizeof(float));
         }
         write_tensor(unit_id{u}, t, host.data());
       }
@@ -200,7 +200,7 @@ class engine {
       ++skipped_;
     }
     scaler_.update(r.skipped);
-    with_grad_store([&](auto& store) { system::fill_zero(store.data(), store.size() * sizeof(*store.data())); });
+    with_grad_store([&](auto& store) { sys_.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
     for (auto& s : units_) s.reduces = 0;
 
     r.step = step_;
@@ -228,9 +228,9 @@ class engine {
       if constexpr (P::shards_optimizer_states) {
         buffer<float, system> full(ul.padded, mem_category::transient, acct_);
         other_comm_.all_gather(master_shard(ul), full.data(), ul.shard);
-        system::copy(out.data() + at, full.data(), ul.numel * sizeof(float));
+        sys_.copy_to_host(out.data() + at, full.data(), ul.numel * sizeof(float));
       } else {
-        system::copy(out.data() + at, master_full(ul), ul.numel * sizeof(float));
+        sys_.copy_to_host(out.data() + at, master_full(ul), ul.numel * sizeof(float));
       }
     }
     return out;
@@ -257,9 +257,9 @@ class engine {
     const unit_layout& ul = checked_state_range(u, r, "read_state");
     constexpr bool os = P::shards_optimizer_states;
     if (r.empty()) return;
-    system::copy(master, master_element(ul, r.begin), r.size() * sizeof(float));
+    sys_.copy_to_host(master, master_element(ul, r.begin), r.size() * sizeof(float));
     for (int k = 0; k < Opt::slots; ++k)
-      system::copy(slots[k], element<float, os>(states_[k], ul, r.begin), r.size() * sizeof(float));
+      sys_.copy_to_host(slots[k], element<float, os>(states_[k], ul, r.begin), r.size() * sizeof(float));
   }
 
   // Stores master weights and optimizer slots of unit-local range r (within held_range(u)). The
@@ -268,9 +268,9 @@ class engine {
     const unit_layout& ul = checked_state_range(u, r, "write_state");
     constexpr bool os = P::shards_optimizer_states;
     if (r.empty()) return;
-    system::copy(master_element(ul, r.begin), master, r.size() * sizeof(float));
+    sys_.copy_from_host(master_element(ul, r.begin), master, r.size() * sizeof(float));
     for (int k = 0; k < Opt::slots; ++k)
-      system::copy(element<float, os>(states_[k], ul, r.begin), slots[k], r.size() * sizeof(float));
+      sys_.copy_from_host(element<float, os>(states_[k], ul, r.begin), slots[k], r.size() * sizeof(float));
   }
 
   // After write_state() on every held range: restores the step counter and training state and
@@ -286,9 +286,8 @@ class engine {
       for (std::size_t u = 0; u < units_.size(); ++u) {
         const unit_layout& ul = layout_.unit(unit_id{u});
         const range r = held_range(unit_id{u});
-        const float* w = master_element(ul, r.begin);
-        param_type* p = element<param_type, P::shards_parameters>(params_, ul, r.begin);
-        for (std::size_t j = 0; j < r.size(); ++j) p[j] = static_cast<param_type>(w[j]);
+        sys_.cast_from_float(element<param_type, P::shards_parameters>(params_, ul, r.begin),
+                             master_element(ul, r.begin), r.size());
       }
     }
     if constexpr (P::shards_optimizer_states && !P::shards_parameters)
@@ -460,10 +459,7 @@ class engine {
   void accumulate(S& store, const unit_layout& ul, std::size_t from, const grad_type* src, std::size_t count,
                   bool first) {
     using T = std::remove_pointer_t<decltype(store.data())>;
-    T* dst = element<T, P::shards_gradients>(store, ul, from);
-    for (std::size_t i = 0; i < count; ++i)
-      dst[i] = first ? static_cast<T>(static_cast<float>(src[i]))
-                     : static_cast<T>(fp::add(static_cast<float>(dst[i]), static_cast<float>(src[i])));
+    sys_.accumulate(element<T, P::shards_gradients>(store, ul, from), src, count, first);
   }
 
   // Sum of squares of the averaged, unscaled gradient over real elements, identical on every rank
@@ -480,10 +476,7 @@ class engine {
           if (o.empty()) continue;
           const T* g = P::shards_gradients ? store.data() + ul.shard_offset + (o.begin - static_cast<std::size_t>(r) * ul.shard)
                                            : store.data() + ul.offset + o.begin;
-          for (std::size_t j = 0; j < o.size(); ++j) {
-            const double x = fp::div(static_cast<float>(g[j]), divisor);
-            acc += x * x;
-          }
+          acc += sys_.sum_of_squares(g, o.size(), divisor);
         }
       });
       return acc;
@@ -549,15 +542,7 @@ class engine {
     with_grad_store([&](const auto& store) {
       using T = std::remove_pointer_t<decltype(store.data())>;
       const T* g = element<T, P::shards_gradients>(store, ul, r.begin);
-      float s[Opt::slots > 0 ? Opt::slots : 1];
-      for (std::size_t j = 0; j < r.size(); ++j) {
-        float gj = fp::div(static_cast<float>(g[j]), divisor);
-        if (coef != 1.0f) gj = fp::mul(gj, coef);
-        for (int k = 0; k < Opt::slots; ++k) s[k] = st[k][j];
-        Opt::update(c, w[j], gj, s);
-        for (int k = 0; k < Opt::slots; ++k) st[k][j] = s[k];
-        if constexpr (Prec::separate_master) p[j] = static_cast<param_type>(w[j]);
-      }
+      sys_.template apply_update<Opt>(c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
     });
   }
 
@@ -574,13 +559,14 @@ class engine {
       if (seg.empty()) return;
       T* dst = sharded ? this->template element<T, true>(buf, ul, seg.begin)
                         : this->template element<T, false>(buf, ul, seg.begin);
-      system::copy(dst, src + (seg.begin - tr.begin), seg.size() * sizeof(T));
+      sys_.copy_from_host(dst, src + (seg.begin - tr.begin), seg.size() * sizeof(T));
     };
     store(params_, cast.data(), P::shards_parameters);
     if constexpr (Prec::separate_master) store(master_, values, P::shards_optimizer_states);
   }
 
   memory_accounting acct_;  // first: every buffer below reports to it and must die before it
+  system sys_{};            // where the buffers live and the element-wise loops run
   comm::counted<Comm> comm_;        // the protocol's traffic, what the formulas count
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)

@@ -1,12 +1,17 @@
-// sys::host: the memory space of the CPU path: 64-byte aligned allocation, fills and copies.
+// sys::host: the memory space and loops of the CPU path: 64-byte aligned allocation, copies, element-wise steps.
 #pragma once
 
 #include <cstddef>
 #include <cstring>
 #include <new>
 
+#include "zero/core/elementwise.hpp"
+
 namespace zero::sys {
 
+// The system interface the engine uses (sys::cuda mirrors it with device memory, kernels and a
+// stream): allocation, fills and copies within the space and to/from host memory, and the engine's
+// element-wise loops. Host memory is the host: every call completes before it returns.
 struct host {
   static constexpr std::size_t alignment = 64;  // a cache line; also the shard alignment in bytes
 
@@ -22,6 +27,30 @@ struct host {
   }
   static void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  static void copy_to_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+  static void copy_from_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+  static void synchronize() {}
+
+  template <class Opt, class G, class P>
+  static void apply_update(const typename Opt::step_constants& c, const G* g, float divisor, float coef, float* w,
+                           float* const* slots, P* p, std::size_t n) {
+    for (std::size_t j = 0; j < n; ++j) elementwise::update<Opt>(c, g, divisor, coef, w, slots, p, j);
+  }
+  template <class D, class S>
+  static void accumulate(D* dst, const S* src, std::size_t n, bool first) {
+    for (std::size_t j = 0; j < n; ++j) elementwise::accumulate(dst, src, first, j);
+  }
+  // Summed left to right: the engine depends on the order being fixed, not on it being this one.
+  template <class G>
+  static double sum_of_squares(const G* g, std::size_t n, float divisor) {
+    double acc = 0.0;
+    for (std::size_t j = 0; j < n; ++j) acc += elementwise::square(g, divisor, j);
+    return acc;
+  }
+  template <class D>
+  static void cast_from_float(D* dst, const float* src, std::size_t n) {
+    for (std::size_t j = 0; j < n; ++j) dst[j] = static_cast<D>(src[j]);
   }
 };
 

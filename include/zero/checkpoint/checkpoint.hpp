@@ -1,0 +1,11 @@
+// The checkpoint headers in one include: save, load (any world size and stage), safetensors export.
+// Needs nlohmann/json and xxHash (header-only) besides the core library.
+#pragma once
+
+#include "zero/checkpoint/checksum.hpp"
+#include "zero/checkpoint/export.hpp"
+#include "zero/checkpoint/file_io.hpp"
+#include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/load.hpp"
+#include "zero/checkpoint/safetensors.hpp"
+#include "zero/checkpoint/save.hpp"

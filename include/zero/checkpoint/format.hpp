@@ -1,0 +1,563 @@
+// The checkpoint manifest (schema version 1): what it holds, how it is written and how it is validated.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "zero/checkpoint/checksum.hpp"
+#include "zero/checkpoint/file_io.hpp"
+#include "zero/config.hpp"
+#include "zero/core/model_spec.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/error.hpp"
+#include "zero/optim/adamw.hpp"
+#include "zero/optim/sgd.hpp"
+
+namespace zero::checkpoint {
+
+// Insertion-ordered, so a manifest reads in the order docs/checkpoint-format.md lists its members.
+using json = nlohmann::ordered_json;
+
+// The newest manifest schema this library reads and the one it writes; a manifest with a larger
+// number is refused rather than misread.
+inline constexpr std::uint64_t format_version = 1;
+inline constexpr std::string_view format_name = "zero.checkpoint";
+inline constexpr std::string_view manifest_name = "manifest.json";
+inline constexpr std::string_view checksum_member = "manifest_xxh64";
+inline constexpr std::string_view stored_dtype = "F32";  // every value in a data file: little-endian binary32
+inline constexpr std::string_view master_slot = "master";
+// Bounds on what a reader accepts, so a damaged manifest cannot make it allocate without limit.
+inline constexpr std::uint64_t max_manifest_bytes = std::uint64_t{256} << 20;
+inline constexpr std::uint64_t max_elements = std::uint64_t{1} << 60;  // per tensor; 4x fits in 64 bits
+inline constexpr std::size_t max_slots = 64;
+
+struct file_entry {
+  std::string name;           // a plain file name inside the version directory
+  std::uint64_t bytes = 0;
+  std::uint64_t xxh64 = 0;    // of the whole file, seed 0
+};
+
+// Elements [begin, end) of one tensor (tensor-local, row-major, unpadded), stored in files[file];
+// slot k (in manifest::slots order) starts at byte offsets[k] and holds end - begin float32 values.
+struct segment {
+  std::uint64_t begin = 0, end = 0;
+  std::size_t file = 0;
+  std::vector<std::uint64_t> offsets;
+};
+
+struct tensor_entry {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::uint64_t numel = 0;
+  std::string dtype{stored_dtype};
+  std::vector<segment> segments;  // sorted, tiling [0, numel)
+};
+
+struct unit_entry {
+  std::string name;
+  std::vector<tensor_entry> tensors;
+};
+
+// Everything a manifest says, after validation.
+struct manifest {
+  std::uint64_t version = format_version;
+  std::string library;       // the writer, for people: "zero 0.1.0"
+  int world_size = 0;        // at save time; a load may use any other
+  int stage = 0;             // at save time
+  std::string precision;     // Engine::precision::name at save time
+  std::string optimizer;     // Engine::optimizer::name
+  json hyper_parameters = json::object();
+  training_state state;
+  std::vector<std::string> slots;  // "master", then the optimizer's state slots
+  std::vector<file_entry> files;
+  std::vector<unit_entry> units;
+};
+
+// ---- optimizer hyper-parameters --------------------------------------------------------------
+
+// Floats are stored as the JSON number of the double they widen to: exact, and read back exactly.
+inline json hyper_parameters(const optim::adamw& o) {
+  return json{{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
+}
+inline json hyper_parameters(const optim::sgd& o) {
+  return json{{"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov}};
+}
+// An optimizer this library does not know: its state slots are saved, its settings are not.
+template <class Opt>
+json hyper_parameters(const Opt&) {
+  return json::object();
+}
+
+// The names of an optimizer's state slots, as the manifest lists them after "master".
+template <class Opt>
+std::vector<std::string> slot_names() {
+  if constexpr (std::is_same_v<Opt, optim::adamw>) return {"m", "v"};
+  else if constexpr (std::is_same_v<Opt, optim::sgd>) return {"momentum"};
+  else {
+    std::vector<std::string> names;
+    for (int k = 0; k < Opt::slots; ++k) names.push_back("slot" + std::to_string(k));
+    return names;
+  }
+}
+
+namespace detail {
+
+inline std::string library_name() {
+  return "zero " + std::to_string(ZERO_VERSION_MAJOR) + "." + std::to_string(ZERO_VERSION_MINOR) + "." +
+         std::to_string(ZERO_VERSION_PATCH);
+}
+
+// Checked accessors: every failure names the file and the member path.
+struct reader {
+  std::string source;  // the manifest's path, for messages
+
+  // A value as JSON, cut short: a message must stay readable whatever the manifest holds.
+  static std::string brief(const json& v) {
+    std::string t = v.dump();
+    return t.size() > 64 ? t.substr(0, 61) + "..." : t;
+  }
+
+  [[noreturn]] void bad(const std::string& where, const std::string& what) const {
+    fail(error_kind::corrupt, "checkpoint: '", source, "': ", where, ": ", what);
+  }
+  const json& member(const json& obj, const char* key, const std::string& where) const {
+    if (!obj.is_object()) bad(where, "expected a JSON object");
+    auto it = obj.find(key);
+    if (it == obj.end()) bad(where, std::string("missing member '") + key + "'");
+    return *it;
+  }
+  std::uint64_t u64(const json& v, const std::string& where) const {
+    // A JSON integer without a sign parses as unsigned; a negative one or a fraction is refused.
+    if (!v.is_number_unsigned()) bad(where, "expected a non-negative integer, found " + brief(v));
+    return v.get<std::uint64_t>();
+  }
+  std::uint64_t u64(const json& obj, const char* key, const std::string& where) const {
+    return u64(member(obj, key, where), where + "." + key);
+  }
+  std::string str(const json& v, const std::string& where) const {
+    if (!v.is_string()) bad(where, "expected a string, found " + brief(v));
+    return v.get<std::string>();
+  }
+  std::string str(const json& obj, const char* key, const std::string& where) const {
+    return str(member(obj, key, where), where + "." + key);
+  }
+  double number(const json& v, const std::string& where) const {
+    if (!v.is_number()) bad(where, "expected a number, found " + brief(v));
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) bad(where, "expected a finite number");
+    return d;
+  }
+  const json& array(const json& obj, const char* key, const std::string& where) const {
+    const json& v = member(obj, key, where);
+    if (!v.is_array()) bad(where + "." + key, "expected an array");
+    return v;
+  }
+};
+
+// A data file name must stay inside the version directory: no separators, no "..", nothing hidden.
+inline bool plain_file_name(const std::string& n) {
+  if (n.empty() || n.size() > 255 || n[0] == '.') return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
+  });
+}
+
+inline std::string shape_text(const std::vector<std::size_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+}  // namespace detail
+
+// ---- writing ---------------------------------------------------------------------------------
+
+// The manifest as JSON text, with its own checksum filled in (see docs/checkpoint-format.md).
+inline std::string serialize_manifest(const manifest& m) {
+  json j;
+  j["format"] = format_name;
+  j["format_version"] = m.version;
+  j[std::string(checksum_member)] = std::string(16, '0');  // replaced below by the checksum of the text
+  j["library"] = m.library;
+  j["saved_by"] = json{{"world_size", m.world_size}, {"stage", m.stage}};
+  j["precision"] = m.precision;
+  j["optimizer"] = json{{"name", m.optimizer}, {"hyper_parameters", m.hyper_parameters}};
+  j["training_state"] = json{{"step", m.state.step},
+                             {"loss_scale", static_cast<double>(m.state.loss_scale)},
+                             {"clean_steps", m.state.clean_steps},
+                             {"hysteresis_left", m.state.hysteresis_left},
+                             {"skipped_steps", m.state.skipped_steps}};
+  j["slots"] = m.slots;
+  json files = json::array();
+  for (const auto& f : m.files) files.push_back(json{{"name", f.name}, {"bytes", f.bytes}, {"xxh64", to_hex(f.xxh64)}});
+  j["files"] = std::move(files);
+  json units = json::array();
+  for (const auto& u : m.units) {
+    json tensors = json::array();
+    for (const auto& t : u.tensors) {
+      json segs = json::array();
+      for (const auto& s : t.segments)
+        segs.push_back(json{{"begin", s.begin}, {"end", s.end}, {"file", s.file}, {"offsets", s.offsets}});
+      tensors.push_back(json{{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"segments", std::move(segs)}});
+    }
+    units.push_back(json{{"name", u.name}, {"tensors", std::move(tensors)}});
+  }
+  j["model"] = json{{"units", std::move(units)}};
+
+  std::string text;
+  try {
+    text = j.dump(2, ' ', false, json::error_handler_t::strict) + "\n";
+  } catch (const json::exception& e) {
+    fail(error_kind::invalid_argument, "checkpoint: the manifest cannot be written as JSON (", e.what(),
+         "); unit and tensor names must be valid UTF-8");
+  }
+  const auto at = locate_hex_member(text, checksum_member);
+  ZERO_CHECK(at.has_value(), invalid_argument, "checkpoint: the manifest text has no unique ", checksum_member);
+  const std::string hex = to_hex(xxh64_with_zeroed(text, *at));
+  text.replace(*at, 16, hex);
+  return text;
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+// Parses and validates manifest text; every problem is a zero::error (kind corrupt) naming `source`.
+// check_checksum = false is for tools that inspect a damaged manifest, never for loading.
+inline manifest parse_manifest(std::string_view text, const std::string& source, bool check_checksum = true) {
+  const detail::reader rd{source};
+  ZERO_CHECK(text.size() <= max_manifest_bytes, corrupt, "checkpoint: '", source, "' is larger than ",
+             max_manifest_bytes, " bytes");
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    fail(error_kind::corrupt, "checkpoint: '", source, "' is not valid JSON: ", e.what());
+  }
+  try {
+    manifest m;
+    if (!j.is_object()) rd.bad("manifest", "expected a JSON object at the top level");
+    if (rd.str(j, "format", "manifest") != format_name)
+      rd.bad("manifest.format", "expected \"" + std::string(format_name) + "\": this is not a zero checkpoint");
+    m.version = rd.u64(j, "format_version", "manifest");
+    if (m.version > format_version)
+      fail(error_kind::corrupt, "checkpoint: '", source, "' has format version ", m.version,
+           ", newer than the newest this library reads (", format_version, "); use a newer zero");
+    if (m.version == 0) rd.bad("manifest.format_version", "version 0 does not exist");
+
+    // Before any other member is trusted: the checksum covers every byte of the text.
+    if (check_checksum) {
+      const auto at = locate_hex_member(text, checksum_member);
+      if (!at) rd.bad("manifest", "member '" + std::string(checksum_member) +
+                                      "' is missing, repeated, or not a 16-digit hex string");
+      const auto stored = from_hex(text.substr(*at, 16));
+      if (!stored) rd.bad(std::string(checksum_member), "not 16 lowercase hex digits");
+      const std::uint64_t actual = xxh64_with_zeroed(text, *at);
+      if (*stored != actual)
+        fail(error_kind::corrupt, "checkpoint: '", source, "': checksum mismatch (the manifest says ", to_hex(*stored),
+             ", its content hashes to ", to_hex(actual), "): the manifest is damaged");
+    }
+
+    m.library = rd.str(j, "library", "manifest");
+    const json& by = rd.member(j, "saved_by", "manifest");
+    const std::uint64_t ws = rd.u64(by, "world_size", "manifest.saved_by");
+    const std::uint64_t st = rd.u64(by, "stage", "manifest.saved_by");
+    if (ws == 0 || ws > (1u << 24)) rd.bad("manifest.saved_by.world_size", "out of range: " + std::to_string(ws));
+    if (st > 1000) rd.bad("manifest.saved_by.stage", "out of range: " + std::to_string(st));
+    m.world_size = static_cast<int>(ws);
+    m.stage = static_cast<int>(st);
+    m.precision = rd.str(j, "precision", "manifest");
+
+    const json& opt = rd.member(j, "optimizer", "manifest");
+    m.optimizer = rd.str(opt, "name", "manifest.optimizer");
+    if (m.optimizer.empty()) rd.bad("manifest.optimizer.name", "empty");
+    m.hyper_parameters = rd.member(opt, "hyper_parameters", "manifest.optimizer");
+    if (!m.hyper_parameters.is_object()) rd.bad("manifest.optimizer.hyper_parameters", "expected a JSON object");
+
+    const json& ts = rd.member(j, "training_state", "manifest");
+    const std::string tw = "manifest.training_state";
+    m.state.step = rd.u64(ts, "step", tw);
+    const double ls = rd.number(rd.member(ts, "loss_scale", tw), tw + ".loss_scale");
+    if (!(ls > 0.0) || ls > static_cast<double>(std::numeric_limits<float>::max()))
+      rd.bad(tw + ".loss_scale", "expected a positive finite float");
+    m.state.loss_scale = static_cast<float>(ls);
+    m.state.clean_steps = rd.u64(ts, "clean_steps", tw);
+    const std::uint64_t hl = rd.u64(ts, "hysteresis_left", tw);
+    if (hl > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) rd.bad(tw + ".hysteresis_left", "too large");
+    m.state.hysteresis_left = static_cast<int>(hl);
+    m.state.skipped_steps = rd.u64(ts, "skipped_steps", tw);
+
+    const json& slots = rd.array(j, "slots", "manifest");
+    if (slots.empty() || slots.size() > max_slots) rd.bad("manifest.slots", "expected 1 to 64 slot names");
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      m.slots.push_back(rd.str(slots[k], "manifest.slots[" + std::to_string(k) + "]"));
+      if (m.slots.back().empty()) rd.bad("manifest.slots", "a slot name is empty");
+    }
+    if (m.slots[0] != master_slot) rd.bad("manifest.slots", "the first slot must be \"master\"");
+    if (std::set<std::string>(m.slots.begin(), m.slots.end()).size() != m.slots.size())
+      rd.bad("manifest.slots", "slot names repeat");
+
+    const json& files = rd.array(j, "files", "manifest");
+    std::set<std::string> file_names;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      const std::string w = "manifest.files[" + std::to_string(i) + "]";
+      file_entry f;
+      f.name = rd.str(files[i], "name", w);
+      if (!detail::plain_file_name(f.name))
+        rd.bad(w + ".name", "'" + f.name + "' is not a plain file name inside the checkpoint");
+      if (!file_names.insert(f.name).second) rd.bad(w + ".name", "'" + f.name + "' is listed twice");
+      f.bytes = rd.u64(files[i], "bytes", w);
+      const auto h = from_hex(rd.str(files[i], "xxh64", w));
+      if (!h) rd.bad(w + ".xxh64", "expected 16 lowercase hex digits");
+      f.xxh64 = *h;
+      m.files.push_back(std::move(f));
+    }
+
+    const json& model = rd.member(j, "model", "manifest");
+    const json& units = rd.array(model, "units", "manifest.model");
+    if (units.empty()) rd.bad("manifest.model.units", "the model has no units");
+    std::set<std::string> unit_names;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const std::string uw = "manifest.model.units[" + std::to_string(u) + "]";
+      unit_entry ue;
+      ue.name = rd.str(units[u], "name", uw);
+      if (ue.name.empty() || !unit_names.insert(ue.name).second) rd.bad(uw + ".name", "empty or repeated unit name");
+      const json& tensors = rd.array(units[u], "tensors", uw);
+      if (tensors.empty()) rd.bad(uw + ".tensors", "the unit has no tensors");
+      std::set<std::string> tensor_names;
+      for (std::size_t t = 0; t < tensors.size(); ++t) {
+        const std::string tw2 = uw + ".tensors[" + std::to_string(t) + "]";
+        tensor_entry te;
+        te.name = rd.str(tensors[t], "name", tw2);
+        if (te.name.empty() || !tensor_names.insert(te.name).second)
+          rd.bad(tw2 + ".name", "empty or repeated tensor name");
+        const std::string tn = "tensor '" + ue.name + "." + te.name + "'";
+        const json& shape = rd.array(tensors[t], "shape", tw2);
+        if (shape.empty() || shape.size() > 64) rd.bad(tw2 + ".shape", "expected 1 to 64 dimensions");
+        te.numel = 1;
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          const std::uint64_t dim = rd.u64(shape[d], tw2 + ".shape");
+          if (dim == 0 || dim > max_elements / te.numel) rd.bad(tw2 + ".shape", tn + " has a zero or oversized dimension");
+          te.numel *= dim;
+          te.shape.push_back(static_cast<std::size_t>(dim));
+        }
+        te.dtype = rd.str(tensors[t], "dtype", tw2);
+        if (te.dtype != stored_dtype)
+          rd.bad(tw2 + ".dtype", tn + " has dtype '" + te.dtype + "'; format version 1 stores F32 only");
+        const json& segs = rd.array(tensors[t], "segments", tw2);
+        std::uint64_t covered = 0;
+        for (std::size_t s = 0; s < segs.size(); ++s) {
+          const std::string sw = tw2 + ".segments[" + std::to_string(s) + "]";
+          segment sg;
+          sg.begin = rd.u64(segs[s], "begin", sw);
+          sg.end = rd.u64(segs[s], "end", sw);
+          const std::uint64_t fi = rd.u64(segs[s], "file", sw);
+          if (sg.begin != covered)
+            rd.bad(sw, tn + ": segments must tile the tensor in order; expected begin " + std::to_string(covered) +
+                           ", found " + std::to_string(sg.begin));
+          if (sg.end <= sg.begin || sg.end > te.numel) rd.bad(sw, tn + ": segment end out of range");
+          if (fi >= m.files.size()) rd.bad(sw + ".file", tn + ": file index " + std::to_string(fi) + " out of range");
+          sg.file = static_cast<std::size_t>(fi);
+          const json& offs = rd.array(segs[s], "offsets", sw);
+          if (offs.size() != m.slots.size()) rd.bad(sw + ".offsets", "expected one offset per slot");
+          const std::uint64_t len = (sg.end - sg.begin) * 4;
+          for (std::size_t k = 0; k < offs.size(); ++k) {
+            const std::uint64_t o = rd.u64(offs[k], sw + ".offsets");
+            if (o > m.files[sg.file].bytes || len > m.files[sg.file].bytes - o)
+              rd.bad(sw + ".offsets", tn + ": slot '" + m.slots[k] + "' lies beyond the end of '" +
+                                          m.files[sg.file].name + "'");
+            sg.offsets.push_back(o);
+          }
+          covered = sg.end;
+          te.segments.push_back(std::move(sg));
+        }
+        if (covered != te.numel)
+          rd.bad(tw2 + ".segments", tn + ": the segments cover " + std::to_string(covered) + " of " +
+                                        std::to_string(te.numel) + " elements");
+        ue.tensors.push_back(std::move(te));
+      }
+      m.units.push_back(std::move(ue));
+    }
+    return m;
+  } catch (const json::exception& e) {
+    // A member of an unexpected type that slipped past the checks above: still a damaged manifest.
+    fail(error_kind::corrupt, "checkpoint: '", source, "': unexpected content: ", e.what());
+  }
+}
+
+// Refuses a manifest of another model: unit and tensor names, order and shapes must all agree.
+inline void check_model(const manifest& m, const model_spec& spec, const std::string& source) {
+  auto refuse = [&](const auto&... what) {
+    fail(error_kind::corrupt, "checkpoint: '", source, "' holds another model: ", what...);
+  };
+  if (m.units.size() != spec.num_units())
+    refuse("it has ", m.units.size(), " units, the engine's model has ", spec.num_units());
+  for (std::size_t u = 0; u < m.units.size(); ++u) {
+    const unit_entry& a = m.units[u];
+    const unit_spec& b = spec.units()[u];
+    if (a.name != b.name) refuse("unit ", u, " is '", a.name, "' in the checkpoint but '", b.name, "' in the model");
+    if (a.tensors.size() != b.tensors.size())
+      refuse("unit '", a.name, "' has ", a.tensors.size(), " tensors in the checkpoint but ", b.tensors.size(),
+             " in the model");
+    for (std::size_t t = 0; t < a.tensors.size(); ++t) {
+      const tensor_entry& x = a.tensors[t];
+      const tensor_spec& y = b.tensors[t];
+      if (x.name != y.name)
+        refuse("tensor ", t, " of unit '", a.name, "' is '", x.name, "' in the checkpoint but '", y.name,
+               "' in the model");
+      if (x.shape != y.shape)
+        refuse("tensor '", a.name, ".", x.name, "' has shape ", detail::shape_text(x.shape), " in the checkpoint but ",
+               detail::shape_text(y.shape), " in the model");
+    }
+  }
+}
+
+// Refuses state slots of another optimizer.
+template <class Opt>
+void check_optimizer(const manifest& m, const std::string& source) {
+  ZERO_CHECK(m.optimizer == Opt::name, corrupt, "checkpoint: '", source, "' was saved with optimizer '", m.optimizer,
+             "', the engine uses '", Opt::name, "'");
+  ZERO_CHECK(m.slots.size() == 1 + static_cast<std::size_t>(Opt::slots), corrupt, "checkpoint: '", source, "' has ",
+             m.slots.size() - 1, " optimizer slots, optimizer '", Opt::name, "' has ", Opt::slots);
+}
+
+// The model a manifest describes, for tools that build an engine from a checkpoint alone.
+inline model_spec spec_of(const manifest& m) {
+  model_spec s;
+  for (const auto& u : m.units) {
+    auto b = s.unit(u.name);
+    for (const auto& t : u.tensors) b.tensor(t.name, t.shape);
+  }
+  return s;
+}
+
+namespace detail {
+inline float hyper_float(const json& hp, const char* key, const std::string& source) {
+  const reader rd{source};
+  const double d = rd.number(rd.member(hp, key, "manifest.optimizer.hyper_parameters"),
+                             std::string("manifest.optimizer.hyper_parameters.") + key);
+  if (std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max()))
+    rd.bad(std::string("manifest.optimizer.hyper_parameters.") + key, "out of float range");
+  return static_cast<float>(d);
+}
+}  // namespace detail
+
+// The optimizer as saved, e.g. to resume with the same settings: optimizer_from<optim::adamw>(m).
+template <class Opt>
+Opt optimizer_from(const manifest& m, const std::string& source = "manifest") {
+  check_optimizer<Opt>(m, source);
+  Opt o{};
+  const json& hp = m.hyper_parameters;
+  if constexpr (std::is_same_v<Opt, optim::adamw>) {
+    o.lr = detail::hyper_float(hp, "lr", source);
+    o.beta1 = detail::hyper_float(hp, "beta1", source);
+    o.beta2 = detail::hyper_float(hp, "beta2", source);
+    o.eps = detail::hyper_float(hp, "eps", source);
+    o.weight_decay = detail::hyper_float(hp, "weight_decay", source);
+  } else if constexpr (std::is_same_v<Opt, optim::sgd>) {
+    o.lr = detail::hyper_float(hp, "lr", source);
+    o.momentum = detail::hyper_float(hp, "momentum", source);
+    o.weight_decay = detail::hyper_float(hp, "weight_decay", source);
+    const json& n = detail::reader{source}.member(hp, "nesterov", "manifest.optimizer.hyper_parameters");
+    ZERO_CHECK(n.is_boolean(), corrupt, "checkpoint: '", source,
+               "': manifest.optimizer.hyper_parameters.nesterov: expected true or false");
+    o.nesterov = n.get<bool>();
+  }
+  return o;
+}
+
+// ---- the directory layout --------------------------------------------------------------------
+
+// A checkpoint directory holds version directories "v-<number>"; each is complete once its
+// manifest.json exists. The newest complete one is the checkpoint.
+inline std::string version_name(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "v-%08llu", static_cast<unsigned long long>(v));
+  return buf;
+}
+inline std::optional<std::uint64_t> parse_version_name(std::string_view n) {
+  if (n.size() < 3 || n.size() > 20 || n.substr(0, 2) != "v-") return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : n.substr(2)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return v;
+}
+inline std::string data_file_name(int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05d-of-%05d.bin", rank, world);
+  return buf;
+}
+
+struct version_entry {
+  std::uint64_t number = 0;
+  fs::path path;
+  bool committed = false;  // has a manifest.json
+};
+
+// The version directories under dir, oldest first.
+inline std::vector<version_entry> list_versions(const fs::path& dir) {
+  std::vector<version_entry> out;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  ZERO_CHECK(!ec, io, "checkpoint: cannot list '", dir.string(), "': ", ec.message());
+  for (; it != end; it.increment(ec)) {
+    if (ec) break;
+    const auto v = parse_version_name(it->path().filename().string());
+    if (!v || !it->is_directory(ec)) continue;
+    out.push_back({*v, it->path(), fs::is_regular_file(it->path() / manifest_name, ec)});
+  }
+  ZERO_CHECK(!ec, io, "checkpoint: cannot list '", dir.string(), "': ", ec.message());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.number < b.number; });
+  return out;
+}
+
+// The version directory `dir` names: dir itself when it holds a manifest.json (one version, passed
+// directly), else its newest committed version.
+inline fs::path resolve(const fs::path& dir) {
+  std::error_code ec;
+  ZERO_CHECK(fs::is_directory(dir, ec), io, "checkpoint: '", dir.string(), "' does not exist or is not a directory");
+  if (fs::exists(dir / manifest_name, ec)) return dir;
+  const auto versions = list_versions(dir);
+  for (auto it = versions.rbegin(); it != versions.rend(); ++it)
+    if (it->committed) return it->path;
+  fail(error_kind::io, "checkpoint: '", dir.string(), "' holds no committed checkpoint (no v-*/", manifest_name,
+       versions.empty() ? ")" : "; the versions there are incomplete saves)");
+}
+
+namespace detail {
+
+// Opens a data file and checks its size and checksum against the manifest before anything in it is used.
+inline file open_verified(const fs::path& vdir, const file_entry& f) {
+  file fd = file::open_read(vdir / f.name);
+  const std::uint64_t size = fd.size();
+  ZERO_CHECK(size == f.bytes, corrupt, "checkpoint: '", fd.path().string(), "' has ", size, " bytes, the manifest says ",
+             f.bytes, size < f.bytes ? " (truncated)" : " (extended)");
+  const std::uint64_t h = hash_file(fd, size);
+  ZERO_CHECK(h == f.xxh64, corrupt, "checkpoint: '", fd.path().string(), "': checksum mismatch (the manifest says ",
+             to_hex(f.xxh64), ", the file hashes to ", to_hex(h), "): the file is damaged");
+  return fd;
+}
+
+}  // namespace detail
+
+// Reads and validates the manifest of the checkpoint `dir` names (see resolve()).
+inline manifest read_manifest(const fs::path& dir) {
+  const fs::path p = resolve(dir) / manifest_name;
+  return parse_manifest(read_small_file(p, max_manifest_bytes), p.string());
+}
+
+}  // namespace zero::checkpoint

@@ -1,0 +1,138 @@
+// checkpoint::load: each rank reads the global ranges it holds, from a checkpoint of any world size and stage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "zero/checkpoint/collective.hpp"
+#include "zero/checkpoint/file_io.hpp"
+#include "zero/checkpoint/format.hpp"
+#include "zero/concepts/comm_backend.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/error.hpp"
+
+namespace zero::checkpoint {
+
+struct load_result {
+  fs::path version_dir;  // the version that was read
+  manifest info;         // what it says: saved world size and stage, optimizer settings, state
+};
+
+namespace detail {
+
+// One read: `count` elements of every slot, from files[file] at offsets[k], into element `dst` of
+// the unit's held-range buffers.
+struct planned_read {
+  std::size_t file = 0;
+  std::vector<std::uint64_t> offsets;
+  std::size_t count = 0, dst = 0;
+};
+
+// For each unit, the reads that fill held[u] (unit-local) from the manifest's segments.
+inline std::vector<std::vector<planned_read>> plan_reads(const manifest& m, const std::vector<range>& held) {
+  std::vector<std::vector<planned_read>> plan(m.units.size());
+  for (std::size_t u = 0; u < m.units.size(); ++u) {
+    const range r = held[u];
+    std::size_t base = 0;  // unit-local offset of the tensor
+    for (const tensor_entry& t : m.units[u].tensors) {
+      const range tr{base, base + static_cast<std::size_t>(t.numel)};
+      base = tr.end;
+      if (intersect(tr, r).empty()) continue;
+      for (const segment& s : t.segments) {
+        const range sr{tr.begin + static_cast<std::size_t>(s.begin), tr.begin + static_cast<std::size_t>(s.end)};
+        const range x = intersect(sr, r);
+        if (x.empty()) continue;
+        planned_read pr{s.file, {}, x.size(), x.begin - r.begin};
+        for (std::uint64_t o : s.offsets) pr.offsets.push_back(o + static_cast<std::uint64_t>(x.begin - sr.begin) * 4);
+        plan[u].push_back(std::move(pr));
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace detail
+
+// Loads the checkpoint `dir` names (see resolve()) into the engine: master weights, optimizer
+// slots and training state, bit-identical to what was saved, whatever world size and stage saved
+// it. A collective: every rank of comm (the engine's communicator) calls it. Each rank verifies
+// the checksum of every file it reads; any problem on any rank makes every rank throw zero::error.
+// After a failure while reading (rare: checksums are verified first), the engine's state is
+// undefined until a successful load or initialize().
+template <class Engine, CommBackend Comm>
+load_result load(Engine& e, Comm& comm, const fs::path& dir) {
+  using Opt = typename Engine::optimizer;
+  constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
+  const int rank = comm.rank();
+  ZERO_CHECK(rank == e.rank() && comm.size() == e.world_size(), invalid_argument, "checkpoint load: the communicator (rank ",
+             rank, " of ", comm.size(), ") is not the engine's (rank ", e.rank(), " of ", e.world_size(), ")");
+  const std::size_t units = e.spec().num_units();
+
+  // 1. Rank 0 picks the version, so that every rank reads the same one.
+  std::vector<double> head(4, 0.0);  // verdict, direct (dir is the version), version number
+  fs::path vdir;
+  detail::outcome resolved;
+  if (rank == 0)
+    resolved = detail::attempt([&] {
+      vdir = resolve(dir);
+      head[1] = vdir == dir ? 1.0 : 0.0;
+      if (vdir != dir) detail::put_u64(head, 2, *parse_version_name(vdir.filename().string()));
+    });
+  head[0] = resolved.code();
+  detail::broadcast(comm, head, 0);
+  detail::settle(resolved, head, 4, "load (finding the checkpoint)");
+  vdir = head[1] != 0.0 ? dir : dir / version_name(detail::get_u64(head, 2));
+
+  // 2. The manifest, then the checksums of every file this rank will read, before any state changes.
+  load_result result{vdir, {}};
+  std::vector<range> held(units);
+  std::vector<std::vector<detail::planned_read>> plan;
+  std::map<std::size_t, file> files;
+  const detail::outcome checked = detail::attempt([&] {
+    const fs::path mp = vdir / manifest_name;
+    result.info = parse_manifest(read_small_file(mp, max_manifest_bytes), mp.string());
+    check_model(result.info, e.spec(), mp.string());
+    check_optimizer<Opt>(result.info, mp.string());
+    for (std::size_t u = 0; u < units; ++u) held[u] = e.held_range(unit_id{u});
+    plan = detail::plan_reads(result.info, held);
+    for (const auto& reads : plan)
+      for (const auto& pr : reads)
+        if (!files.count(pr.file)) files.emplace(pr.file, detail::open_verified(vdir, result.info.files[pr.file]));
+  });
+  detail::agree(comm, checked, "load (checking the manifest and data files)");
+
+  // 3. Read and store, one unit at a time so the staging buffer stays one unit's held range.
+  const detail::outcome stored = detail::attempt([&] {
+    std::vector<float> buf;
+    for (std::size_t u = 0; u < units; ++u) {
+      const std::size_t n = held[u].size();
+      if (n == 0) continue;
+      buf.assign(n * nslots, 0.0f);
+      const float* slots[nslots];
+      for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
+      for (const auto& pr : plan[u])
+        for (std::size_t k = 0; k < nslots; ++k)
+          files.at(pr.file).pread_exact(buf.data() + k * n + pr.dst, pr.count * sizeof(float), pr.offsets[k]);
+      e.write_state(unit_id{u}, held[u], slots[0], slots + 1);
+    }
+  });
+  detail::agree(comm, stored, "load (reading the data files)");
+  e.finish_load(result.info.state);
+  return result;
+}
+
+// Checks the checkpoint `dir` names without loading it: the manifest, then the size and checksum of
+// every data file. Returns the manifest; throws zero::error (corrupt or io) at the first problem.
+inline manifest verify(const fs::path& dir) {
+  const fs::path vdir = resolve(dir);
+  const fs::path mp = vdir / manifest_name;
+  manifest m = parse_manifest(read_small_file(mp, max_manifest_bytes), mp.string());
+  for (const auto& f : m.files) (void)detail::open_verified(vdir, f);
+  return m;
+}
+
+}  // namespace zero::checkpoint

@@ -1,0 +1,271 @@
+// checkpoint::save: every rank writes the global ranges it is responsible for; rank 0 commits a manifest last.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "zero/checkpoint/collective.hpp"
+#include "zero/checkpoint/file_io.hpp"
+#include "zero/checkpoint/format.hpp"
+#include "zero/concepts/comm_backend.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/model_spec.hpp"
+#include "zero/error.hpp"
+
+namespace zero::checkpoint {
+
+// The points of a save, in order, reported to save_options::on_phase: a progress hook, and the
+// places a test stops a save to check that every intermediate state on disk is safe.
+enum class save_phase {
+  version_created,  // every rank: rank 0 has created the new, empty version directory
+  data_written,     // every rank: its data file is complete, synced and under its final name
+  manifest_staged,  // rank 0: the manifest is written under a temporary name, not yet renamed
+  committed,        // rank 0: the manifest is in place and synced: the new checkpoint is the current one
+  cleaned,          // rank 0: older versions beyond `keep` are removed
+};
+
+struct save_options {
+  // Committed versions left in the directory after the save, the new one included (at least 1).
+  std::size_t keep = 1;
+  std::function<void(save_phase, int rank)> on_phase;
+};
+
+struct save_result {
+  fs::path version_dir;       // the committed version directory
+  std::uint64_t version = 0;  // its number
+  std::uint64_t bytes = 0;    // of all its data files
+};
+
+namespace detail {
+
+// One tensor's part of a data file: tensor-local elements [begin, end), slot k at offset + k * (end - begin) * 4.
+struct planned_piece {
+  std::size_t unit = 0, tensor = 0;
+  std::uint64_t begin = 0, end = 0;
+  std::uint64_t offset = 0;
+};
+
+// The contents of the data file of a rank responsible for unit-local ranges `ranges[u]`: units in
+// order, each tensor that meets the range in order, and for it every slot, one after the other.
+// The writer and the manifest are both derived from this one plan.
+inline std::vector<planned_piece> plan_data_file(const model_spec& spec, const std::vector<range>& ranges,
+                                                 std::size_t nslots, std::uint64_t& bytes) {
+  std::vector<planned_piece> plan;
+  bytes = 0;
+  for (std::size_t u = 0; u < spec.num_units(); ++u) {
+    std::size_t at = 0;
+    for (std::size_t t = 0; t < spec.units()[u].tensors.size(); ++t) {
+      const range tr{at, at + spec.units()[u].tensors[t].numel};
+      at = tr.end;
+      const range x = intersect(tr, ranges[u]);
+      if (x.empty()) continue;
+      plan.push_back({u, t, x.begin - tr.begin, x.end - tr.begin, bytes});
+      bytes += static_cast<std::uint64_t>(x.size()) * 4 * nslots;
+    }
+  }
+  return plan;
+}
+
+inline void sync_directory_quietly(const fs::path& dir) noexcept {
+  try {
+    sync_directory(dir);
+  } catch (...) {
+  }
+}
+
+// Rank 0, before any data is written: the directory of versions, and in it a new, empty version.
+inline std::uint64_t create_version(const fs::path& dir) {
+  std::error_code ec;
+  const bool created = fs::create_directories(dir, ec);
+  ZERO_CHECK(!ec, io, "checkpoint: cannot create directory '", dir.string(), "': ", ec.message());
+  ZERO_CHECK(fs::is_directory(dir, ec), io, "checkpoint: '", dir.string(), "' is not a directory");
+  if (created) sync_directory(parent_of(dir));
+  ZERO_CHECK(!fs::exists(dir / manifest_name, ec), invalid_argument, "checkpoint: '", dir.string(),
+             "' is one checkpoint version (it holds a ", manifest_name,
+             "); save into a directory of versions (for example its parent)");
+  const auto versions = list_versions(dir);
+  const std::uint64_t next = versions.empty() ? 1 : versions.back().number + 1;
+  const fs::path vdir = dir / version_name(next);
+  const bool made = fs::create_directory(vdir, ec);
+  ZERO_CHECK(!ec && made, io, "checkpoint: cannot create '", vdir.string(), "'",
+             ec ? ": " + ec.message() : std::string(" (it exists: is another save running?)"));
+  sync_directory(dir);
+  return next;
+}
+
+// After the commit: removes versions beyond `keep` and incomplete older ones. Best effort, since
+// the new checkpoint is already safe; each manifest goes first, so a version half-removed by a
+// crash is merely incomplete, never a damaged checkpoint that looks committed.
+inline void remove_old_versions(const fs::path& dir, std::uint64_t current, std::size_t keep) {
+  std::vector<version_entry> versions;
+  try {
+    versions = list_versions(dir);
+  } catch (...) {
+    return;
+  }
+  std::size_t kept = 0;
+  for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
+    if (it->number > current) continue;  // not ours to judge
+    if (it->committed && kept < keep) {
+      ++kept;
+      continue;
+    }
+    std::error_code ec;
+    if (it->committed) {
+      fs::remove(it->path / manifest_name, ec);
+      sync_directory_quietly(it->path);
+    }
+    fs::remove_all(it->path, ec);
+  }
+  sync_directory_quietly(dir);
+}
+
+}  // namespace detail
+
+// Saves the engine's master weights, optimizer slots and training state into a new version under
+// `dir`. A collective: every rank of comm (the communicator the engine was built with) calls it.
+// Each rank writes the slice canonical_range() names, concurrently; rank 0 then writes the manifest,
+// the commit record, and removes older versions. A process killed at any point leaves the previous
+// checkpoint loadable. Every rank returns the same result or throws (see docs/checkpoint-format.md).
+template <class Engine, CommBackend Comm>
+save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options& options = {}) {
+  using Opt = typename Engine::optimizer;
+  constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
+  const int rank = comm.rank(), world = comm.size();
+  ZERO_CHECK(rank == e.rank() && world == e.world_size(), invalid_argument, "checkpoint save: the communicator (rank ",
+             rank, " of ", world, ") is not the engine's (rank ", e.rank(), " of ", e.world_size(), ")");
+  ZERO_CHECK(options.keep >= 1, invalid_argument, "checkpoint save: keep must be at least 1");
+  const model_spec& spec = e.spec();
+  const std::size_t units = spec.num_units();
+  auto phase = [&](save_phase p) {
+    if (options.on_phase) options.on_phase(p, rank);
+  };
+
+  // 1. Rank 0 creates the version directory; its number reaches the others with the verdict.
+  std::vector<double> head(3, 0.0);
+  std::uint64_t version = 0;
+  detail::outcome prepared;
+  if (rank == 0) prepared = detail::attempt([&] { version = detail::create_version(dir); });
+  head[0] = prepared.code();
+  detail::put_u64(head, 1, version);
+  detail::broadcast(comm, head, 0);
+  detail::settle(prepared, head, 3, "save (creating the version directory)");
+  version = detail::get_u64(head, 1);
+  const fs::path vdir = dir / version_name(version);
+  phase(save_phase::version_created);
+
+  // 2. Every rank writes its ranges, one unit at a time so the staging buffer stays one unit's slice.
+  const std::size_t stride = 5 + 2 * units;
+  std::vector<double> mine(stride, 0.0);
+  std::vector<range> ranges(units);
+  const detail::outcome wrote = detail::attempt([&] {
+    for (std::size_t u = 0; u < units; ++u) ranges[u] = e.canonical_range(unit_id{u});
+    std::uint64_t bytes = 0;
+    const auto plan = detail::plan_data_file(spec, ranges, nslots, bytes);
+    durable_writer w(vdir / data_file_name(rank, world));
+    std::vector<float> buf;
+    std::size_t p = 0;
+    for (std::size_t u = 0; u < units; ++u) {
+      const range r = ranges[u];
+      if (r.empty()) continue;
+      const std::size_t n = r.size();
+      buf.assign(n * nslots, 0.0f);
+      float* slots[nslots];
+      for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
+      e.read_state(unit_id{u}, r, slots[0], slots + 1);
+      std::size_t tensor_base = 0;  // unit-local offset of the current tensor
+      std::size_t t_seen = 0;
+      for (; p < plan.size() && plan[p].unit == u; ++p) {
+        const auto& piece = plan[p];
+        for (; t_seen < piece.tensor; ++t_seen) tensor_base += spec.units()[u].tensors[t_seen].numel;
+        const std::size_t from = tensor_base + piece.begin - r.begin, len = piece.end - piece.begin;
+        for (std::size_t k = 0; k < nslots; ++k) w.write(slots[k] + from, len * sizeof(float));
+      }
+    }
+    ZERO_CHECK(w.bytes() == bytes, invalid_argument, "checkpoint save: rank ", rank, " wrote ", w.bytes(),
+               " bytes, its plan has ", bytes);
+    w.commit();
+    detail::put_u64(mine, 1, w.checksum());
+    detail::put_u64(mine, 3, w.bytes());
+    for (std::size_t u = 0; u < units; ++u) {
+      mine[5 + 2 * u] = static_cast<double>(ranges[u].begin);
+      mine[6 + 2 * u] = static_cast<double>(ranges[u].end);
+    }
+  });
+  mine[0] = wrote.code();
+  if (!wrote.error) phase(save_phase::data_written);
+  const std::vector<double> all = detail::all_gather(comm, mine);
+  detail::settle(wrote, all, stride, "save (writing the data files)");
+
+  // 3. Rank 0 writes the manifest, last: until it is in place the new version does not exist.
+  std::uint64_t total_bytes = 0;
+  const detail::outcome committed = rank != 0 ? detail::outcome{} : detail::attempt([&] {
+    manifest m;
+    m.library = detail::library_name();
+    m.world_size = world;
+    m.stage = Engine::partitioner::stage;
+    m.precision = std::string(Engine::precision::name);
+    m.optimizer = std::string(Opt::name);
+    m.hyper_parameters = hyper_parameters(e.optimizer_state());
+    m.state = e.state();
+    ZERO_CHECK(std::isfinite(m.state.loss_scale) && m.state.loss_scale > 0.0f, invalid_argument,
+               "checkpoint save: the loss scale ", m.state.loss_scale, " is not a positive finite number");
+    m.slots.push_back(std::string(master_slot));
+    for (auto& s : slot_names<Opt>()) m.slots.push_back(s);
+    for (const auto& u : spec.units()) {
+      unit_entry ue{u.name, {}};
+      for (const auto& t : u.tensors) ue.tensors.push_back(tensor_entry{t.name, t.shape, t.numel, std::string(stored_dtype), {}});
+      m.units.push_back(std::move(ue));
+    }
+    for (int r = 0; r < world; ++r) {
+      const std::size_t at = static_cast<std::size_t>(r) * stride;
+      std::vector<range> rr(units);
+      for (std::size_t u = 0; u < units; ++u)
+        rr[u] = range{static_cast<std::size_t>(all[at + 5 + 2 * u]), static_cast<std::size_t>(all[at + 6 + 2 * u])};
+      std::uint64_t planned = 0;
+      for (const auto& piece : detail::plan_data_file(spec, rr, nslots, planned)) {
+        segment s{piece.begin, piece.end, static_cast<std::size_t>(r), {}};
+        for (std::size_t k = 0; k < nslots; ++k) s.offsets.push_back(piece.offset + k * (piece.end - piece.begin) * 4);
+        m.units[piece.unit].tensors[piece.tensor].segments.push_back(std::move(s));
+      }
+      file_entry f{data_file_name(r, world), detail::get_u64(all, at + 3), detail::get_u64(all, at + 1)};
+      ZERO_CHECK(f.bytes == planned, invalid_argument, "checkpoint save: rank ", r, " reports ", f.bytes,
+                 " bytes, its ranges need ", planned);
+      // Every file must be visible here: on a file system that is not shared by all ranks it is not.
+      std::error_code ec;
+      const auto on_disk = fs::file_size(vdir / f.name, ec);
+      ZERO_CHECK(!ec && on_disk == f.bytes, io, "checkpoint save: rank 0 sees '", (vdir / f.name).string(), "' ",
+                 ec ? "missing (" + ec.message() + "): is the directory on a file system all ranks share?"
+                    : "with " + std::to_string(on_disk) + " bytes, not " + std::to_string(f.bytes));
+      total_bytes += f.bytes;
+      m.files.push_back(std::move(f));
+    }
+    for (auto& u : m.units)
+      for (auto& t : u.tensors)
+        std::sort(t.segments.begin(), t.segments.end(), [](const segment& a, const segment& b) { return a.begin < b.begin; });
+    const std::string text = serialize_manifest(m);
+    // The reader checks what the writer wrote: ranges that fail to tile a tensor never get committed.
+    (void)parse_manifest(text, (vdir / manifest_name).string());
+    durable_writer w(vdir / manifest_name);
+    w.write(text.data(), text.size());
+    phase(save_phase::manifest_staged);
+    w.commit();
+    phase(save_phase::committed);
+    detail::remove_old_versions(dir, version, options.keep);
+    phase(save_phase::cleaned);
+  });
+  std::vector<double> verdict{committed.code(), 0.0, 0.0};
+  detail::put_u64(verdict, 1, total_bytes);
+  detail::broadcast(comm, verdict, 0);
+  detail::settle(committed, verdict, 3, "save (committing the manifest)");
+  return save_result{vdir, version, detail::get_u64(verdict, 1)};
+}
+
+}  // namespace zero::checkpoint

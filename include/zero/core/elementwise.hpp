@@ -1,0 +1,41 @@
+// The element-wise steps of the engine, written once (ZERO_HD) for every system: host loops and device kernels call these.
+#pragma once
+
+#include <cstddef>
+
+#include "zero/config.hpp"
+#include "zero/core/fp.hpp"
+
+namespace zero::elementwise {
+
+// Element j of the optimizer step: the averaged, unscaled (and clipped) gradient, the rule, and
+// the cast of the master weight into a separate parameter copy (p == nullptr: the master is the
+// parameter). The gradient is divided by N x loss scale in one IEEE division.
+template <class Opt, class G, class P>
+ZERO_HD inline void update(const typename Opt::step_constants& c, const G* g, float divisor, float coef, float* w,
+                           float* const* slots, P* p, std::size_t j) {
+  float gj = fp::div(static_cast<float>(g[j]), divisor);
+  if (coef != 1.0f) gj = fp::mul(gj, coef);
+  float s[Opt::slots > 0 ? Opt::slots : 1];
+  for (int k = 0; k < Opt::slots; ++k) s[k] = slots[k][j];
+  Opt::update(c, w[j], gj, s);
+  for (int k = 0; k < Opt::slots; ++k) slots[k][j] = s[k];
+  if (p) p[j] = static_cast<P>(w[j]);
+}
+
+// Element j of gradient accumulation: the first micro-batch is stored (a copy: 0 + (-0) would turn a
+// negative zero positive), later ones added in fp32 and rounded once to the store's type.
+template <class D, class S>
+ZERO_HD inline void accumulate(D* dst, const S* src, bool first, std::size_t j) {
+  dst[j] = first ? static_cast<D>(static_cast<float>(src[j]))
+                 : static_cast<D>(fp::add(static_cast<float>(dst[j]), static_cast<float>(src[j])));
+}
+
+// The square of element j of the averaged, unscaled gradient, in double.
+template <class G>
+ZERO_HD inline double square(const G* g, float divisor, std::size_t j) {
+  const double x = fp::div(static_cast<float>(g[j]), divisor);
+  return x * x;
+}
+
+}  // namespace zero::elementwise
