@@ -56,7 +56,8 @@ class engine {
   class grad_buffers;
 
   engine(Comm& comm, const model_spec& spec, Opt opt = {}, engine_options options = {})
-      : comm_(comm),
+      : sys_(system_of(comm)),
+        comm_(comm),
         other_comm_(comm),
         control_comm_(comm),
         spec_(spec),
@@ -394,6 +395,12 @@ class engine {
     buffer<grad_type, system> bucket;        // stages 2-3: the unit's full gradient until reduce
   };
 
+  // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
+  static system system_of(Comm& c) {
+    if constexpr (requires { c.make_system(); }) return c.make_system();
+    else return system{};
+  }
+
   std::string where(unit_id u) const {
     return detail::concat("rank ", rank_, ", unit '", spec_.units()[u.index].name, "': ");
   }
@@ -566,7 +573,7 @@ class engine {
   }
 
   memory_accounting acct_;  // first: every buffer below reports to it and must die before it
-  system sys_{};            // where the buffers live and the element-wise loops run
+  system sys_;              // where the buffers live and the element-wise loops run
   comm::counted<Comm> comm_;        // the protocol's traffic, what the formulas count
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)
