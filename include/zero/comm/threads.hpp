@@ -219,7 +219,7 @@ class threads {
     for (int k = 0; k < size(); ++k) {
       const T* src = static_cast<const T*>(world_->slot(k).send);
       T* dst = recv + count * static_cast<std::size_t>(k);
-      if (src != dst) std::memcpy(dst, src, count * sizeof(T));
+      if (src != dst && count > 0) std::memcpy(dst, src, count * sizeof(T));
     }
     leave(detail::coll_kind::all_gather);
   }
@@ -230,7 +230,7 @@ class threads {
                " is not in [0, ", size(), ")");
     enter<T>(detail::coll_kind::broadcast, send, recv, count, reduce_op::sum, root);
     const T* src = static_cast<const T*>(world_->slot(root).send);
-    if (src != recv) std::memcpy(recv, src, count * sizeof(T));
+    if (src != recv && count > 0) std::memcpy(recv, src, count * sizeof(T));
     leave(detail::coll_kind::broadcast);
   }
 
