@@ -61,11 +61,11 @@ inline std::uint64_t get_u64(const std::vector<double>& v, std::size_t at) {
   return (static_cast<std::uint64_t>(v[at]) << 32) | static_cast<std::uint64_t>(v[at + 1]);
 }
 
-// What one rank's part of a phase came to: 0 for success, 1 + error_kind otherwise.
+// What one rank's part of a phase came to: its exception, if any, and the kind and text to tell the others.
 struct outcome {
   std::exception_ptr error;
   error_kind kind = error_kind::io;
-  double code() const { return error ? 1.0 + static_cast<double>(static_cast<int>(kind)) : 0.0; }
+  std::string message;
 };
 
 template <class F>
@@ -76,30 +76,58 @@ outcome attempt(F&& f) {
   } catch (const zero::error& e) {
     o.error = std::current_exception();
     o.kind = e.kind();
+    o.message = e.what();
+  } catch (const std::exception& e) {
+    o.error = std::current_exception();
+    o.message = e.what();
   } catch (...) {
     o.error = std::current_exception();
-    o.kind = error_kind::io;
+    o.message = "unknown exception";
   }
   return o;
 }
 
-// Ends a phase on every rank alike: a rank that failed rethrows its own error; the others throw
-// one that names the first failed rank, so no rank goes on to a collective the others never reach.
-inline void settle(const outcome& mine, const std::vector<double>& codes, std::size_t stride, const char* what) {
+// An outcome on the wire: [0 for success or 1 + error_kind, message length, the message's first
+// bytes packed 4 to a double]. Every rank then throws with the cause, not just "rank r failed".
+inline constexpr std::size_t message_bytes = 400;
+inline constexpr std::size_t status_doubles = 2 + message_bytes / 4;
+
+inline void encode(const outcome& o, double* out) {
+  for (std::size_t i = 0; i < status_doubles; ++i) out[i] = 0.0;
+  if (!o.error) return;
+  out[0] = 1.0 + static_cast<double>(static_cast<int>(o.kind));
+  const std::size_t n = o.message.size() < message_bytes ? o.message.size() : message_bytes;
+  out[1] = static_cast<double>(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto byte = static_cast<std::uint32_t>(static_cast<unsigned char>(o.message[i]));
+    const std::uint32_t word = static_cast<std::uint32_t>(out[2 + i / 4]) | (byte << (8 * (i % 4)));
+    out[2 + i / 4] = static_cast<double>(word);
+  }
+}
+
+// Ends a phase on every rank alike: a rank that failed rethrows its own error; the others throw the
+// first failed rank's kind and message, so no rank goes on to a collective the others never reach.
+// `all` holds one status block per rank, `stride` doubles apart.
+inline void settle(const outcome& mine, const std::vector<double>& all, std::size_t stride, const char* what) {
   if (mine.error) std::rethrow_exception(mine.error);
-  for (std::size_t r = 0; r * stride < codes.size(); ++r) {
-    const double c = codes[r * stride];
-    if (c != 0.0)
-      fail(static_cast<error_kind>(static_cast<int>(c) - 1), "checkpoint ", what, ": rank ", r,
-           " failed (its own error names the file and the problem)");
+  for (std::size_t r = 0; r * stride < all.size(); ++r) {
+    const double* s = all.data() + r * stride;
+    if (s[0] == 0.0) continue;
+    std::string text;
+    const auto n = static_cast<std::size_t>(s[1]);
+    for (std::size_t i = 0; i < n && i < message_bytes; ++i)
+      text += static_cast<char>((static_cast<std::uint32_t>(s[2 + i / 4]) >> (8 * (i % 4))) & 0xffu);
+    fail(static_cast<error_kind>(static_cast<int>(s[0]) - 1), text, n >= message_bytes ? "..." : "", " (checkpoint ",
+         what, " failed on rank ", r, ")");
   }
 }
 
 // Agreement on one outcome per rank; the result is the same on every rank.
 template <CommBackend Comm>
 void agree(Comm& comm, const outcome& mine, const char* what) {
-  const std::vector<double> codes = all_gather(comm, std::vector<double>{mine.code()});
-  settle(mine, codes, 1, what);
+  std::vector<double> block(status_doubles);
+  encode(mine, block.data());
+  settle(mine, all_gather(comm, block), status_doubles, what);
 }
 
 }  // namespace zero::checkpoint::detail

@@ -43,8 +43,9 @@ inline export_result export_safetensors(const fs::path& dir, const fs::path& out
   std::error_code ec;
   ZERO_CHECK(options.overwrite || !fs::exists(out, ec), io, "export: '", out.string(), "' exists (not overwriting it)");
 
-  std::vector<file> files;
-  for (const auto& f : m.files) files.push_back(detail::open_verified(vdir, f));
+  // Every file verified before the output is created; opened again, as needed, while streaming.
+  detail::data_files files(vdir, m.files);
+  for (std::size_t i = 0; i < m.files.size(); ++i) files.verify(i);
 
   std::vector<safetensors::planned_tensor> planned;
   for (const auto& u : m.units)
@@ -69,7 +70,7 @@ inline export_result export_safetensors(const fs::path& dir, const fs::path& out
     for (const auto& t : u.tensors) {
       staged.assign(static_cast<std::size_t>(t.numel), 0.0f);
       for (const auto& s : t.segments)
-        files[s.file].pread_exact(staged.data() + s.begin, static_cast<std::size_t>(s.end - s.begin) * sizeof(float),
+        files.get(s.file).pread_exact(staged.data() + s.begin, static_cast<std::size_t>(s.end - s.begin) * sizeof(float),
                                   s.offsets[0]);
       w.write(staged.data(), staged.size() * sizeof(float));
       if (options.on_tensor) options.on_tensor(planned[i].name, staged.capacity() * sizeof(float));

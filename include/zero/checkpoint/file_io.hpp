@@ -224,13 +224,12 @@ class durable_writer {
     hash_.update(data, bytes);
     bytes_ += bytes;
   }
-  // Rewrites bytes already written (a checksum placeholder); the running hash must not include them
-  // yet, so callers hash such regions themselves and use write_unhashed() for them.
+  // Bytes outside the running checksum (a header that will carry the checksum of what follows it).
   void write_unhashed(const void* data, std::size_t bytes) {
     f_.write_all(data, bytes);
     bytes_ += bytes;
   }
-  void hash_only(const void* data, std::size_t bytes) { hash_.update(data, bytes); }
+  // Replaces bytes already written (a checksum placeholder), before commit().
   void overwrite(const void* data, std::size_t bytes, std::uint64_t offset) { f_.pwrite_all(data, bytes, offset); }
 
   std::uint64_t bytes() const { return bytes_; }

@@ -9,12 +9,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/checkpoint/checksum.hpp"
@@ -218,9 +221,34 @@ inline std::string serialize_manifest(const manifest& m) {
   }
   j["model"] = json{{"units", std::move(units)}};
 
+  // One member per line, one file and one tensor per line: readable, and a few lines per tensor
+  // rather than dozens, whatever the number of ranks.
   std::string text;
   try {
-    text = j.dump(2, ' ', false, json::error_handler_t::strict) + "\n";
+    auto compact = [](const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::strict); };
+    auto list = [&](const json& items, const std::string& indent) {
+      std::string t = "[";
+      for (std::size_t i = 0; i < items.size(); ++i) t += (i ? ",\n" : "\n") + indent + "  " + compact(items[i]);
+      return t + (items.empty() ? "]" : "\n" + indent + "]");
+    };
+    text = "{\n";
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      text += "  " + compact(it.key()) + ": ";
+      if (it.key() == "files") {
+        text += list(*it, "  ");
+      } else if (it.key() == "model") {
+        text += "{\"units\": [";
+        const json& us = (*it)["units"];
+        for (std::size_t u = 0; u < us.size(); ++u)
+          text += std::string(u ? ",\n" : "\n") + "    {\"name\": " + compact(us[u]["name"]) +
+                  ", \"tensors\": " + list(us[u]["tensors"], "    ") + "}";
+        text += "\n  ]}";
+      } else {
+        text += compact(*it);
+      }
+      text += std::next(it) == j.end() ? "\n" : ",\n";
+    }
+    text += "}\n";
   } catch (const json::exception& e) {
     fail(error_kind::invalid_argument, "checkpoint: the manifest cannot be written as JSON (", e.what(),
          "); unit and tensor names must be valid UTF-8");
@@ -494,6 +522,8 @@ inline std::optional<std::uint64_t> parse_version_name(std::string_view n) {
     if (c < '0' || c > '9') return std::nullopt;
     v = v * 10 + static_cast<std::uint64_t>(c - '0');
   }
+  // Only the spelling version_name() writes: every rank rebuilds the name from the number.
+  if (version_name(v) != n) return std::nullopt;
   return v;
 }
 inline std::string data_file_name(int rank, int world) {
@@ -551,6 +581,39 @@ inline file open_verified(const fs::path& vdir, const file_entry& f) {
              to_hex(f.xxh64), ", the file hashes to ", to_hex(h), "): the file is damaged");
   return fd;
 }
+
+// The data files of one version, each verified (size and checksum) the first time it is used. At
+// most max_open stay open at once: a checkpoint saved by thousands of ranks must not exhaust the
+// descriptors of a reader that needs all of their files.
+class data_files {
+ public:
+  static constexpr std::size_t max_open = 64;
+  data_files(fs::path vdir, const std::vector<file_entry>& entries)
+      : vdir_(std::move(vdir)), entries_(&entries), verified_(entries.size(), false) {}
+
+  const file& get(std::size_t i) {
+    if (auto it = open_.find(i); it != open_.end()) return it->second;
+    if (open_.size() >= max_open) open_.erase(open_.begin());
+    const file_entry& f = (*entries_)[i];
+    file fd;
+    if (verified_[i]) {
+      // Reopened after verification: the size at least must still be what was verified.
+      fd = file::open_read(vdir_ / f.name);
+      ZERO_CHECK(fd.size() == f.bytes, corrupt, "checkpoint: '", fd.path().string(), "' changed while being read");
+    } else {
+      fd = open_verified(vdir_, f);
+      verified_[i] = true;
+    }
+    return open_.emplace(i, std::move(fd)).first->second;
+  }
+  void verify(std::size_t i) { (void)get(i); }
+
+ private:
+  fs::path vdir_;
+  const std::vector<file_entry>* entries_;
+  std::vector<bool> verified_;
+  std::map<std::size_t, file> open_;
+};
 
 }  // namespace detail
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,25 +73,30 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
   const std::size_t units = e.spec().num_units();
 
   // 1. Rank 0 picks the version, so that every rank reads the same one.
-  std::vector<double> head(4, 0.0);  // verdict, direct (dir is the version), version number
+  constexpr std::size_t sd = detail::status_doubles;
+  std::vector<double> head(sd + 3, 0.0);  // verdict, then: dir is the version itself?, version number
   fs::path vdir;
+  double direct = 0.0;
+  std::uint64_t number = 0;
   detail::outcome resolved;
   if (rank == 0)
     resolved = detail::attempt([&] {
       vdir = resolve(dir);
-      head[1] = vdir == dir ? 1.0 : 0.0;
-      if (vdir != dir) detail::put_u64(head, 2, *parse_version_name(vdir.filename().string()));
+      direct = vdir == dir ? 1.0 : 0.0;
+      if (vdir != dir) number = *parse_version_name(vdir.filename().string());
     });
-  head[0] = resolved.code();
+  detail::encode(resolved, head.data());
+  head[sd] = direct;
+  detail::put_u64(head, sd + 1, number);
   detail::broadcast(comm, head, 0);
-  detail::settle(resolved, head, 4, "load (finding the checkpoint)");
-  vdir = head[1] != 0.0 ? dir : dir / version_name(detail::get_u64(head, 2));
+  detail::settle(resolved, head, head.size(), "load (finding the checkpoint)");
+  vdir = head[sd] != 0.0 ? dir : dir / version_name(detail::get_u64(head, sd + 1));
 
   // 2. The manifest, then the checksums of every file this rank will read, before any state changes.
   load_result result{vdir, {}};
   std::vector<range> held(units);
   std::vector<std::vector<detail::planned_read>> plan;
-  std::map<std::size_t, file> files;
+  std::optional<detail::data_files> files;
   const detail::outcome checked = detail::attempt([&] {
     const fs::path mp = vdir / manifest_name;
     result.info = parse_manifest(read_small_file(mp, max_manifest_bytes), mp.string());
@@ -99,9 +104,9 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
     check_optimizer<Opt>(result.info, mp.string());
     for (std::size_t u = 0; u < units; ++u) held[u] = e.held_range(unit_id{u});
     plan = detail::plan_reads(result.info, held);
+    files.emplace(vdir, result.info.files);
     for (const auto& reads : plan)
-      for (const auto& pr : reads)
-        if (!files.count(pr.file)) files.emplace(pr.file, detail::open_verified(vdir, result.info.files[pr.file]));
+      for (const auto& pr : reads) files->verify(pr.file);
   });
   detail::agree(comm, checked, "load (checking the manifest and data files)");
 
@@ -114,9 +119,11 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
       buf.assign(n * nslots, 0.0f);
       const float* slots[nslots];
       for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
-      for (const auto& pr : plan[u])
+      for (const auto& pr : plan[u]) {
+        const file& f = files->get(pr.file);
         for (std::size_t k = 0; k < nslots; ++k)
-          files.at(pr.file).pread_exact(buf.data() + k * n + pr.dst, pr.count * sizeof(float), pr.offsets[k]);
+          f.pread_exact(buf.data() + k * n + pr.dst, pr.count * sizeof(float), pr.offsets[k]);
+      }
       e.write_state(unit_id{u}, held[u], slots[0], slots + 1);
     }
   });
@@ -131,7 +138,8 @@ inline manifest verify(const fs::path& dir) {
   const fs::path vdir = resolve(dir);
   const fs::path mp = vdir / manifest_name;
   manifest m = parse_manifest(read_small_file(mp, max_manifest_bytes), mp.string());
-  for (const auto& f : m.files) (void)detail::open_verified(vdir, f);
+  detail::data_files files(vdir, m.files);
+  for (std::size_t i = 0; i < m.files.size(); ++i) files.verify(i);
   return m;
 }
 

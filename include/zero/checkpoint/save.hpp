@@ -34,6 +34,8 @@ enum class save_phase {
 struct save_options {
   // Committed versions left in the directory after the save, the new one included (at least 1).
   std::size_t keep = 1;
+  // Called on each rank at each phase it reaches; an exception it throws fails the save like any
+  // other error (every rank throws, the previous checkpoint stays the current one).
   std::function<void(save_phase, int rank)> on_phase;
 };
 
@@ -149,23 +151,24 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
   };
 
   // 1. Rank 0 creates the version directory; its number reaches the others with the verdict.
-  std::vector<double> head(3, 0.0);
+  constexpr std::size_t sd = detail::status_doubles;
+  std::vector<double> head(sd + 2, 0.0);
   std::uint64_t version = 0;
   detail::outcome prepared;
   if (rank == 0) prepared = detail::attempt([&] { version = detail::create_version(dir); });
-  head[0] = prepared.code();
-  detail::put_u64(head, 1, version);
+  detail::encode(prepared, head.data());
+  detail::put_u64(head, sd, version);
   detail::broadcast(comm, head, 0);
-  detail::settle(prepared, head, 3, "save (creating the version directory)");
-  version = detail::get_u64(head, 1);
+  detail::settle(prepared, head, head.size(), "save (creating the version directory)");
+  version = detail::get_u64(head, sd);
   const fs::path vdir = dir / version_name(version);
-  phase(save_phase::version_created);
 
   // 2. Every rank writes its ranges, one unit at a time so the staging buffer stays one unit's slice.
-  const std::size_t stride = 5 + 2 * units;
+  const std::size_t stride = sd + 4 + 2 * units;  // status, checksum, bytes, ranges
   std::vector<double> mine(stride, 0.0);
   std::vector<range> ranges(units);
   const detail::outcome wrote = detail::attempt([&] {
+    phase(save_phase::version_created);
     for (std::size_t u = 0; u < units; ++u) ranges[u] = e.canonical_range(unit_id{u});
     std::uint64_t bytes = 0;
     const auto plan = detail::plan_data_file(spec, ranges, nslots, bytes);
@@ -192,15 +195,15 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     ZERO_CHECK(w.bytes() == bytes, invalid_argument, "checkpoint save: rank ", rank, " wrote ", w.bytes(),
                " bytes, its plan has ", bytes);
     w.commit();
-    detail::put_u64(mine, 1, w.checksum());
-    detail::put_u64(mine, 3, w.bytes());
+    detail::put_u64(mine, sd, w.checksum());
+    detail::put_u64(mine, sd + 2, w.bytes());
     for (std::size_t u = 0; u < units; ++u) {
-      mine[5 + 2 * u] = static_cast<double>(ranges[u].begin);
-      mine[6 + 2 * u] = static_cast<double>(ranges[u].end);
+      mine[sd + 4 + 2 * u] = static_cast<double>(ranges[u].begin);
+      mine[sd + 5 + 2 * u] = static_cast<double>(ranges[u].end);
     }
+    phase(save_phase::data_written);
   });
-  mine[0] = wrote.code();
-  if (!wrote.error) phase(save_phase::data_written);
+  detail::encode(wrote, mine.data());
   const std::vector<double> all = detail::all_gather(comm, mine);
   detail::settle(wrote, all, stride, "save (writing the data files)");
 
@@ -228,14 +231,14 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
       const std::size_t at = static_cast<std::size_t>(r) * stride;
       std::vector<range> rr(units);
       for (std::size_t u = 0; u < units; ++u)
-        rr[u] = range{static_cast<std::size_t>(all[at + 5 + 2 * u]), static_cast<std::size_t>(all[at + 6 + 2 * u])};
+        rr[u] = range{static_cast<std::size_t>(all[at + sd + 4 + 2 * u]), static_cast<std::size_t>(all[at + sd + 5 + 2 * u])};
       std::uint64_t planned = 0;
       for (const auto& piece : detail::plan_data_file(spec, rr, nslots, planned)) {
         segment s{piece.begin, piece.end, static_cast<std::size_t>(r), {}};
         for (std::size_t k = 0; k < nslots; ++k) s.offsets.push_back(piece.offset + k * (piece.end - piece.begin) * 4);
         m.units[piece.unit].tensors[piece.tensor].segments.push_back(std::move(s));
       }
-      file_entry f{data_file_name(r, world), detail::get_u64(all, at + 3), detail::get_u64(all, at + 1)};
+      file_entry f{data_file_name(r, world), detail::get_u64(all, at + sd + 2), detail::get_u64(all, at + sd)};
       ZERO_CHECK(f.bytes == planned, invalid_argument, "checkpoint save: rank ", r, " reports ", f.bytes,
                  " bytes, its ranges need ", planned);
       // Every file must be visible here: on a file system that is not shared by all ranks it is not.
@@ -261,11 +264,12 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     detail::remove_old_versions(dir, version, options.keep);
     phase(save_phase::cleaned);
   });
-  std::vector<double> verdict{committed.code(), 0.0, 0.0};
-  detail::put_u64(verdict, 1, total_bytes);
+  std::vector<double> verdict(sd + 2, 0.0);
+  detail::encode(committed, verdict.data());
+  detail::put_u64(verdict, sd, total_bytes);
   detail::broadcast(comm, verdict, 0);
-  detail::settle(committed, verdict, 3, "save (committing the manifest)");
-  return save_result{vdir, version, detail::get_u64(verdict, 1)};
+  detail::settle(committed, verdict, verdict.size(), "save (committing the manifest)");
+  return save_result{vdir, version, detail::get_u64(verdict, sd)};
 }
 
 }  // namespace zero::checkpoint
