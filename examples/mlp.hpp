@@ -145,48 +145,61 @@ inline double softmax_xent(const float* logits, const int* y, float* dlogits, in
 struct step_result {
   double loss = 0.0;  // mean over this rank's rows
   int correct = 0;
+  zero::step_report report;  // what the engine's step() said
 };
 
-// One training step of this rank on its slice of the global batch: forward (gather, compute,
-// release), backward in reverse unit order (gather, grads, reduce, release), then the engine's step.
+// One training step of this rank on its slice of the global batch, in `micro_batches` equal
+// micro-batches: for each, forward (gather, compute, release) and backward in reverse unit order
+// (gather, grads, reduce, release); then the engine's step. The loss of a micro-batch is scaled by
+// the engine's loss scale and divided by the number of micro-batches, so the accumulated gradient
+// is that of the mean loss over the rank's rows.
 template <class Engine>
-step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank, int ranks) {
-  const int rows = c.batch / ranks;
-  const batch b = make_batch(c, step, rank * rows, rows);
-  std::vector<std::vector<float>> acts(static_cast<std::size_t>(c.layers) + 1);
-  acts[0] = b.x;
-  for (int l = 0; l < c.layers; ++l) {
-    auto p = e.gather(zero::unit_id{static_cast<std::size_t>(l)});
-    const int n_in = dim(c, l), n_out = dim(c, l + 1);
-    auto& out = acts[static_cast<std::size_t>(l) + 1];
-    out.resize(static_cast<std::size_t>(rows) * n_out);
-    linear_forward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), p["b"].data(), out.data(), rows, n_in,
-                   n_out);
-    if (l + 1 < c.layers)
-      for (auto& v : out) v = v > 0.0f ? v : 0.0f;
-    p.release();
-  }
+step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank, int ranks, int micro_batches = 1) {
+  const int rows = c.batch / ranks / micro_batches;
+  const batch full = make_batch(c, step, rank * rows * micro_batches, rows * micro_batches);
   step_result res;
-  std::vector<float> dout(static_cast<std::size_t>(rows) * c.classes);
-  res.loss = softmax_xent(acts.back().data(), b.y.data(), dout.data(), rows, c.classes, res.correct);
-  std::vector<float> din;
-  for (int l = c.layers - 1; l >= 0; --l) {
-    const zero::unit_id u{static_cast<std::size_t>(l)};
-    auto p = e.gather(u);
-    auto g = e.grads(u);
-    const int n_in = dim(c, l), n_out = dim(c, l + 1);
-    din.assign(l > 0 ? static_cast<std::size_t>(rows) * n_in : 0, 0.0f);
-    linear_backward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), dout.data(), g["w"].data(),
-                    g["b"].data(), l > 0 ? din.data() : nullptr, rows, n_in, n_out);
-    e.reduce(u);
-    p.release();
-    if (l > 0) {  // through the ReLU of the layer below
-      const auto& a = acts[static_cast<std::size_t>(l)];
-      for (std::size_t i = 0; i < din.size(); ++i) din[i] = a[i] > 0.0f ? din[i] : 0.0f;
-      dout.swap(din);
+  std::vector<std::vector<float>> acts(static_cast<std::size_t>(c.layers) + 1);
+  std::vector<float> dout, din;
+  for (int k = 0; k < micro_batches; ++k) {
+    const std::size_t first = static_cast<std::size_t>(k) * static_cast<std::size_t>(rows);
+    acts[0].assign(full.x.begin() + static_cast<std::ptrdiff_t>(first * static_cast<std::size_t>(c.in)),
+                   full.x.begin() + static_cast<std::ptrdiff_t>((first + static_cast<std::size_t>(rows)) * static_cast<std::size_t>(c.in)));
+    for (int l = 0; l < c.layers; ++l) {
+      auto p = e.gather(zero::unit_id{static_cast<std::size_t>(l)});
+      const int n_in = dim(c, l), n_out = dim(c, l + 1);
+      auto& out = acts[static_cast<std::size_t>(l) + 1];
+      out.resize(static_cast<std::size_t>(rows) * n_out);
+      linear_forward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), p["b"].data(), out.data(), rows, n_in,
+                     n_out);
+      if (l + 1 < c.layers)
+        for (auto& v : out) v = v > 0.0f ? v : 0.0f;
+      p.release();
+    }
+    dout.assign(static_cast<std::size_t>(rows) * c.classes, 0.0f);
+    int correct = 0;
+    res.loss += softmax_xent(acts.back().data(), full.y.data() + first, dout.data(), rows, c.classes, correct) /
+                micro_batches;
+    res.correct += correct;
+    const float factor = e.loss_scale() / static_cast<float>(micro_batches);
+    for (auto& d : dout) d *= factor;
+    for (int l = c.layers - 1; l >= 0; --l) {
+      const zero::unit_id u{static_cast<std::size_t>(l)};
+      auto p = e.gather(u);
+      auto g = e.grads(u);
+      const int n_in = dim(c, l), n_out = dim(c, l + 1);
+      din.assign(l > 0 ? static_cast<std::size_t>(rows) * n_in : 0, 0.0f);
+      linear_backward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), dout.data(), g["w"].data(),
+                      g["b"].data(), l > 0 ? din.data() : nullptr, rows, n_in, n_out);
+      e.reduce(u);
+      p.release();
+      if (l > 0) {  // through the ReLU of the layer below
+        const auto& a = acts[static_cast<std::size_t>(l)];
+        for (std::size_t i = 0; i < din.size(); ++i) din[i] = a[i] > 0.0f ? din[i] : 0.0f;
+        dout.swap(din);
+      }
     }
   }
-  e.step();
+  res.report = e.step();
   return res;
 }
 

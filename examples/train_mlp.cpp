@@ -5,11 +5,18 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
 #include "mlp.hpp"
+#include "zero/checkpoint/checkpoint.hpp"
 #include "zero/zero.hpp"
+#if ZERO_WITH_MPI
+#include <optional>
+
+#include "zero/comm/mpi.hpp"
+#endif
 
 namespace {
 
@@ -19,6 +26,12 @@ struct options {
   std::string optimizer = "adamw";
   float lr = 0.0f;  // 0: the optimizer's default below
   bool json = false;
+  std::string backend = "threads";  // threads: ranks are threads of this process; mpi: MPI processes
+  std::string precision = "fp32";
+  float clip = 0.0f;  // 0: no clipping
+  int accum = 1;      // micro-batches per step, each reduced on its own
+  std::string save, resume, export_file;
+  int save_every = 0;  // 0: save only at the end
 };
 
 // Everything a rank learned, reduced over ranks where ranks differ (max for bytes).
@@ -27,6 +40,8 @@ struct summary {
   std::uint64_t param_hash = 0, padded = 0, numel = 0;
   double model_state_bytes = 0, model_state_formula = 0, comm_bytes = 0, comm_formula = 0;
   double by_category[zero::mem_category_count] = {}, transient_peak = 0;
+  double grad_norm = 0, loss_scale = 1;
+  std::uint64_t overflow_steps = 0, first_step = 0, last_step = 0;
 };
 
 template <class Comm>
@@ -40,26 +55,47 @@ double global_max(Comm& comm, double v) {
   return v;
 }
 
-template <class Stage, class Opt, class Comm>
+template <class Stage, class Opt, class Prec, class Comm>
 void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
+  namespace ckpt = zero::checkpoint;
   const zero::model_spec spec = mlp::make_spec(o.model);
-  zero::engine<Stage, Comm, Opt> e(comm, spec, opt);
-  e.initialize(mlp::initializer(o.model));
+  zero::engine_options eo;
+  eo.clip_norm = o.clip;
+  eo.micro_batches = o.accum;
+  zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
+  // A resumed run continues from the checkpoint's weights, optimizer state and data position,
+  // whatever world size and stage saved it.
+  std::uint64_t t0 = 0;
+  if (!o.resume.empty()) {
+    ckpt::load(e, comm, o.resume);
+    t0 = e.state().step + e.state().skipped_steps;
+  } else {
+    e.initialize(mlp::initializer(o.model));
+  }
   const int rank = comm.rank(), ranks = comm.size();
   const auto start = std::chrono::steady_clock::now();
   auto last_print = start;
-  for (int t = 0; t < o.steps; ++t) {
-    const auto r = mlp::train_step(e, o.model, static_cast<std::uint64_t>(t), rank, ranks);
+  out.first_step = t0;
+  for (int i = 0; i < o.steps; ++i) {
+    const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
+    const auto r = mlp::train_step(e, o.model, t, rank, ranks, o.accum);
     const double loss = global_sum(comm, r.loss) / ranks;
     const double correct = global_sum(comm, r.correct);
-    if (t == 0) out.loss_first = loss;
+    if (i == 0) out.loss_first = loss;
     out.loss_last = loss;
     out.accuracy_last = correct / o.model.batch;
+    out.grad_norm = r.report.grad_norm;
+    out.loss_scale = r.report.loss_scale;
+    out.overflow_steps += r.report.skipped ? 1 : 0;
+    out.last_step = t + 1;
+    if (o.save_every > 0 && (i + 1) % o.save_every == 0 && i + 1 < o.steps) ckpt::save(e, comm, o.save);
     const auto now = std::chrono::steady_clock::now();
-    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || t + 1 == o.steps || t == 0)) {
+    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
       const double secs = std::chrono::duration<double>(now - start).count();
-      std::fprintf(stderr, "step %5d/%d  loss %.4f  acc %.3f  %.0f samples/s\n", t + 1, o.steps, loss,
-                   out.accuracy_last, secs > 0 ? (t + 1) * double(o.model.batch) / secs : 0.0);
+      std::fprintf(stderr, "step %5llu/%llu  loss %.4f  acc %.3f  %.0f samples/s%s\n",
+                   static_cast<unsigned long long>(t + 1), static_cast<unsigned long long>(t0 + o.steps), loss,
+                   out.accuracy_last, secs > 0 ? (i + 1) * double(o.model.batch) / secs : 0.0,
+                   r.report.skipped ? "  (skipped: non-finite gradients)" : "");
       last_print = now;
     }
   }
@@ -76,20 +112,39 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   out.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   out.comm_bytes = global_max(comm, static_cast<double>(e.comm().last_step.total_bytes()));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  if (!o.save.empty()) ckpt::save(e, comm, o.save);
+  if (!o.export_file.empty()) {
+    // The export reads a checkpoint: the one just saved, or a temporary one beside the output.
+    std::filesystem::path dir = o.save;
+    if (dir.empty()) dir = std::filesystem::path(o.export_file).string() + ".checkpoint.tmp";
+    if (o.save.empty()) ckpt::save(e, comm, dir);
+    comm.barrier();
+    if (rank == 0) {
+      ckpt::export_safetensors(dir, o.export_file);
+      if (o.save.empty()) std::filesystem::remove_all(dir);
+    }
+    comm.barrier();
+  }
 }
 
 template <class Comm>
 void dispatch(Comm& comm, const options& o, summary& out) {
-  auto with_opt = [&](auto stage) {
+  auto with_precision = [&](auto stage, const auto& opt) {
     using S = decltype(stage);
+    using O = std::decay_t<decltype(opt)>;
+    if (o.precision == "bf16") train<S, O, zero::precision::bf16>(comm, o, opt, out);
+    else if (o.precision == "fp16") train<S, O, zero::precision::fp16>(comm, o, opt, out);
+    else train<S, O, zero::precision::fp32>(comm, o, opt, out);
+  };
+  auto with_opt = [&](auto stage) {
     if (o.optimizer == "adamw") {
       zero::optim::adamw a;
       a.lr = o.lr > 0 ? o.lr : 1e-3f;
-      train<S>(comm, o, a, out);
+      with_precision(stage, a);
     } else {
       zero::optim::sgd s;
       s.lr = o.lr > 0 ? o.lr : 0.05f;
-      train<S>(comm, o, s, out);
+      with_precision(stage, s);
     }
   };
   switch (o.stage) {
@@ -108,8 +163,9 @@ std::string hex(std::uint64_t v) {
 
 void print_summary(const options& o, const summary& s) {
   const double n = o.ranks;
-  std::printf("\nZeRO stage %d, %d ranks, %s, %d steps in %.2f s\n", o.stage, o.ranks, o.optimizer.c_str(), o.steps,
-              s.seconds);
+  std::printf("\nZeRO stage %d, %d ranks, %s, %s, steps %llu-%llu in %.2f s\n", o.stage, o.ranks, o.precision.c_str(),
+              o.optimizer.c_str(), static_cast<unsigned long long>(s.first_step + 1),
+              static_cast<unsigned long long>(s.last_step), s.seconds);
   std::printf("  loss %.4f -> %.4f, accuracy %.1f%% on the last batch\n", s.loss_first, s.loss_last,
               100.0 * s.accuracy_last);
   std::printf("  parameters %" PRIu64 " (padded Psi = %" PRIu64 "), param_hash %s\n", s.numel, s.padded,
@@ -120,18 +176,28 @@ void print_summary(const options& o, const summary& s) {
   std::printf("    %-17s %14.0f   formula %.0f (%s)\n", "model states", s.model_state_bytes, s.model_state_formula,
               s.model_state_bytes == s.model_state_formula ? "equal" : "DIFFERS");
   std::printf("    %-17s %14.0f\n", "transient peak", s.transient_peak);
-  std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.2f x Psi x 4 bytes\n", s.comm_bytes,
+  const double elem = o.precision == "fp32" ? 4.0 : 2.0;
+  std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.3f x Psi elements\n", s.comm_bytes,
               s.comm_formula, s.comm_bytes == s.comm_formula ? "equal" : "DIFFERS",
-              s.comm_bytes / (4.0 * static_cast<double>(s.padded)) * (n > 1 ? 1.0 : 0.0));
+              n > 1 ? s.comm_bytes / (elem * static_cast<double>(s.padded)) : 0.0);
+  std::printf("  gradient norm %.4g (last step), loss scale %g, %llu overflow step(s) skipped\n", s.grad_norm,
+              s.loss_scale, static_cast<unsigned long long>(s.overflow_steps));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
-  CLI::App app{"Train a small MLP classifier with ZeRO on simulated ranks (comm::threads)."};
+  CLI::App app{"Train a small MLP classifier with ZeRO on N ranks: threads of this process (comm::threads) or MPI "
+               "processes started by mpirun (comm::mpi)."};
   app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
-  app.add_option("--ranks", o.ranks, "number of ranks")->check(CLI::Range(1, 1024))->capture_default_str();
+  [[maybe_unused]] auto* ranks_flag =
+      app.add_option("--ranks", o.ranks, "number of ranks (with --backend mpi: the communicator's size)")
+          ->check(CLI::Range(1, 1024))
+          ->capture_default_str();
+  app.add_option("--backend", o.backend, "threads: ranks as threads of this process; mpi: one rank per MPI process")
+      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 100000000))->capture_default_str();
   app.add_option("--layers", o.model.layers, "linear layers")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--hidden", o.model.hidden, "hidden width")->check(CLI::Range(1, 1 << 20))->capture_default_str();
@@ -146,39 +212,93 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)")
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", o.model.seed, "seed of the data and the initial weights")->capture_default_str();
+  app.add_option("--precision", o.precision, "parameter and gradient precision (bf16/fp16 keep fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--clip", o.clip, "clip the global gradient norm to this value (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--accum", o.accum, "micro-batches per step, each reduced on its own")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  auto* save_flag = app.add_option("--save", o.save, "save a checkpoint into this directory at the end");
+  app.add_option("--save-every", o.save_every, "also save every K steps (needs --save)")
+      ->check(CLI::Range(1, 1 << 30))
+      ->needs(save_flag);
+  app.add_option("--resume", o.resume, "continue from the checkpoint in this directory (any world size or stage)")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file");
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
   try {
     app.parse(argc, argv);
-    if (o.model.batch % o.ranks != 0)
-      throw CLI::ValidationError("--batch", "the global batch " + std::to_string(o.model.batch) +
-                                                " must be a multiple of --ranks " + std::to_string(o.ranks));
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "error: " << e.what() << "\n\n" << app.help();
     return 2;
   }
+  auto usage_error = [&](const std::string& msg) {
+    std::cerr << "error: " << msg << "\n\n" << app.help();
+    return 2;
+  };
+  const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
 
   summary s;
-  try {
-    zero::comm::threads::launch(o.ranks, [&](zero::comm::threads& comm) {
-      summary local;
-      dispatch(comm, o, local);
-      if (comm.rank() == 0) s = local;
-    });
-  } catch (const std::exception& e) {
-    std::cerr << "train_mlp: " << e.what() << "\n";
-    return 1;
+#if ZERO_WITH_MPI
+  std::optional<zero::comm::mpi_session> session;  // finalizes MPI when main returns
+#endif
+  if (o.backend == "mpi") {
+#if ZERO_WITH_MPI
+    session.emplace(argc, argv);
+    // Under mpirun the world is the communicator; a --ranks that says otherwise is a mistake, and
+    // every rank reaches the same verdict, but only rank 0 says so.
+    const int world = session->world_size(), rank = session->world_rank();
+    std::string problem;
+    if (ranks_flag->count() > 0 && o.ranks != world)
+      problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
+                " MPI processes (under --backend mpi the ranks are the processes mpirun starts; drop --ranks)";
+    else if (o.model.batch % (world * o.accum) != 0)
+      problem = batch_rule + "the number of MPI processes " + std::to_string(world) + " times --accum " +
+                std::to_string(o.accum);
+    if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
+    o.ranks = world;
+    // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
+    zero::comm::mpi::run([&](zero::comm::mpi& comm) { dispatch(comm, o, s); });
+    if (rank != 0) return 0;  // every rank holds the reduced summary; rank 0 reports it
+#else
+    return usage_error("--backend mpi: this train_mlp was built without MPI (configure with -Dmpi=enabled)");
+#endif
+  } else {
+    if (o.model.batch % (o.ranks * o.accum) != 0)
+      return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " +
+                         std::to_string(o.accum));
+    try {
+      zero::comm::threads::launch(o.ranks, [&](zero::comm::threads& comm) {
+        summary local;
+        dispatch(comm, o, local);
+        if (comm.rank() == 0) s = local;
+      });
+    } catch (const std::exception& e) {
+      std::cerr << "train_mlp: " << e.what() << "\n";
+      return 1;
+    }
   }
   print_summary(o, s);
   if (o.json) {
     nlohmann::json j = {
-        {"backend", "threads"},
+        {"backend", o.backend},
         {"stage", o.stage},
         {"ranks", o.ranks},
         {"steps", o.steps},
         {"optimizer", o.optimizer},
-        {"precision", "fp32"},
+        {"precision", o.precision},
+        {"clip", o.clip},
+        {"accum", o.accum},
+        {"first_step", s.first_step},
+        {"last_step", s.last_step},
+        {"overflow_steps", s.overflow_steps},
+        {"loss_scale", s.loss_scale},
+        {"grad_norm", s.grad_norm},
         {"params", s.numel},
         {"padded_params", s.padded},
         {"loss_first", s.loss_first},

@@ -1,2 +1,437 @@
-// Placeholder; replaced by the collective conformance suite.
+// The collective conformance suite, written once over any CommBackend and run on each rank of a launch.
 #pragma once
+
+// Every check runs inside one rank and throws std::runtime_error naming the rank, the collective,
+// the element and both values, so the launcher (comm::threads::launch rethrows, comm::mpi::run
+// aborts the job with the message) reports it. Each function runs the same collectives on every
+// rank whatever the outcome of a check, up to the first throw, so a failure never strands a peer.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zero/comm/reduce_op.hpp"
+#include "zero/concepts/comm_backend.hpp"
+
+namespace conformance {
+
+struct options {
+  // Sums must equal acc = x0; acc += x1; ... acc += x{N-1} bit for bit. False for a documented
+  // non-deterministic mode (comm::mpi fast): sums are then held to the rounding-error bound of any
+  // summation order, and the order-sensitivity checks are skipped.
+  bool rank_ordered = true;
+};
+
+// Per-rank element counts: empty, single, odd, not divisible by any N under test, a few thousand.
+inline constexpr std::size_t counts[] = {0, 1, 2, 3, 7, 64, 129, 1000, 3001, 4096};
+
+enum class placement { out_of_place, in_place };
+inline const char* to_string(placement p) { return p == placement::in_place ? "in place" : "out of place"; }
+
+template <class T>
+const char* type_name() {
+  return sizeof(T) == sizeof(float) ? "float" : "double";
+}
+
+// splitmix64, so every rank can compute every other rank's input without communicating.
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Element i of rank r's input: a random sign and mantissa times 2^e with e in [-20, 20]. Addends
+// that far apart in magnitude lose different low bits in each summation order, so a backend that
+// sums out of rank order gives a different float (checked by order_sensitivity below).
+template <class T>
+T value(int rank, std::size_t i, std::uint64_t salt) {
+  const std::uint64_t h = mix(salt ^ mix(static_cast<std::uint64_t>(rank) ^ mix(i)));
+  constexpr int bits = std::numeric_limits<T>::digits - 1;
+  const double mantissa = 1.0 + std::ldexp(static_cast<double>(h & ((1ull << bits) - 1)), -bits);
+  const int exponent = static_cast<int>((h >> 53) % 41) - 20;
+  const double v = std::ldexp(mantissa, exponent);
+  return static_cast<T>((h >> 63) ? -v : v);  // exact: the mantissa has T's digits
+}
+
+template <class T>
+std::vector<T> input(int rank, std::size_t n, std::uint64_t salt) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = value<T>(rank, i, salt);
+  return v;
+}
+
+// The reference reduction: acc = x0; acc op= x1; ... in T's arithmetic, element by element.
+template <class T>
+std::vector<T> reduce_in_rank_order(const std::vector<std::vector<T>>& xs, zero::reduce_op op) {
+  std::vector<T> acc = xs[0];
+  for (std::size_t k = 1; k < xs.size(); ++k)
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      if (op == zero::reduce_op::sum) acc[i] += xs[k][i];
+      else acc[i] = acc[i] < xs[k][i] ? xs[k][i] : acc[i];
+    }
+  return acc;
+}
+
+template <class T>
+std::string hexfloat(T v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
+  return buf;
+}
+
+template <class... Args>
+[[noreturn]] void fail(int rank, int size, const std::string& where, const Args&... what) {
+  std::string msg = "conformance: rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " + where + ": ";
+  ((msg += what), ...);
+  throw std::runtime_error(msg);
+}
+
+// A buffer in the backend's memory space with guard zones on both sides, so a collective that
+// writes outside [data, data + n) is caught. Data moves through System::copy, as in the engine.
+template <class T, class System>
+class guarded {
+ public:
+  static constexpr std::size_t guard = 16;
+  static constexpr unsigned char pattern = 0xa5;
+
+  explicit guarded(std::size_t n) : n_(n), bytes_((n + 2 * guard) * sizeof(T)) {
+    raw_ = static_cast<T*>(System::allocate(bytes_));
+    const std::vector<unsigned char> fill(bytes_, pattern);
+    System::copy(raw_, fill.data(), bytes_);
+  }
+  guarded(const guarded&) = delete;
+  guarded& operator=(const guarded&) = delete;
+  ~guarded() { System::deallocate(raw_, bytes_); }
+
+  T* data() { return raw_ + guard; }
+  std::size_t size() const { return n_; }
+  void write(const std::vector<T>& v, std::size_t at = 0) {
+    System::copy(raw_ + guard + at, v.data(), v.size() * sizeof(T));
+  }
+  std::vector<T> read() const {
+    std::vector<T> v(n_);
+    System::copy(v.data(), raw_ + guard, n_ * sizeof(T));
+    return v;
+  }
+  bool guards_intact() const {
+    std::vector<unsigned char> all(bytes_);
+    System::copy(all.data(), raw_, bytes_);
+    const std::size_t g = guard * sizeof(T);
+    return std::all_of(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(g),
+                       [](unsigned char b) { return b == pattern; }) &&
+           std::all_of(all.end() - static_cast<std::ptrdiff_t>(g), all.end(),
+                       [](unsigned char b) { return b == pattern; });
+  }
+
+ private:
+  std::size_t n_, bytes_;
+  T* raw_ = nullptr;
+};
+
+// The checks of one rank, bound to its backend and options.
+template <class Comm>
+class checker {
+ public:
+  using system = typename Comm::system;
+  template <class T>
+  using buffer = guarded<T, system>;
+
+  checker(Comm& c, options o) : c_(c), o_(o), rank_(c.rank()), size_(c.size()) {}
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // got == expected: bitwise when rank-ordered or when the op is exact (max, copies); otherwise
+  // within the error bound of an arbitrary summation order, N eps sum|x_k| (plus a margin).
+  template <class T>
+  void expect_equal(const std::vector<T>& got, const std::vector<T>& expected, const std::string& where,
+                    bool exact, const std::vector<std::vector<T>>* addends = nullptr, std::size_t addend_base = 0) {
+    if (got.size() != expected.size())
+      fail(rank_, size_, where, "got ", std::to_string(got.size()), " elements, expected ",
+           std::to_string(expected.size()));
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      bool ok;
+      if (exact || !addends) {
+        ok = std::memcmp(&got[i], &expected[i], sizeof(T)) == 0;
+      } else {
+        double magnitude = 0;
+        for (const auto& x : *addends) magnitude += std::fabs(static_cast<double>(x[addend_base + i]));
+        const double bound = 2.0 * size_ * std::numeric_limits<T>::epsilon() * magnitude;
+        ok = std::fabs(static_cast<double>(got[i]) - static_cast<double>(expected[i])) <= bound;
+      }
+      if (!ok)
+        fail(rank_, size_, where, "element ", std::to_string(i), " is ", hexfloat(got[i]), ", expected ",
+             hexfloat(expected[i]),
+             exact ? " (bit-exact: acc = x0; acc += x1; ... in rank order)" : " (beyond the rounding bound)");
+    }
+  }
+  template <class T>
+  void expect_guards(const buffer<T>& b, const std::string& where, const char* which) {
+    if (!b.guards_intact()) fail(rank_, size_, where, "wrote outside the ", which, " buffer");
+  }
+
+  template <class T>
+  std::vector<std::vector<T>> inputs(std::size_t n, std::uint64_t salt) const {
+    std::vector<std::vector<T>> xs;
+    for (int k = 0; k < size_; ++k) xs.push_back(input<T>(k, n, salt));
+    return xs;
+  }
+
+  template <class T>
+  void all_reduce_case(std::size_t count, zero::reduce_op op, placement p) {
+    const std::string where = std::string("all_reduce(") + zero::to_string(op) + ", " + type_name<T>() +
+                              ", count " + std::to_string(count) + ", " + to_string(p) + ")";
+    const auto xs = inputs<T>(count, 0x100 + count);
+    const auto expected = reduce_in_rank_order(xs, op);
+    const bool exact = o_.rank_ordered || op == zero::reduce_op::max;
+    const std::vector<T>& mine = xs[static_cast<std::size_t>(rank_)];
+    buffer<T> send(count), recv(count);
+    send.write(mine);
+    if (p == placement::in_place) {
+      c_.all_reduce(send.data(), send.data(), count, op);
+      expect_equal(send.read(), expected, where, exact, &xs);
+    } else {
+      recv.write(input<T>(-1, count, 7));  // stale contents that must all be overwritten
+      c_.all_reduce(send.data(), recv.data(), count, op);
+      expect_equal(recv.read(), expected, where, exact, &xs);
+      expect_equal(send.read(), mine, where + " [send buffer changed]", true);
+      expect_guards(recv, where, "receive");
+    }
+    expect_guards(send, where, "send");
+  }
+
+  template <class T>
+  void reduce_scatter_case(std::size_t count, zero::reduce_op op, placement p) {
+    const std::string where = std::string("reduce_scatter(") + zero::to_string(op) + ", " + type_name<T>() +
+                              ", count " + std::to_string(count) + ", " + to_string(p) + ")";
+    const std::size_t total = count * static_cast<std::size_t>(size_);
+    const auto xs = inputs<T>(total, 0x200 + count);
+    const auto full = reduce_in_rank_order(xs, op);
+    const std::size_t base = count * static_cast<std::size_t>(rank_);
+    const std::vector<T> expected(full.begin() + static_cast<std::ptrdiff_t>(base),
+                                  full.begin() + static_cast<std::ptrdiff_t>(base + count));
+    const bool exact = o_.rank_ordered || op == zero::reduce_op::max;
+    const std::vector<T>& mine = xs[static_cast<std::size_t>(rank_)];
+    buffer<T> send(total), recv(count);
+    send.write(mine);
+    if (p == placement::in_place) {
+      // NCCL's rule: in place when recv is this rank's slice of send.
+      c_.reduce_scatter(send.data(), send.data() + base, count, op);
+      const auto all = send.read();
+      const std::vector<T> got(all.begin() + static_cast<std::ptrdiff_t>(base),
+                               all.begin() + static_cast<std::ptrdiff_t>(base + count));
+      expect_equal(got, expected, where, exact, &xs, base);
+    } else {
+      recv.write(input<T>(-1, count, 7));
+      c_.reduce_scatter(send.data(), recv.data(), count, op);
+      expect_equal(recv.read(), expected, where, exact, &xs, base);
+      expect_equal(send.read(), mine, where + " [send buffer changed]", true);
+      expect_guards(recv, where, "receive");
+    }
+    expect_guards(send, where, "send");
+  }
+
+  template <class T>
+  void all_gather_case(std::size_t count, placement p) {
+    const std::string where = std::string("all_gather(") + type_name<T>() + ", count " + std::to_string(count) +
+                              ", " + to_string(p) + ")";
+    const std::size_t total = count * static_cast<std::size_t>(size_);
+    const auto xs = inputs<T>(count, 0x300 + count);
+    std::vector<T> expected;
+    for (const auto& x : xs) expected.insert(expected.end(), x.begin(), x.end());
+    const std::vector<T>& mine = xs[static_cast<std::size_t>(rank_)];
+    buffer<T> send(count), recv(total);
+    recv.write(input<T>(-1, total, 7));
+    if (p == placement::in_place) {
+      // NCCL's rule: in place when send is this rank's slot of recv.
+      const std::size_t base = count * static_cast<std::size_t>(rank_);
+      recv.write(mine, base);
+      c_.all_gather(recv.data() + base, recv.data(), count);
+    } else {
+      send.write(mine);
+      c_.all_gather(send.data(), recv.data(), count);
+      expect_equal(send.read(), mine, where + " [send buffer changed]", true);
+      expect_guards(send, where, "send");
+    }
+    expect_equal(recv.read(), expected, where, true);
+    expect_guards(recv, where, "receive");
+  }
+
+  template <class T>
+  void broadcast_case(std::size_t count, int root, placement p) {
+    const std::string where = std::string("broadcast(") + type_name<T>() + ", count " + std::to_string(count) +
+                              ", root " + std::to_string(root) + ", " + to_string(p) + ")";
+    // Every rank passes different send data, so a backend that reads a non-root's send is caught.
+    const auto xs = inputs<T>(count, 0x400 + count);
+    const std::vector<T>& mine = xs[static_cast<std::size_t>(rank_)];
+    const std::vector<T>& expected = xs[static_cast<std::size_t>(root)];
+    buffer<T> send(count), recv(count);
+    if (p == placement::in_place) {
+      send.write(mine);
+      c_.broadcast(send.data(), send.data(), count, root);
+      expect_equal(send.read(), expected, where, true);
+    } else {
+      send.write(mine);
+      recv.write(input<T>(-1, count, 7));
+      c_.broadcast(send.data(), recv.data(), count, root);
+      expect_equal(recv.read(), expected, where, true);
+      expect_equal(send.read(), mine, where + " [send buffer changed]", true);
+      expect_guards(recv, where, "receive");
+    }
+    expect_guards(send, where, "send");
+  }
+
+  // Rank k arrives k * step late; nobody may leave before the last one arrived, so every rank
+  // spends at least (N-1) * step between its start and its exit. Measured on each rank's own
+  // clock, which also holds across hosts.
+  void barrier_timing() {
+    constexpr auto step = std::chrono::milliseconds(15);
+    c_.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(step * rank_);
+    c_.barrier();
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited < step * (size_ - 1))
+      fail(rank_, size_, "barrier", "left after ",
+           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(waited).count()),
+           " us, before the last rank arrived (", std::to_string((size_ - 1) * step.count()), " ms)");
+  }
+
+  Comm& comm() { return c_; }
+  const options& opts() const { return o_; }
+
+ private:
+  Comm& c_;
+  options o_;
+  int rank_, size_;
+};
+
+template <class T, class Comm>
+void all_reduce_typed(checker<Comm>& ck) {
+  for (std::size_t n : counts)
+    for (auto op : {zero::reduce_op::sum, zero::reduce_op::max})
+      for (auto p : {placement::out_of_place, placement::in_place}) ck.template all_reduce_case<T>(n, op, p);
+}
+template <class T, class Comm>
+void reduce_scatter_typed(checker<Comm>& ck) {
+  for (std::size_t n : counts)
+    for (auto op : {zero::reduce_op::sum, zero::reduce_op::max})
+      for (auto p : {placement::out_of_place, placement::in_place}) ck.template reduce_scatter_case<T>(n, op, p);
+}
+template <class T, class Comm>
+void all_gather_typed(checker<Comm>& ck) {
+  for (std::size_t n : counts)
+    for (auto p : {placement::out_of_place, placement::in_place}) ck.template all_gather_case<T>(n, p);
+}
+template <class T, class Comm>
+void broadcast_typed(checker<Comm>& ck) {
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}, std::size_t{3001}})
+    for (int root = 0; root < ck.size(); ++root)
+      for (auto p : {placement::out_of_place, placement::in_place}) ck.template broadcast_case<T>(n, root, p);
+}
+
+// ---- the suite: one function per collective, each run by every rank of a launch ---------------
+
+template <zero::CommBackend Comm>
+void all_reduce(Comm& c, options o = {}) {
+  checker<Comm> ck(c, o);
+  all_reduce_typed<float>(ck);
+  all_reduce_typed<double>(ck);
+}
+
+template <zero::CommBackend Comm>
+void reduce_scatter(Comm& c, options o = {}) {
+  checker<Comm> ck(c, o);
+  reduce_scatter_typed<float>(ck);
+  reduce_scatter_typed<double>(ck);
+}
+
+template <zero::CommBackend Comm>
+void all_gather(Comm& c, options o = {}) {
+  checker<Comm> ck(c, o);
+  all_gather_typed<float>(ck);
+  all_gather_typed<double>(ck);
+}
+
+template <zero::CommBackend Comm>
+void broadcast(Comm& c, options o = {}) {
+  checker<Comm> ck(c, o);
+  broadcast_typed<float>(ck);
+  broadcast_typed<double>(ck);
+}
+
+template <zero::CommBackend Comm>
+void barrier(Comm& c, options o = {}) {
+  checker<Comm> ck(c, o);
+  for (int i = 0; i < 50; ++i) c.barrier();
+  ck.barrier_timing();
+  // A barrier between other collectives must not disturb them.
+  ck.template all_reduce_case<float>(129, zero::reduce_op::sum, placement::out_of_place);
+  c.barrier();
+  ck.template all_gather_case<double>(7, placement::in_place);
+}
+
+// The determinism contract itself: repeated calls give the same bits; the inputs really do depend
+// on the summation order (so the bit-exact checks above are not vacuous); all_reduce and
+// reduce_scatter agree on every element, which is what makes stage 0 equal stages 1-3.
+template <zero::CommBackend Comm>
+void determinism(Comm& c, options o = {}) {
+  checker<Comm> ck(c, o);
+  const int r = c.rank(), n = c.size();
+  const std::size_t count = 4096;
+  const auto xs = ck.template inputs<float>(count * static_cast<std::size_t>(n), 0x500);
+  const auto& mine = xs[static_cast<std::size_t>(r)];
+  const std::size_t total = mine.size();
+
+  guarded<float, typename Comm::system> buf(total), out(total), slice(count);
+  // Same collectives on every rank whatever the mode; only the checks depend on it.
+  std::vector<float> first;
+  for (int rep = 0; rep < 3; ++rep) {
+    buf.write(mine);
+    c.all_reduce(buf.data(), out.data(), total, zero::reduce_op::sum);
+    const auto got = out.read();
+    if (rep == 0) first = got;
+    else if (o.rank_ordered) ck.expect_equal(got, first, "all_reduce repeated " + std::to_string(rep) + " times", true);
+  }
+  buf.write(mine);
+  c.reduce_scatter(buf.data(), slice.data(), count, zero::reduce_op::sum);
+  if (o.rank_ordered) {
+    const std::size_t base = count * static_cast<std::size_t>(r);
+    const std::vector<float> from_all_reduce(first.begin() + static_cast<std::ptrdiff_t>(base),
+                                             first.begin() + static_cast<std::ptrdiff_t>(base + count));
+    ck.expect_equal(slice.read(), from_all_reduce, "reduce_scatter against all_reduce's slice", true);
+    if (n >= 3) {
+      std::vector<std::vector<float>> reversed(xs.rbegin(), xs.rend());
+      const auto backwards = reduce_in_rank_order(reversed, zero::reduce_op::sum);
+      const auto forwards = reduce_in_rank_order(xs, zero::reduce_op::sum);
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < total; ++i) differ += std::memcmp(&forwards[i], &backwards[i], sizeof(float)) != 0;
+      if (differ < total / 20)
+        fail(r, n, "determinism", "only ", std::to_string(differ), " of ", std::to_string(total),
+             " sums depend on the order: the inputs do not test rank order");
+    }
+  }
+}
+
+// Everything above, in one call.
+template <zero::CommBackend Comm>
+void all(Comm& c, options o = {}) {
+  all_reduce(c, o);
+  reduce_scatter(c, o);
+  all_gather(c, o);
+  broadcast(c, o);
+  barrier(c, o);
+  determinism(c, o);
+}
+
+}  // namespace conformance

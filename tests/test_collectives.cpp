@@ -1,1 +1,447 @@
+// Collective tests: conformance of comm::threads and counted<threads>, bus-byte counting, thread-backend faults.
 #include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective_conformance.hpp"
+#include "zero/comm/counted.hpp"
+#include "zero/comm/threads.hpp"
+#include "zero/error.hpp"
+
+namespace {
+
+using zero::comm::counted;
+using zero::comm::threads;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// A launch of N ranks on a backend: the type parameter of the conformance test cases.
+template <int N>
+struct threads_world {
+  template <class F>
+  static void launch(F f) {
+    threads::launch(N, [&](threads& c) { f(c); });
+  }
+};
+template <int N>
+struct counted_world {
+  template <class F>
+  static void launch(F f) {
+    threads::launch(N, [&](threads& t) {
+      counted<threads> c(t);
+      f(c);
+    });
+  }
+};
+
+}  // namespace
+
+TYPE_TO_STRING_AS("threads x1", threads_world<1>);
+TYPE_TO_STRING_AS("threads x2", threads_world<2>);
+TYPE_TO_STRING_AS("threads x3", threads_world<3>);
+TYPE_TO_STRING_AS("threads x4", threads_world<4>);
+TYPE_TO_STRING_AS("threads x7", threads_world<7>);
+TYPE_TO_STRING_AS("threads x8", threads_world<8>);
+TYPE_TO_STRING_AS("counted<threads> x1", counted_world<1>);
+TYPE_TO_STRING_AS("counted<threads> x2", counted_world<2>);
+TYPE_TO_STRING_AS("counted<threads> x3", counted_world<3>);
+TYPE_TO_STRING_AS("counted<threads> x4", counted_world<4>);
+TYPE_TO_STRING_AS("counted<threads> x7", counted_world<7>);
+TYPE_TO_STRING_AS("counted<threads> x8", counted_world<8>);
+
+#define ZERO_WORLDS                                                                                           \
+  threads_world<1>, threads_world<2>, threads_world<3>, threads_world<4>, threads_world<7>, threads_world<8>, \
+      counted_world<1>, counted_world<2>, counted_world<3>, counted_world<4>, counted_world<7>, counted_world<8>
+
+TEST_CASE_TEMPLATE("conformance: all_reduce", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { conformance::all_reduce(c); });
+}
+TEST_CASE_TEMPLATE("conformance: reduce_scatter", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { conformance::reduce_scatter(c); });
+}
+TEST_CASE_TEMPLATE("conformance: all_gather", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { conformance::all_gather(c); });
+}
+TEST_CASE_TEMPLATE("conformance: broadcast", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { conformance::broadcast(c); });
+}
+TEST_CASE_TEMPLATE("conformance: barrier", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { conformance::barrier(c); });
+}
+TEST_CASE_TEMPLATE("conformance: determinism", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { conformance::determinism(c); });
+}
+
+// ---- the suite catches broken backends ---------------------------------------------------------
+
+namespace {
+
+// comm::threads with one deliberate defect, to show that the suite is not vacuous.
+enum class defect { reversed_sum, broadcast_from_rank0, writes_past_end };
+
+template <defect D>
+class mutant {
+ public:
+  using system = zero::sys::host;
+  explicit mutant(threads& t) : t_(&t) {}
+  int rank() const { return t_->rank(); }
+  int size() const { return t_->size(); }
+
+  template <class T>
+  void all_reduce(const T* send, T* recv, std::size_t count, zero::reduce_op op) {
+    if constexpr (D != defect::reversed_sum) return t_->all_reduce(send, recv, count, op);
+    const auto n = static_cast<std::size_t>(size());
+    std::vector<T> all(n * count);
+    t_->all_gather(send, all.data(), count);
+    for (std::size_t i = 0; i < count; ++i) {
+      T acc = all[(n - 1) * count + i];
+      for (std::size_t k = n - 1; k-- > 0;) zero::comm::detail::combine(&acc, &all[k * count + i], 1, op);
+      recv[i] = acc;
+    }
+  }
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, std::size_t count, zero::reduce_op op) {
+    if constexpr (D == defect::writes_past_end) {
+      std::vector<T> full(count * static_cast<std::size_t>(size()) + 1);
+      t_->all_reduce(send, full.data(), count * static_cast<std::size_t>(size()), op);
+      std::memcpy(recv, full.data() + count * static_cast<std::size_t>(rank()), (count + 1) * sizeof(T));
+    } else {
+      t_->reduce_scatter(send, recv, count, op);
+    }
+  }
+  template <class T>
+  void all_gather(const T* send, T* recv, std::size_t count) {
+    t_->all_gather(send, recv, count);
+  }
+  template <class T>
+  void broadcast(const T* send, T* recv, std::size_t count, int root) {
+    t_->broadcast(send, recv, count, D == defect::broadcast_from_rank0 ? 0 : root);
+  }
+  void barrier() { t_->barrier(); }
+
+ private:
+  threads* t_;
+};
+static_assert(zero::CommBackend<mutant<defect::reversed_sum>>);
+
+template <defect D, class Suite>
+std::string failure_of(int n, Suite suite) {
+  try {
+    threads::launch(n, [&](threads& t) {
+      mutant<D> m(t);
+      suite(m);
+    });
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no failure)";
+}
+
+}  // namespace
+
+TEST_CASE("conformance: the suite rejects a backend that sums out of rank order") {
+  const std::string what = failure_of<defect::reversed_sum>(3, [](auto& c) { conformance::all_reduce(c); });
+  CHECK(what.find("all_reduce(sum, float") != std::string::npos);
+  CHECK(what.find("bit-exact") != std::string::npos);
+}
+TEST_CASE("conformance: the suite rejects a broadcast that ignores the root") {
+  const std::string what = failure_of<defect::broadcast_from_rank0>(2, [](auto& c) { conformance::broadcast(c); });
+  CHECK(what.find("root 1") != std::string::npos);
+}
+TEST_CASE("conformance: the suite rejects a collective that writes past the receive buffer") {
+  const std::string what = failure_of<defect::writes_past_end>(2, [](auto& c) { conformance::reduce_scatter(c); });
+  CHECK(what.find("wrote outside the receive buffer") != std::string::npos);
+}
+
+// ---- counted: bus bytes -----------------------------------------------------------------------
+
+TEST_CASE("counted: bus bytes per collective follow the nccl-tests convention exactly") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    CAPTURE(n);
+    const auto N = static_cast<std::uint64_t>(n);
+    constexpr std::size_t k = 24;  // elements per rank; every full buffer is a multiple of N
+    std::vector<zero::comm::comm_stats> seen(static_cast<std::size_t>(n)), after_reset(static_cast<std::size_t>(n));
+    threads::launch(n, [&](threads& t) {
+      counted<threads> c(t);
+      std::vector<float> f(N * k, 1.0f), g(N * k);
+      std::vector<double> d(N * k, 1.0), e(N * k);
+      c.all_reduce(f.data(), g.data(), N * k, zero::reduce_op::sum);  // buffer N k 4 bytes
+      c.all_reduce(d.data(), d.data(), N * k, zero::reduce_op::max);  // buffer N k 8 bytes
+      c.reduce_scatter(f.data(), g.data(), k, zero::reduce_op::sum);  // buffer N k 4 bytes
+      c.all_gather(d.data(), e.data(), k);                             // buffer N k 8 bytes
+      c.broadcast(f.data(), g.data(), k, 0);                           // buffer k 4 bytes
+      c.broadcast(d.data(), d.data(), k, n - 1);                       // buffer k 8 bytes
+      c.barrier();                                                     // moves no data
+      seen[static_cast<std::size_t>(c.rank())] = c.stats();
+      c.reset();
+      after_reset[static_cast<std::size_t>(c.rank())] = c.stats();
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const auto& s = seen[static_cast<std::size_t>(r)];
+      using zero::comm::collective;
+      // 2(N-1)/N, (N-1)/N, (N-1)/N and 1 times the buffer; nothing at all for one rank.
+      CHECK(s[collective::all_reduce] == (n > 1 ? 2 * (N - 1) * k * 4 + 2 * (N - 1) * k * 8 : 0));
+      CHECK(s[collective::reduce_scatter] == (N - 1) * k * 4);
+      CHECK(s[collective::all_gather] == (N - 1) * k * 8);
+      CHECK(s[collective::broadcast] == (n > 1 ? k * 4 + k * 8 : 0));
+      CHECK(s.total_bytes() == s[collective::all_reduce] + s[collective::reduce_scatter] +
+                                   s[collective::all_gather] + s[collective::broadcast]);
+      CHECK(s.calls[static_cast<int>(collective::all_reduce)] == 2);
+      CHECK(s.calls[static_cast<int>(collective::reduce_scatter)] == 1);
+      CHECK(s.calls[static_cast<int>(collective::all_gather)] == 1);
+      CHECK(s.calls[static_cast<int>(collective::broadcast)] == 2);
+      CHECK(after_reset[static_cast<std::size_t>(r)].total_bytes() == 0);
+      const auto diff = s - zero::comm::comm_stats{};
+      CHECK(diff.total_bytes() == s.total_bytes());
+    }
+  }
+}
+
+TEST_CASE("counted: bus bytes round down when N does not divide the buffer") {
+  using zero::comm::collective;
+  // 7 floats = 28 bytes on 3 ranks: 2 * 2/3 * 28 = 37.33 -> 37, and 2/3 * 84 = 56 exactly.
+  CHECK(zero::comm::bus_bytes(collective::all_reduce, 28, 3) == 37);
+  CHECK(zero::comm::bus_bytes(collective::reduce_scatter, 84, 3) == 56);
+  CHECK(zero::comm::bus_bytes(collective::broadcast, 28, 3) == 28);
+  CHECK(zero::comm::bus_bytes(collective::all_gather, 28, 1) == 0);
+}
+
+TEST_CASE("counted: bus_factor is the nccl-tests factor") {
+  using zero::comm::bus_factor;
+  using zero::comm::collective;
+  CHECK(bus_factor(collective::all_reduce, 4) == 1.5);
+  CHECK(bus_factor(collective::reduce_scatter, 4) == 0.75);
+  CHECK(bus_factor(collective::all_gather, 8) == 0.875);
+  CHECK(bus_factor(collective::broadcast, 8) == 1.0);
+  CHECK(bus_factor(collective::all_reduce, 1) == 0.0);
+  for (int n : {2, 3, 4, 8})
+    for (auto c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather, collective::broadcast})
+      CHECK(static_cast<double>(zero::comm::bus_bytes(c, 1ull << 30, n)) ==
+            doctest::Approx(bus_factor(c, n) * double(1ull << 30)).epsilon(1e-9));
+}
+
+// ---- comm::threads faults: errors on every rank, in bounded time, never a hang ------------------
+
+namespace {
+
+// What one rank saw when its collective failed.
+struct outcome {
+  bool failed = false;
+  zero::error_kind kind = zero::error_kind::invalid_argument;
+  std::string what;
+  double waited = 0;
+};
+
+template <class F>
+void record(outcome& o, F&& collective) {
+  const auto t0 = clock_type::now();
+  try {
+    collective();
+  } catch (const zero::error& e) {
+    o = {true, e.kind(), e.what(), seconds_since(t0)};
+    throw;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("threads: a rank that throws fails the others' pending collectives, well before the timeout") {
+  constexpr int n = 4;
+  threads::options opt;
+  opt.timeout = std::chrono::seconds(60);
+  std::vector<outcome> seen(n);
+  std::string first;
+  const auto t0 = clock_type::now();
+  try {
+    threads::launch(
+        n,
+        [&](threads& c) {
+          if (c.rank() == 2) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others are waiting by then
+            throw std::runtime_error("injected failure");
+          }
+          std::vector<float> x(100, 1.0f);
+          record(seen[static_cast<std::size_t>(c.rank())],
+                 [&] { c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum); });
+        },
+        opt);
+  } catch (const std::exception& e) {
+    first = e.what();
+  }
+  const double total = seconds_since(t0);
+  CHECK(first == "injected failure");  // the cause, not one of its consequences
+  for (int r : {0, 1, 3}) {
+    CAPTURE(r);
+    const auto& o = seen[static_cast<std::size_t>(r)];
+    CHECK(o.failed);
+    CHECK(o.kind == zero::error_kind::comm);
+    CHECK(o.what.find("rank 2 failed: injected failure") != std::string::npos);
+    CHECK(o.waited < 2.0);
+  }
+  CHECK(total < 5.0);
+}
+
+TEST_CASE("threads: a rank that returns while the others wait in a collective fails them") {
+  constexpr int n = 3;
+  threads::options opt;
+  opt.timeout = std::chrono::seconds(60);
+  std::vector<outcome> seen(n);
+  std::string first;
+  const auto t0 = clock_type::now();
+  try {
+    threads::launch(
+        n,
+        [&](threads& c) {
+          if (c.rank() == 0) return;  // forgets the barrier
+          record(seen[static_cast<std::size_t>(c.rank())], [&] { c.barrier(); });
+        },
+        opt);
+  } catch (const zero::error& e) {
+    first = e.what();
+    CHECK(e.kind() == zero::error_kind::comm);
+  }
+  CHECK(first.find("rank 0 returned while rank") != std::string::npos);
+  for (int r : {1, 2}) {
+    CAPTURE(r);
+    const auto& o = seen[static_cast<std::size_t>(r)];
+    CHECK(o.failed);
+    CHECK(o.kind == zero::error_kind::comm);
+    CHECK(o.waited < 2.0);
+  }
+  CHECK(seconds_since(t0) < 5.0);
+}
+
+TEST_CASE("threads: a collective that waits longer than the timeout fails on every rank") {
+  constexpr int n = 3;
+  threads::options opt;
+  opt.timeout = std::chrono::milliseconds(200);
+  std::vector<outcome> seen(n);
+  std::atomic<int> failed{0};
+  try {
+    threads::launch(
+        n,
+        [&](threads& c) {
+          const auto r = static_cast<std::size_t>(c.rank());
+          if (c.rank() == 0) {
+            // Late, but alive: arrives only after the others have given up (or after 10 s).
+            const auto t0 = clock_type::now();
+            while (failed.load() < n - 1 && seconds_since(t0) < 10.0)
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+          try {
+            record(seen[r], [&] { c.barrier(); });
+          } catch (...) {
+            ++failed;
+            throw;
+          }
+        },
+        opt);
+  } catch (const zero::error&) {
+  }
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    const auto& o = seen[static_cast<std::size_t>(r)];
+    CHECK(o.failed);
+    CHECK(o.kind == zero::error_kind::comm);
+    CHECK(o.what.find("waited 200 ms in barrier") != std::string::npos);
+    if (r > 0) {
+      CHECK(o.waited >= 0.19);
+      CHECK(o.waited < 2.0);
+    }
+  }
+}
+
+TEST_CASE("threads: ranks that disagree on a collective all get an error") {
+  constexpr int n = 3;
+  // Rank 1 deviates from the others in one respect per case.
+  struct deviation {
+    const char* name;
+    void (*call)(threads&, bool deviate);
+  };
+  const deviation cases[] = {
+      {"count",
+       [](threads& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         c.all_reduce(x.data(), x.data(), dev ? 5 : 4, zero::reduce_op::sum);
+       }},
+      {"op",
+       [](threads& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         c.all_reduce(x.data(), x.data(), 4, dev ? zero::reduce_op::max : zero::reduce_op::sum);
+       }},
+      {"collective",
+       [](threads& c, bool dev) {
+         std::vector<float> x(32, 1.0f);
+         if (dev) c.all_gather(x.data(), x.data() + 8, 4);
+         else c.all_reduce(x.data(), x.data(), 4, zero::reduce_op::sum);
+       }},
+      {"element type",
+       [](threads& c, bool dev) {
+         std::vector<float> f(8, 1.0f);
+         std::vector<double> d(8, 1.0);
+         if (dev) c.all_reduce(d.data(), d.data(), 4, zero::reduce_op::sum);
+         else c.all_reduce(f.data(), f.data(), 4, zero::reduce_op::sum);
+       }},
+      {"root",
+       [](threads& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         c.broadcast(x.data(), x.data(), 4, dev ? 1 : 0);
+       }},
+  };
+  for (const auto& d : cases) {
+    CAPTURE(d.name);
+    std::vector<outcome> seen(n);
+    threads::launch(n, [&](threads& c) {
+      try {
+        record(seen[static_cast<std::size_t>(c.rank())], [&] { d.call(c, c.rank() == 1); });
+      } catch (const zero::error&) {
+        // Expected on every rank; returning normally shows that no rank is left blocked.
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const auto& o = seen[static_cast<std::size_t>(r)];
+      CHECK(o.failed);
+      CHECK(o.kind == zero::error_kind::comm);
+      CHECK(o.what.find("ranks disagree on the collective") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("threads: launch needs at least one rank") {
+  for (int n : {0, -1}) {
+    CAPTURE(n);
+    bool ran = false;
+    try {
+      threads::launch(n, [&](threads&) { ran = true; });
+      FAIL("launch(", n, ") returned normally");
+    } catch (const zero::error& e) {
+      CHECK(e.kind() == zero::error_kind::invalid_argument);
+      CHECK(std::string(e.what()).find("world size must be positive") != std::string::npos);
+    }
+    CHECK_FALSE(ran);
+  }
+}
+
+TEST_CASE("threads: a broadcast root outside the world is an error on every rank") {
+  std::atomic<int> errors{0};
+  threads::launch(3, [&](threads& c) {
+    std::vector<float> x(4);
+    try {
+      c.broadcast(x.data(), x.data(), x.size(), 3);
+    } catch (const zero::error& e) {
+      if (e.kind() == zero::error_kind::invalid_argument) ++errors;
+    }
+  });
+  CHECK(errors.load() == 3);
+}

@@ -1,0 +1,319 @@
+// comm::mpi under mpirun: the collective conformance suite, bit-identity with comm::threads, errors, stage equivalence.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../../examples/mlp.hpp"
+#include "../collective_conformance.hpp"
+#include "zero/comm/mpi.hpp"
+#include "zero/comm/threads.hpp"
+#include "zero/core/hash.hpp"
+#include "zero/zero.hpp"
+
+// Every test case issues the same collectives on every rank, whatever its checks find, and checks
+// only afterwards: a rank that skipped a collective would leave the others blocked. Failures inside
+// a collective sequence go through comm::mpi::run, which prints the rank and cause and aborts.
+
+namespace {
+
+using zero::comm::mpi;
+using zero::comm::mpi_mode;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// Each rank's value, on every rank.
+std::vector<std::uint64_t> gather_u64(std::uint64_t v) {
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return all;
+}
+bool all_ranks(bool v) {
+  int x = v ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return x == 1;
+}
+
+struct mode_case {
+  const char* name;
+  zero::comm::mpi_options backend;
+  conformance::options checks;
+};
+// The fast mode leaves the summation order to MPI, so it is held to the rounding bound only. A zero
+// timeout selects MPI's blocking collectives, a positive one the nonblocking ones.
+using std::chrono::milliseconds;
+const mode_case modes[] = {
+    {"deterministic", {}, {true}},
+    {"deterministic, blocking", {.timeout = milliseconds(0)}, {true}},
+    {"deterministic, verified", {.verify = true}, {true}},
+    {"fast", {.mode = mpi_mode::fast}, {false}},
+    {"fast, blocking", {.mode = mpi_mode::fast, .timeout = milliseconds(0)}, {false}},
+};
+
+template <class Suite>
+void in_every_mode(Suite suite) {
+  for (const auto& m : modes) {
+    CAPTURE(m.name);
+    mpi::run(
+        [&](mpi& c) {
+          try {
+            suite(c, m.checks);
+          } catch (const std::exception& e) {
+            throw std::runtime_error(std::string("comm::mpi in ") + m.name + " mode: " + e.what());
+          }
+        },
+        m.backend);
+    CHECK(all_ranks(true));  // every rank came through (a failure would have aborted the job)
+  }
+}
+
+}  // namespace
+
+TEST_CASE("comm::mpi: a duplicate communicator with MPI_ERRORS_RETURN, the caller's left alone") {
+  static_assert(zero::CommBackend<mpi>);
+  MPI_Errhandler before = MPI_ERRHANDLER_NULL, ours = MPI_ERRHANDLER_NULL, after = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &before);
+  int relation = MPI_UNEQUAL, rank = -1, size = 0;
+  {
+    mpi c;
+    MPI_Comm_get_errhandler(c.handle(), &ours);
+    MPI_Comm_compare(c.handle(), MPI_COMM_WORLD, &relation);
+    rank = c.rank();
+    size = c.size();
+  }
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &after);
+  CHECK(ours == MPI_ERRORS_RETURN);
+  CHECK(after == before);
+  CHECK(relation == MPI_CONGRUENT);  // same group and order, a different context
+  CHECK(rank == world_rank());
+  CHECK(size == world_size());
+  for (MPI_Errhandler* h : {&before, &ours, &after}) MPI_Errhandler_free(h);
+}
+
+TEST_CASE("conformance: all_reduce") {
+  in_every_mode([](mpi& c, conformance::options o) { conformance::all_reduce(c, o); });
+}
+TEST_CASE("conformance: reduce_scatter") {
+  in_every_mode([](mpi& c, conformance::options o) { conformance::reduce_scatter(c, o); });
+}
+TEST_CASE("conformance: all_gather") {
+  in_every_mode([](mpi& c, conformance::options o) { conformance::all_gather(c, o); });
+}
+TEST_CASE("conformance: broadcast") {
+  in_every_mode([](mpi& c, conformance::options o) { conformance::broadcast(c, o); });
+}
+TEST_CASE("conformance: barrier") {
+  in_every_mode([](mpi& c, conformance::options o) { conformance::barrier(c, o); });
+}
+TEST_CASE("conformance: determinism") {
+  in_every_mode([](mpi& c, conformance::options o) { conformance::determinism(c, o); });
+}
+
+namespace {
+
+// A fixed sequence of collectives; returns the hash of everything this rank received.
+template <class Comm>
+std::uint64_t collective_fingerprint(Comm& c) {
+  const auto n = static_cast<std::size_t>(c.size());
+  const int r = c.rank();
+  std::uint64_t h = zero::fnv1a64(nullptr, 0);
+  auto absorb = [&h](const auto& v) { h = zero::fnv1a64(v.data(), v.size() * sizeof(v[0]), h); };
+  for (std::size_t count : {std::size_t{1}, std::size_t{1001}, std::size_t{3001}}) {
+    auto f = conformance::input<float>(r, count * n, 11 + count);
+    auto d = conformance::input<double>(r, count, 13 + count);
+    std::vector<float> fs(count);
+    c.all_reduce(f.data(), f.data(), f.size(), zero::reduce_op::sum);
+    absorb(f);
+    c.all_reduce(d.data(), d.data(), d.size(), zero::reduce_op::sum);
+    absorb(d);
+    f = conformance::input<float>(r, count * n, 17 + count);
+    c.reduce_scatter(f.data(), fs.data(), count, zero::reduce_op::sum);
+    absorb(fs);
+    c.reduce_scatter(f.data(), fs.data(), count, zero::reduce_op::max);
+    absorb(fs);
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("comm::mpi: the deterministic mode is bit-identical to comm::threads with the same N") {
+  const int n = world_size();
+  const auto got = gather_u64(mpi::run([](mpi& c) { return collective_fingerprint(c); }));
+  std::vector<std::uint64_t> reference(static_cast<std::size_t>(n));
+  if (world_rank() == 0)
+    zero::comm::threads::launch(n, [&](zero::comm::threads& c) {
+      reference[static_cast<std::size_t>(c.rank())] = collective_fingerprint(c);
+    });
+  MPI_Bcast(reference.data(), n, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(got[static_cast<std::size_t>(r)] == reference[static_cast<std::size_t>(r)]);
+  }
+}
+
+TEST_CASE("comm::mpi: the verified mode turns a mismatched call into an error on every rank") {
+  REQUIRE(world_size() >= 2);
+  // Rank 1 deviates from the others in one respect per case.
+  struct deviation {
+    const char* name;
+    const char* field;
+    void (*call)(mpi&, bool deviate);
+  };
+  const deviation cases[] = {
+      {"count", "the count",
+       [](mpi& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         c.all_reduce(x.data(), x.data(), dev ? 5 : 4, zero::reduce_op::sum);
+       }},
+      {"op", "the reduction op",
+       [](mpi& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         c.all_reduce(x.data(), x.data(), 4, dev ? zero::reduce_op::max : zero::reduce_op::sum);
+       }},
+      {"collective", "the operation",
+       [](mpi& c, bool dev) {
+         std::vector<float> x(4 * static_cast<std::size_t>(c.size()), 1.0f);
+         if (dev) c.all_gather(x.data(), x.data(), 4);
+         else c.all_reduce(x.data(), x.data(), 4, zero::reduce_op::sum);
+       }},
+      {"element type", "the element size",
+       [](mpi& c, bool dev) {
+         std::vector<float> f(8, 1.0f);
+         std::vector<double> d(8, 1.0);
+         if (dev) c.all_reduce(d.data(), d.data(), 4, zero::reduce_op::sum);
+         else c.all_reduce(f.data(), f.data(), 4, zero::reduce_op::sum);
+       }},
+      {"root", "the root",
+       [](mpi& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         c.broadcast(x.data(), x.data(), 4, dev ? 1 : 0);
+       }},
+  };
+  mpi c(MPI_COMM_WORLD, {.verify = true});
+  for (const auto& d : cases) {
+    CAPTURE(d.name);
+    std::string what;
+    bool comm_kind = false;
+    try {
+      d.call(c, c.rank() == 1);
+    } catch (const zero::error& e) {
+      what = e.what();
+      comm_kind = e.kind() == zero::error_kind::comm;
+    }
+    CHECK(comm_kind);
+    CHECK(what.find("ranks disagree on the collective") != std::string::npos);
+    CHECK(what.find(d.field) != std::string::npos);
+    CHECK(all_ranks(comm_kind));
+  }
+  // The communicator is still usable: the check refused the call before any data moved.
+  std::vector<double> x(3, 1.0);
+  c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
+  CHECK(x[2] == static_cast<double>(c.size()));
+}
+
+TEST_CASE("comm::mpi: an MPI failure becomes zero::error with MPI's text, the operation and the rank") {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(MPI_ERR_TRUNCATE, text, &len);
+  std::string what;
+  zero::error_kind kind = zero::error_kind::io;
+  try {
+    zero::comm::detail::mpi_check(MPI_ERR_TRUNCATE, "MPI_Bcast", "broadcast", 3, 4);
+  } catch (const zero::error& e) {
+    what = e.what();
+    kind = e.kind();
+  }
+  CHECK(kind == zero::error_kind::comm);
+  CHECK(what.find("comm::mpi rank 3 of 4: broadcast failed in MPI_Bcast: ") != std::string::npos);
+  CHECK(what.find(std::string(text, static_cast<std::size_t>(len))) != std::string::npos);
+  CHECK_NOTHROW(zero::comm::detail::mpi_check(MPI_SUCCESS, "MPI_Bcast", "broadcast", 3, 4));
+}
+
+TEST_CASE("comm::mpi: a broadcast root outside the world is refused on every rank before any message") {
+  mpi c;
+  std::vector<float> x(4);
+  bool refused = false;
+  try {
+    c.broadcast(x.data(), x.data(), x.size(), c.size());
+  } catch (const zero::error& e) {
+    refused = e.kind() == zero::error_kind::invalid_argument;
+  }
+  CHECK(all_ranks(refused));
+}
+
+TEST_CASE("comm::mpi: the exchange buffer holds one full buffer and can be released") {
+  mpi c;
+  const auto n = static_cast<std::size_t>(c.size());
+  std::vector<double> x(100 * n, 1.0), y(100);
+  c.reduce_scatter(x.data(), y.data(), 100, zero::reduce_op::sum);
+  CHECK(c.scratch_bytes() == (n > 1 ? 100 * n * sizeof(double) : 0));
+  c.release_scratch();
+  CHECK(c.scratch_bytes() == 0);
+  c.reduce_scatter(x.data(), y.data(), 100, zero::reduce_op::sum);  // allocates again
+  CHECK(y[99] == static_cast<double>(n));
+}
+
+// ---- stage equivalence ------------------------------------------------------------------------
+
+namespace {
+
+// A few AdamW steps of a small MLP whose units are not multiples of N (so padding is exercised);
+// returns the hash of the consolidated fp32 parameters.
+template <class Stage, class Comm>
+std::uint64_t trained_hash(Comm& comm) {
+  mlp::config cfg;
+  cfg.layers = 3;
+  cfg.hidden = 45;
+  cfg.in = 19;
+  cfg.classes = 7;
+  cfg.batch = 24;  // divisible by 2, 3 and 4
+  cfg.seed = 5;
+  zero::optim::adamw opt;
+  opt.lr = 1e-2f;
+  zero::engine<Stage, Comm, zero::optim::adamw> e(comm, mlp::make_spec(cfg), opt);
+  e.initialize(mlp::initializer(cfg));
+  for (std::uint64_t t = 0; t < 6; ++t) mlp::train_step(e, cfg, t, comm.rank(), comm.size());
+  const auto p = e.full_params();
+  return zero::fnv1a64(p.data(), p.size() * sizeof(float));
+}
+
+template <class Comm>
+std::vector<std::uint64_t> stage_hashes(Comm& comm) {
+  return {trained_hash<zero::stage0>(comm), trained_hash<zero::stage1>(comm), trained_hash<zero::stage2>(comm),
+          trained_hash<zero::stage3>(comm)};
+}
+
+}  // namespace
+
+TEST_CASE("stage equivalence: stages 0-3 on comm::mpi give the same parameters as on comm::threads") {
+  const int n = world_size();
+  REQUIRE(24 % n == 0);
+  const auto mine = mpi::run([](mpi& c) { return stage_hashes(c); });
+  std::vector<std::uint64_t> reference(4);
+  if (world_rank() == 0)
+    zero::comm::threads::launch(n, [&](zero::comm::threads& c) {
+      const auto h = stage_hashes(c);
+      if (c.rank() == 0) reference = h;
+    });
+  MPI_Bcast(reference.data(), 4, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    const auto across = gather_u64(mine[static_cast<std::size_t>(s)]);
+    for (auto h : across) CHECK(h == mine[static_cast<std::size_t>(s)]);  // every rank consolidates the same
+    CHECK(mine[static_cast<std::size_t>(s)] == mine[0]);                  // every stage trains the same
+    CHECK(mine[static_cast<std::size_t>(s)] == reference[static_cast<std::size_t>(s)]);  // as on threads
+  }
+}

@@ -1,0 +1,39 @@
+#!/bin/bash
+# train_mlp --backend mpi under mpirun -np 4 prints the threads backend's param_hash for every stage;
+# only rank 0 prints; a --ranks that contradicts the communicator is a usage error (exit 2).
+set -u
+mpirun=$1
+exe=$2
+np=4
+steps=(--steps 25)
+status=0
+
+hash_of() { grep -o '"param_hash":"[0-9a-f]*"' | cut -d'"' -f4; }
+fail() { echo "FAIL: $*"; status=1; }
+
+for stage in 0 1 2 3; do
+  threads_out=$("$exe" --backend threads --ranks $np --stage $stage "${steps[@]}" --json 2>/dev/null) ||
+    fail "threads run of stage $stage exited with $?"
+  mpi_out=$("$mpirun" --oversubscribe -np $np "$exe" --backend mpi --stage $stage "${steps[@]}" --json 2>/dev/null) ||
+    fail "mpi run of stage $stage exited with $?"
+  want=$(tail -n1 <<<"$threads_out" | hash_of)
+  got=$(tail -n1 <<<"$mpi_out" | hash_of)
+  json_lines=$(grep -c '^{' <<<"$mpi_out")
+  summaries=$(grep -c '^ZeRO stage' <<<"$mpi_out")
+  echo "stage $stage: threads $want, mpi $got ($json_lines JSON line, $summaries summary)"
+  [ -n "$want" ] && [ "$want" = "$got" ] || fail "stage $stage: param_hash differs (threads '$want', mpi '$got')"
+  [ "$json_lines" -eq 1 ] && [ "$summaries" -eq 1 ] || fail "stage $stage: expected output from rank 0 only"
+  grep -q '"backend":"mpi"' <<<"$mpi_out" || fail "stage $stage: the JSON line does not say backend mpi"
+  grep -q "\"ranks\":$np" <<<"$mpi_out" || fail "stage $stage: the JSON line does not say $np ranks"
+done
+
+# A --ranks equal to the communicator's size is accepted; a different one is refused.
+"$mpirun" --oversubscribe -np $np "$exe" --backend mpi --ranks $np --steps 1 >/dev/null 2>&1 ||
+  fail "--ranks $np under -np $np was refused"
+out=$("$mpirun" --oversubscribe -np $np "$exe" --backend mpi --ranks 3 --steps 1 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] || fail "--ranks 3 under -np $np: exit code $rc, expected 2"
+grep -q -- "--ranks 3" <<<"$out" || fail "--ranks 3 under -np $np: no message naming --ranks: $out"
+
+[ $status -eq 0 ] && echo "ok"
+exit $status
