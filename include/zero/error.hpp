@@ -15,6 +15,7 @@ enum class error_kind {
   comm,              // a collective failed, timed out, or a peer rank failed
   io,                // a file could not be read or written
   corrupt,           // data failed validation (checksum, truncated file, wrong model)
+  device,            // a device runtime call failed (CUDA: out of memory, launch failure, no device)
 };
 
 inline const char* to_string(error_kind k) {
@@ -24,6 +25,7 @@ inline const char* to_string(error_kind k) {
     case error_kind::comm: return "comm";
     case error_kind::io: return "io";
     case error_kind::corrupt: return "corrupt";
+    case error_kind::device: return "device";
   }
   return "unknown";
 }

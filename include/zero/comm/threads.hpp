@@ -54,14 +54,17 @@ struct announcement {
 };
 
 // The state the ranks of one launch share: a generation-counting barrier that can be aborted, and
-// one announcement slot per rank.
+// one announcement slot per rank. Shared by every backend whose ranks are threads of one process
+// (comm::threads, comm::cuda_threads); `backend` names the backend in its errors.
 class threads_world {
  public:
-  threads_world(int n, std::chrono::milliseconds timeout)
-      : n_(n), timeout_(timeout), slots_(static_cast<std::size_t>(n)), departed_(static_cast<std::size_t>(n)) {}
+  threads_world(int n, std::chrono::milliseconds timeout, const char* backend = "comm::threads")
+      : n_(n), timeout_(timeout), backend_(backend), slots_(static_cast<std::size_t>(n)),
+        departed_(static_cast<std::size_t>(n)) {}
 
   int size() const { return n_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  const char* backend() const { return backend_; }
   announcement& slot(int r) { return slots_[static_cast<std::size_t>(r)]; }
 
   // Blocks until every rank arrives. Throws zero::error (comm) instead of waiting forever when the
@@ -118,11 +121,12 @@ class threads_world {
     cv_.notify_all();
   }
   void throw_if_aborted(int rank, coll_kind what) const {
-    if (aborted_) fail(error_kind::comm, "comm::threads rank ", rank, ": ", to_string(what), " aborted: ", reason_);
+    if (aborted_) fail(error_kind::comm, backend_, " rank ", rank, ": ", to_string(what), " aborted: ", reason_);
   }
 
   int n_;
   std::chrono::milliseconds timeout_;
+  const char* backend_;
   std::vector<announcement> slots_;
   std::vector<char> departed_;
   std::mutex m_;
@@ -133,6 +137,45 @@ class threads_world {
   std::string reason_;
   std::exception_ptr first_failure_;
 };
+
+// Runs body(rank) on n threads and joins them. A rank that throws aborts the world (its peers' pending
+// and later waits fail) and the first exception is rethrown here; a rank that returns departs (a peer
+// still waiting for it fails instead of hanging).
+template <class Body>
+void run_ranks(threads_world& world, int n, const Body& body) {
+  std::vector<std::thread> ranks;
+  ranks.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&world, &body, r] {
+      try {
+        body(r);
+        world.depart(r);
+      } catch (const std::exception& e) {
+        world.record_failure(r, std::current_exception(), e.what());
+      } catch (...) {
+        world.record_failure(r, std::current_exception(), "unknown exception");
+      }
+    });
+  for (auto& t : ranks) t.join();
+  if (auto e = world.first_failure()) std::rethrow_exception(e);
+}
+
+// Every rank checks every announcement, so all ranks reach the same verdict and none reads a buffer
+// whose size it has misjudged.
+inline void check_agreement(threads_world& world, int rank) {
+  const auto& first = world.slot(0);
+  for (int k = 1; k < world.size(); ++k) {
+    const auto& a = world.slot(k);
+    if (!a.operator_matches(first)) {
+      std::string msg = zero::detail::concat(
+          world.backend(), " rank ", rank, ": ranks disagree on the collective: rank 0 calls ", to_string(first.kind),
+          "(count ", first.count, ", ", first.elem_size, "-byte elements), rank ", k, " calls ", to_string(a.kind),
+          "(count ", a.count, ", ", a.elem_size, "-byte elements)");
+      world.abort(msg);
+      fail(error_kind::comm, msg);
+    }
+  }
+}
 
 template <class T>
 void combine(T* acc, const T* x, std::size_t n, reduce_op op) {
@@ -167,22 +210,10 @@ class threads {
   static void launch(int n, const std::function<void(threads&)>& fn, options opt = {}) {
     ZERO_CHECK(n > 0, invalid_argument, "comm::threads::launch: world size must be positive, got ", n);
     detail::threads_world world(n, opt.timeout);
-    std::vector<std::thread> ranks;
-    ranks.reserve(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r)
-      ranks.emplace_back([&world, &fn, r] {
-        threads comm(world, r);
-        try {
-          fn(comm);
-          world.depart(r);
-        } catch (const std::exception& e) {
-          world.record_failure(r, std::current_exception(), e.what());
-        } catch (...) {
-          world.record_failure(r, std::current_exception(), "unknown exception");
-        }
-      });
-    for (auto& t : ranks) t.join();
-    if (auto e = world.first_failure()) std::rethrow_exception(e);
+    detail::run_ranks(world, n, [&world, &fn](int r) {
+      threads comm(world, r);
+      fn(comm);
+    });
   }
 
   int rank() const { return rank_; }
@@ -258,22 +289,7 @@ class threads {
   // Nobody returns (and reuses a buffer) until every rank has finished reading and writing.
   void leave(detail::coll_kind kind) { world_->arrive_and_wait(rank_, kind); }
 
-  // Every rank checks every announcement, so all ranks reach the same verdict and none reads a buffer
-  // whose size it has misjudged.
-  void check_agreement() {
-    const auto& first = world_->slot(0);
-    for (int k = 1; k < size(); ++k) {
-      const auto& a = world_->slot(k);
-      if (!a.operator_matches(first)) {
-        std::string msg = zero::detail::concat("comm::threads rank ", rank_, ": ranks disagree on the collective: rank 0 calls ",
-                                         detail::to_string(first.kind), "(count ", first.count, ", ", first.elem_size,
-                                         "-byte elements), rank ", k, " calls ", detail::to_string(a.kind), "(count ",
-                                         a.count, ", ", a.elem_size, "-byte elements)");
-        world_->abort(msg);
-        fail(error_kind::comm, msg);
-      }
-    }
-  }
+  void check_agreement() { detail::check_agreement(*world_, rank_); }
 
   // Reduces [begin, end) of all peers' send buffers in rank order, a cache-sized block at a time,
   // and hands each finished block to emit. The block is reduced completely before emit writes, so

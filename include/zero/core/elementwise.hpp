@@ -31,6 +31,12 @@ ZERO_HD inline void accumulate(D* dst, const S* src, bool first, std::size_t j) 
                  : static_cast<D>(fp::add(static_cast<float>(dst[j]), static_cast<float>(src[j])));
 }
 
+// Element j of a cast from fp32 (master weights into a parameter copy after a checkpoint load).
+template <class D>
+ZERO_HD inline void cast(D* dst, const float* src, std::size_t j) {
+  dst[j] = static_cast<D>(src[j]);
+}
+
 // The square of element j of the averaged, unscaled gradient, in double.
 template <class G>
 ZERO_HD inline double square(const G* g, float divisor, std::size_t j) {

@@ -490,7 +490,11 @@ class engine {
     };
     if constexpr (P::shards_optimizer_states) {
       double total = partial(rank_);
-      control_comm_.all_reduce(&total, &total, 1, reduce_op::sum);
+      // Through the system's memory: a device backend cannot read a host variable in a collective.
+      buffer<double, system> wire(1, mem_category::transient, acct_);
+      sys_.copy_from_host(wire.data(), &total, sizeof total);
+      control_comm_.all_reduce(wire.data(), wire.data(), 1, reduce_op::sum);
+      sys_.copy_to_host(&total, wire.data(), sizeof total);
       return total;
     } else {
       // Replicated gradients: the same N partial sums the sharded stages compute, added the same way.

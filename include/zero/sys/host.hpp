@@ -50,7 +50,7 @@ struct host {
   }
   template <class D>
   static void cast_from_float(D* dst, const float* src, std::size_t n) {
-    for (std::size_t j = 0; j < n; ++j) dst[j] = static_cast<D>(src[j]);
+    for (std::size_t j = 0; j < n; ++j) elementwise::cast(dst, src, j);
   }
 };
 

@@ -1,0 +1,228 @@
+// bench_collectives: nccl-tests style time, algbw and busbw of every collective, per backend, as JSON lines.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zero/comm/counted.hpp"
+#include "zero/comm/threads.hpp"
+#if ZERO_WITH_MPI
+#include "zero/comm/mpi.hpp"
+#endif
+
+// Conventions, as in nccl-tests: `bytes` is the larger buffer of the collective (the full buffer
+// of all_reduce and broadcast, the N-slice buffer of reduce_scatter and all_gather); time is the
+// mean per call of the slowest rank, in the best of 3 rounds (mean_time_us averages the rounds);
+// algbw = bytes / time; busbw = algbw * bus_factor(op, N), the rate each rank's link must sustain,
+// comparable across N and across collectives. GB = 1e9 bytes.
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using zero::comm::collective;
+
+struct settings {
+  std::string backend = "threads";
+  std::string mode = "deterministic";
+  int ranks = 2;
+  std::size_t min_bytes = 1 << 10, max_bytes = 64 << 20;
+  int factor = 4;
+  double target_ms = 60;  // time spent per measured point, after one warm-up call
+  int max_iters = 1000;
+  bool blocking = false;  // comm::mpi: blocking MPI collectives (no timeout) instead of polled nonblocking ones
+};
+
+double seconds(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+void emit(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
+
+// A single thread copying `bytes` between two buffers: the yardstick of a memory-bound
+// collective on this machine, measured at every size because caches make it size-dependent.
+void bench_memcpy(const settings& s) {
+  std::vector<unsigned char> src(s.max_bytes, 1), dst(s.max_bytes, 0);
+  for (std::size_t bytes = s.min_bytes; bytes <= s.max_bytes; bytes *= static_cast<std::size_t>(s.factor)) {
+    auto t0 = clock_type::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    const double warm = std::max(seconds(t0, clock_type::now()), 1e-9);
+    const int iters = std::clamp(static_cast<int>(std::ceil(s.target_ms * 1e-3 / warm)), 2, 100 * s.max_iters);
+    t0 = clock_type::now();
+    for (int i = 0; i < iters; ++i) {
+      std::memcpy(dst.data(), src.data(), bytes);
+      // Keeps the copies from being merged or dropped: each one feeds the next iteration's source.
+      src[static_cast<std::size_t>(i) % bytes] = dst[(static_cast<std::size_t>(i) * 7) % bytes];
+    }
+    const double t = seconds(t0, clock_type::now()) / iters;
+    emit({{"record", "memcpy"}, {"bytes", bytes}, {"iters", iters}, {"time_us", t * 1e6}, {"gbps", bytes / t / 1e9}});
+  }
+}
+
+template <class Comm>
+double max_over_ranks(Comm& c, double v) {
+  c.all_reduce(&v, &v, 1, zero::reduce_op::max);
+  return v;
+}
+
+template <class Comm>
+void bench_collectives(Comm& c, const settings& s, const std::string& backend, const std::string& mode,
+                       bool blocking) {
+  constexpr int warmup = 2, rounds = 3;
+  const int n = c.size();
+  const auto N = static_cast<std::size_t>(n);
+  // Two buffers of the largest size, written once so that no page fault lands in a measurement.
+  std::vector<float> send(s.max_bytes / sizeof(float), 1.0f), recv(s.max_bytes / sizeof(float), 0.0f);
+  for (collective op : {collective::all_reduce, collective::reduce_scatter, collective::all_gather,
+                        collective::broadcast}) {
+    const bool sliced = op == collective::reduce_scatter || op == collective::all_gather;
+    for (std::size_t size = s.min_bytes; size <= s.max_bytes; size *= static_cast<std::size_t>(s.factor)) {
+      const std::size_t count = size / sizeof(float) / (sliced ? N : 1);  // elements per rank, as NCCL counts
+      const std::size_t bytes = count * sizeof(float) * (sliced ? N : 1);
+      float* in = send.data();
+      float* out = recv.data();
+      auto once = [&] {
+        switch (op) {
+          case collective::all_reduce: c.all_reduce(in, out, count, zero::reduce_op::sum); break;
+          case collective::reduce_scatter: c.reduce_scatter(in, out, count, zero::reduce_op::sum); break;
+          case collective::all_gather: c.all_gather(in, out, count); break;
+          case collective::broadcast: c.broadcast(in, out, count, 0); break;
+        }
+      };
+      // Warm-up: the first call at a size pays for page faults, a backend's scratch and MPI's
+      // protocol switch, so it is not timed; the next ones, agreed over ranks, set the iteration
+      // count, which must be the same on every rank.
+      c.barrier();
+      once();
+      auto t0 = clock_type::now();
+      for (int i = 0; i < warmup; ++i) once();
+      const double warm = max_over_ranks(c, std::max(seconds(t0, clock_type::now()) / warmup, 1e-9));
+      const double per_round = s.target_ms * 1e-3 / rounds;
+      const int iters = std::clamp(static_cast<int>(std::ceil(per_round / warm)), 1, s.max_iters);
+      // The best of a few rounds: on a shared 2-core machine a round can lose its core to an
+      // unrelated process, and that says nothing about the collective.
+      double best = 0, total = 0;
+      for (int round = 0; round < rounds; ++round) {
+        c.barrier();
+        t0 = clock_type::now();
+        for (int i = 0; i < iters; ++i) once();
+        const double t = max_over_ranks(c, seconds(t0, clock_type::now()) / iters);
+        best = round == 0 ? t : std::min(best, t);
+        total += t;
+      }
+      const double t = best;
+      const double algbw = bytes / t / 1e9;
+      if (c.rank() == 0)
+        emit({{"record", "collective"},
+              {"backend", backend},
+              {"mode", mode},
+              {"blocking", blocking},
+              {"ranks", n},
+              {"op", zero::comm::to_string(op)},
+              {"dtype", "float"},
+              {"bytes", bytes},
+              {"count", count},
+              {"iters", iters},
+              {"rounds", rounds},
+              {"time_us", t * 1e6},
+              {"mean_time_us", total / rounds * 1e6},
+              {"algbw_gbps", algbw},
+              {"busbw_gbps", algbw * zero::comm::bus_factor(op, n)}});
+    }
+  }
+}
+
+// The 1-minute load average when the run started: other work on the machine shares the cores, and
+// the numbers are only as quiet as the machine was.
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one = -1;
+  in >> one;
+  return one;
+}
+
+nlohmann::json machine(const settings& s, int ranks) {
+  return {{"record", "machine"},
+          {"backend", s.backend},
+          {"mode", s.mode},
+          {"blocking", s.blocking},
+          {"ranks", ranks},
+          {"cores", std::thread::hardware_concurrency()},
+          {"cpu", cpu_model()},
+          {"load_average", load_average()}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings s;
+  CLI::App app{"Collective benchmark in the style of nccl-tests: one JSON line per (collective, size)."};
+  app.add_option("--backend", s.backend, "threads, mpi (run under mpirun) or memcpy (the single-thread yardstick)")
+      ->check(CLI::IsMember({"threads", "mpi", "memcpy"}))
+      ->capture_default_str();
+  app.add_option("--ranks", s.ranks, "ranks of the threads backend")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--mode", s.mode, "comm::mpi mode")
+      ->check(CLI::IsMember({"deterministic", "fast"}))
+      ->capture_default_str();
+  app.add_option("--min-bytes", s.min_bytes, "smallest size")->check(CLI::Range(64, 1 << 30))->capture_default_str();
+  app.add_option("--max-bytes", s.max_bytes, "largest size")->check(CLI::Range(64, 1 << 30))->capture_default_str();
+  app.add_option("--factor", s.factor, "size step")->check(CLI::Range(2, 16))->capture_default_str();
+  app.add_option("--target-ms", s.target_ms, "measured time per point")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--blocking", s.blocking,
+               "comm::mpi with timeout 0: MPI's blocking collectives rather than nonblocking ones polled against "
+               "the timeout");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (s.backend == "memcpy") {
+      emit(machine(s, 1));
+      bench_memcpy(s);
+    } else if (s.backend == "threads") {
+      emit(machine(s, s.ranks));
+      zero::comm::threads::launch(
+          s.ranks, [&](zero::comm::threads& c) { bench_collectives(c, s, "threads", "deterministic", true); });
+    } else {
+#if ZERO_WITH_MPI
+      zero::comm::mpi_session session(argc, argv);
+      zero::comm::mpi_options opt;
+      if (s.mode == "fast") opt.mode = zero::comm::mpi_mode::fast;
+      if (s.blocking) opt.timeout = std::chrono::milliseconds(0);
+      zero::comm::mpi::run(
+          [&](zero::comm::mpi& c) {
+            if (c.rank() == 0) emit(machine(s, c.size()));
+            bench_collectives(c, s, "mpi", s.mode, s.blocking);
+          },
+          opt);
+#else
+      std::cerr << "bench_collectives: built without MPI; --backend mpi is unavailable\n";
+      return 2;
+#endif
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "bench_collectives: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

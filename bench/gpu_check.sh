@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU check, one script for a GPU machine: builds with CUDA (sm_90), runs the gpu test suite and the
+# GPU benches, and writes JSON lines to $OUT/gpu.jsonl (bench/results/gpu.jsonl when OUT is unset).
+# Sized for under 8 minutes on one H200. Before copying the tree to a machine without the Debian -dev
+# packages, run bench/prepare_gpu_carry.sh here and carry .gpu-carry/ along.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+if [ -n "${OUT:-}" ]; then results=$OUT/gpu.jsonl; else results=$root/bench/results/gpu.jsonl; fi
+mkdir -p "$(dirname "$results")"
+build=${ZERO_GPU_BUILD_DIR:-$root/build-gpu}
+arch=${ZERO_GPU_ARCH:-sm_90}
+t0=$(date +%s)
+status=0
+
+log() { echo "[gpu_check $(($(date +%s) - t0))s] $*" >&2; }
+emit() { echo "$1" | tee -a "$results"; }  # one JSON line to the results and to stdout
+json_string() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
+
+# ---- the machine --------------------------------------------------------------------------------
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+emit "{\"check\": \"machine\", \"gpu\": $(json_string "${gpu:-unknown}"), \"nvcc\": $(json_string "$(nvcc --version 2>/dev/null | tail -1)"), \"cpus\": $(nproc), \"date\": $(json_string "$(date -u +%FT%TZ)")}"
+
+# ---- configure: NCCL and the header-only dependencies from wherever they are ------------------------
+setup_args=(-Dcuda=enabled "-Dgpu_arch=$arch" -Dmpi=disabled -Dbuildtype=release)
+# The nvidia-nccl wheel ships include/ and lib/libnccl.so.2, without the libnccl.so link the linker
+# looks for: a small root next to the build dir gets both.
+nccl_pkg=$(python3 - 2>/dev/null <<'PY'
+import os
+import nvidia.nccl as m
+print(os.path.dirname(m.__file__) if getattr(m, "__file__", None) else list(m.__path__)[0])
+PY
+) || nccl_pkg=""
+if [ -n "$nccl_pkg" ] && [ -d "$nccl_pkg/lib" ] && [ -d "$nccl_pkg/include" ]; then
+  nccl_root=$build-nccl
+  mkdir -p "$nccl_root/lib"
+  ln -sfn "$nccl_pkg/include" "$nccl_root/include"
+  so=$(ls "$nccl_pkg"/lib/libnccl.so* 2>/dev/null | head -1)
+  [ -n "$so" ] && ln -sf "$so" "$nccl_root/lib/libnccl.so"
+  setup_args+=("-Dnccl_root=$nccl_root")
+  export LD_LIBRARY_PATH=$nccl_pkg/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  log "NCCL from $nccl_pkg"
+fi
+# NCCL's bootstrap needs a socket interface; loopback always exists on a one-machine check.
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+if [ -d "$root/.gpu-carry/include" ]; then
+  setup_args+=(-Dextra_include_dir=.gpu-carry/include)
+  log "header-only dependencies from .gpu-carry/include"
+fi
+if [ -f "$build/build.ninja" ]; then
+  meson configure "$build" "${setup_args[@]}" >&2 || status=1
+else
+  meson setup "$build" "${setup_args[@]}" >&2 || { log "meson setup failed"; exit 1; }
+fi
+
+# ---- build only what the GPU check runs ---------------------------------------------------------
+targets=(tests/cuda/test_gpu_kernels tests/cuda/test_gpu_collectives tests/cuda/test_gpu_engine tests/cuda/device_probe
+         examples/train_mlp_cuda bench/gpu_optimizer)
+log "building ${targets[*]}"
+if ! timeout 300 ninja -C "$build" -j "$(nproc)" "${targets[@]}" >&2; then
+  emit "{\"check\": \"build\", \"result\": \"FAIL\", \"seconds\": $(($(date +%s) - t0))}"
+  exit 1
+fi
+emit "{\"check\": \"build\", \"result\": \"OK\", \"seconds\": $(($(date +%s) - t0))}"
+
+# Without a usable device there is nothing more to learn (the build itself is what CI checks).
+if ! "$build/tests/cuda/device_probe"; then
+  emit "{\"check\": \"gpu_check\", \"result\": \"SKIP\", \"reason\": \"no usable CUDA device\", \"seconds\": $(($(date +%s) - t0))}"
+  exit 77
+fi
+
+# ---- the gpu suite --------------------------------------------------------------------------------
+log "meson test --suite gpu"
+timeout 300 meson test -C "$build" --no-rebuild --suite gpu --print-errorlogs >&2 || status=1
+python3 - "$build/meson-logs/testlog.json" >>"$results" <<'PY' || status=1
+import json, sys
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    # Meson names a test "project:suite / name" (newer versions also list "suite").
+    if ":gpu / " in t["name"] or any(s.endswith("gpu") for s in t.get("suite", [])):
+        print(json.dumps({"check": "gpu_test", "name": t["name"], "result": t["result"],
+                          "seconds": round(t.get("duration", 0), 2)}))
+PY
+# On a GPU machine a skipped GPU test is a failure too: it could not see the device.
+grep '"check": "gpu_test"' "$results" | tail -n 4 | grep -vq '"result": "OK"' && status=1
+
+# ---- benches --------------------------------------------------------------------------------------
+log "optimizer-kernel bandwidth against the copy bandwidth"
+timeout 120 "$build/bench/gpu_optimizer" | tee -a "$results" || status=1
+
+# Stage 3 against stage 0 on 4 cuda_threads ranks sharing the GPU: a 105M-parameter MLP (1024 inputs,
+# 7 hidden layers of 4096), fp32 AdamW; the mean step time over 40 steps (set-up excluded, the first
+# steps included).
+log "stage 3 vs stage 0 step time (cuda_threads)"
+step_args=(--json --ranks 4 --layers 8 --hidden 4096 --in 1024 --batch 256 --steps 40)
+s0=$(timeout 150 "$build/examples/train_mlp_cuda" --stage 0 "${step_args[@]}" 2>/dev/null | tail -1) || status=1
+s3=$(timeout 150 "$build/examples/train_mlp_cuda" --stage 3 "${step_args[@]}" 2>/dev/null | tail -1) || status=1
+python3 - "${s0:-}" "${s3:-}" >>"$results" <<'PY' || status=1
+import json, sys
+if not sys.argv[1].startswith("{") or not sys.argv[2].startswith("{"):
+    print(json.dumps({"bench": "gpu_step_time", "result": "FAIL", "reason": "train_mlp_cuda printed no JSON"}))
+    sys.exit(1)
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+t0, t3 = a["seconds"] / a["steps"], b["seconds"] / b["steps"]
+print(json.dumps({"bench": "gpu_step_time", "backend": "cuda_threads", "device": a["device"], "ranks": a["ranks"],
+                  "params": a["params"], "steps": a["steps"], "stage0_step_s": t0, "stage3_step_s": t3,
+                  "stage3_over_stage0": t3 / t0,
+                  "stage0_model_state_bytes_per_rank": a["model_state_bytes_per_rank"],
+                  "stage3_model_state_bytes_per_rank": b["model_state_bytes_per_rank"],
+                  "param_hash_equal": a["param_hash"] == b["param_hash"]}))
+PY
+tail -n 1 "$results"
+
+emit "{\"check\": \"gpu_check\", \"result\": \"$([ $status -eq 0 ] && echo OK || echo FAIL)\", \"seconds\": $(($(date +%s) - t0))}"
+log "results in $results"
+exit $status

@@ -1,0 +1,488 @@
+// train_mlp_cuda: train_mlp on the GPU with cuBLAS GEMMs, N ranks on one GPU (cuda_threads) or one GPU per MPI process (nccl).
+#include <CLI/CLI.hpp>
+#include <cublas_v2.h>
+#include <nlohmann/json.hpp>
+#include <thrust/execution_policy.h>
+#include <thrust/transform.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mlp.hpp"
+#include "zero/zero_cuda.cuh"
+#if ZERO_WITH_MPI
+#include "zero/comm/mpi_session.hpp"
+#endif
+
+namespace {
+
+// The same flags as train_mlp; the backends are the device ones.
+struct options {
+  int stage = 3, ranks = 4, steps = 200;
+  mlp::config model;
+  std::string optimizer = "adamw";
+  float lr = 0.0f;  // 0: the optimizer's default below
+  bool json = false;
+  std::string backend = "cuda_threads";  // cuda_threads: ranks share this process's GPU; nccl: MPI processes
+};
+
+struct summary {
+  double loss_first = 0, loss_last = 0, accuracy_last = 0, seconds = 0;
+  std::uint64_t param_hash = 0, padded = 0, numel = 0;
+  double model_state_bytes = 0, model_state_formula = 0, comm_bytes = 0, comm_formula = 0;
+  double by_category[zero::mem_category_count] = {}, transient_peak = 0;
+  std::string device;
+};
+
+void blas_check(cublasStatus_t s, const char* call) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    zero::fail(zero::error_kind::device, "cuBLAS: ", call, " failed: ", cublasGetStatusString(s));
+}
+#define CUBLAS_CHECK(call) blas_check((call), #call)
+
+// A zero-filled device array from the rank's pool (the bound context).
+template <class T>
+class device_array {
+ public:
+  explicit device_array(std::size_t n) : n_(n), p_(static_cast<T*>(zero::sys::cuda::allocate(n * sizeof(T)))) {
+    zero::sys::cuda::fill_zero(p_, n * sizeof(T));
+  }
+  device_array(const device_array&) = delete;
+  device_array& operator=(const device_array&) = delete;
+  ~device_array() { zero::sys::cuda::deallocate(p_, n_ * sizeof(T)); }
+  T* data() const { return p_; }
+
+ private:
+  std::size_t n_;
+  T* p_;
+};
+
+// ---- the model's kernels (the GEMMs are cuBLAS's) ----------------------------------------------
+
+// out[r][o] += b[o], then ReLU below the last layer.
+__global__ void bias_relu(float* out, const float* bias, int rows, int n_out, bool relu) {
+  const std::size_t n = static_cast<std::size_t>(rows) * n_out;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float v = out[i] + bias[i % static_cast<std::size_t>(n_out)];
+    out[i] = relu && v < 0.0f ? 0.0f : v;
+  }
+}
+
+// One thread per row: softmax cross-entropy, dlogits = (softmax - onehot) / rows, and a hit flag.
+__global__ void softmax_xent(const float* logits, const int* y, float* dlogits, float* row_loss, int* row_hit,
+                             int rows, int classes) {
+  const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r >= rows) return;
+  const float* z = logits + static_cast<std::size_t>(r) * classes;
+  float* d = dlogits + static_cast<std::size_t>(r) * classes;
+  int argmax = 0;
+  for (int k = 1; k < classes; ++k)
+    if (z[k] > z[argmax]) argmax = k;
+  const float m = z[argmax];
+  float sum = 0.0f;
+  for (int k = 0; k < classes; ++k) sum += expf(z[k] - m);
+  for (int k = 0; k < classes; ++k) d[k] = expf(z[k] - m) / sum / static_cast<float>(rows);
+  d[y[r]] -= 1.0f / static_cast<float>(rows);
+  row_loss[r] = logf(sum) - (z[y[r]] - m);
+  row_hit[r] = argmax == y[r];
+}
+
+// One thread: the step's mean loss and hits over this rank's rows, added in row order.
+__global__ void step_totals(const float* row_loss, const int* row_hit, int rows, double* loss, double* hits) {
+  double l = 0.0, h = 0.0;
+  for (int r = 0; r < rows; ++r) {
+    l += row_loss[r];
+    h += row_hit[r];
+  }
+  *loss = l / rows;
+  *hits = h;
+}
+
+// gb[o] += sum_r dout[r][o], rows in order.
+__global__ void bias_grad(const float* dout, float* gb, int rows, int n_out) {
+  const int o = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (o >= n_out) return;
+  float acc = 0.0f;
+  for (int r = 0; r < rows; ++r) acc += dout[static_cast<std::size_t>(r) * n_out + o];
+  gb[o] += acc;
+}
+
+struct relu_grad {
+  __host__ __device__ float operator()(float d, float a) const { return a > 0.0f ? d : 0.0f; }
+};
+
+unsigned blocks_for(std::size_t n, unsigned threads) {
+  const std::size_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+// One rank's activations, gradients of activations, labels and per-step results, all on the device,
+// with a cuBLAS handle on the rank's compute stream.
+class device_model {
+ public:
+  device_model(zero::gpu::context& ctx, const mlp::config& c, int rows, int steps)
+      : ctx_(ctx), c_(c), rows_(rows), widest_(widest(c)), losses_(static_cast<std::size_t>(steps)),
+        hits_(static_cast<std::size_t>(steps)), row_loss_(static_cast<std::size_t>(rows)),
+        row_hit_(static_cast<std::size_t>(rows)), labels_(static_cast<std::size_t>(rows)),
+        grad_a_(static_cast<std::size_t>(rows) * widest_), grad_b_(static_cast<std::size_t>(rows) * widest_) {
+    for (int l = 0; l <= c.layers; ++l)
+      acts_.emplace_back(std::make_unique<device_array<float>>(static_cast<std::size_t>(rows) * mlp::dim(c, l)));
+    CUBLAS_CHECK(cublasCreate(&blas_));
+    CUBLAS_CHECK(cublasSetStream(blas_, ctx.compute()));
+    // Plain fp32 GEMMs (no TF32): the trainer's numbers stay comparable with the CPU trainer's.
+    CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+    for (auto& s : staging_) {
+      void* x = nullptr;
+      void* y = nullptr;
+      ZERO_CUDA_CHECK(cudaMallocHost(&x, static_cast<std::size_t>(rows) * c.in * sizeof(float)));
+      ZERO_CUDA_CHECK(cudaMallocHost(&y, static_cast<std::size_t>(rows) * sizeof(int)));
+      s.x = static_cast<float*>(x);
+      s.y = static_cast<int*>(y);
+      ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+    }
+  }
+  device_model(const device_model&) = delete;
+  device_model& operator=(const device_model&) = delete;
+  ~device_model() {
+    (void)cudaStreamSynchronize(ctx_.compute());
+    for (auto& s : staging_) {
+      (void)cudaFreeHost(s.x);
+      (void)cudaFreeHost(s.y);
+      (void)cudaEventDestroy(s.copied);
+    }
+    (void)cublasDestroy(blas_);
+  }
+
+  // One step of this rank on its slice of the global batch, as mlp::train_step on the CPU.
+  template <class Engine>
+  void train_step(Engine& e, std::uint64_t step, int rank) {
+    const cudaStream_t s = ctx_.compute();
+    upload(mlp::make_batch(c_, step, rank * rows_, rows_), step);
+    const float one = 1.0f, zero = 0.0f;
+    for (int l = 0; l < c_.layers; ++l) {
+      auto p = e.gather(zero::unit_id{static_cast<std::size_t>(l)});
+      const int n_in = mlp::dim(c_, l), n_out = mlp::dim(c_, l + 1);
+      float* out = act(l + 1);
+      // Row-major out[rows][n_out] = in[rows][n_in] * W[n_out][n_in]^T, i.e. column-major out^T = W^T' * in^T.
+      CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n_out, rows_, n_in, &one, p["w"].data(), n_in, act(l),
+                               n_in, &zero, out, n_out));
+      bias_relu<<<blocks_for(static_cast<std::size_t>(rows_) * n_out, 256), 256, 0, s>>>(out, p["b"].data(), rows_, n_out,
+                                                                                       l + 1 < c_.layers);
+      ZERO_CUDA_CHECK(cudaGetLastError());
+      p.release();
+    }
+    float* dout = grad_a_.data();
+    float* din = grad_b_.data();
+    softmax_xent<<<blocks_for(static_cast<std::size_t>(rows_), 128), 128, 0, s>>>(
+        act(c_.layers), labels_.data(), dout, row_loss_.data(), row_hit_.data(), rows_, c_.classes);
+    step_totals<<<1, 1, 0, s>>>(row_loss_.data(), row_hit_.data(), rows_, losses_.data() + step, hits_.data() + step);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    for (int l = c_.layers - 1; l >= 0; --l) {
+      const zero::unit_id u{static_cast<std::size_t>(l)};
+      auto p = e.gather(u);
+      auto g = e.grads(u);
+      const int n_in = mlp::dim(c_, l), n_out = mlp::dim(c_, l + 1);
+      // gW[n_out][n_in] += dout^T * in: column-major gW^T = in^T * dout.
+      CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, n_in, n_out, rows_, &one, act(l), n_in, dout, n_out, &one,
+                               g["w"].data(), n_in));
+      bias_grad<<<blocks_for(static_cast<std::size_t>(n_out), 128), 128, 0, s>>>(dout, g["b"].data(), rows_, n_out);
+      ZERO_CUDA_CHECK(cudaGetLastError());
+      if (l > 0)  // din[rows][n_in] = dout * W: column-major din^T = W^T * dout^T.
+        CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n_in, rows_, n_out, &one, p["w"].data(), n_in, dout,
+                                 n_out, &zero, din, n_in));
+      e.reduce(u);
+      p.release();
+      if (l > 0) {  // through the ReLU of the layer below
+        const std::size_t n = static_cast<std::size_t>(rows_) * n_in;
+        thrust::transform(thrust::cuda::par_nosync.on(s), din, din + n, act(l), din, relu_grad{});
+        std::swap(dout, din);
+      }
+    }
+    e.step();
+  }
+
+  // Per step, this rank's mean loss and hits (summed over ranks at the end of training).
+  double* losses() const { return losses_.data(); }
+  double* hits() const { return hits_.data(); }
+
+  // This rank's loss of `step` (waits for it): for progress lines only.
+  double loss_of(std::uint64_t step) {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(ctx_.host_scalar(), losses_.data() + step, sizeof(double), cudaMemcpyDeviceToHost,
+                                    ctx_.compute()));
+    ctx_.wait_compute();
+    return *ctx_.host_scalar();
+  }
+
+ private:
+  struct staging {
+    float* x = nullptr;
+    int* y = nullptr;
+    cudaEvent_t copied = nullptr;
+    bool pending = false;
+  };
+  static int widest(const mlp::config& c) {
+    int w = 0;
+    for (int l = 0; l <= c.layers; ++l) w = std::max(w, mlp::dim(c, l));
+    return w;
+  }
+  float* act(int l) const { return acts_[static_cast<std::size_t>(l)]->data(); }
+
+  // The batch goes through one of two pinned buffers, so the copy is asynchronous and the host only
+  // waits (rarely) for the copy issued two steps ago before reusing its buffer.
+  void upload(const mlp::batch& b, std::uint64_t step) {
+    staging& st = staging_[step % 2];
+    if (st.pending) ZERO_CUDA_CHECK(cudaEventSynchronize(st.copied));
+    std::copy(b.x.begin(), b.x.end(), st.x);
+    std::copy(b.y.begin(), b.y.end(), st.y);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(act(0), st.x, b.x.size() * sizeof(float), cudaMemcpyHostToDevice, ctx_.compute()));
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), st.y, b.y.size() * sizeof(int), cudaMemcpyHostToDevice,
+                                    ctx_.compute()));
+    ZERO_CUDA_CHECK(cudaEventRecord(st.copied, ctx_.compute()));
+    st.pending = true;
+  }
+
+  zero::gpu::context& ctx_;
+  mlp::config c_;
+  int rows_, widest_;
+  cublasHandle_t blas_ = nullptr;
+  std::vector<std::unique_ptr<device_array<float>>> acts_;
+  staging staging_[2];
+  device_array<double> losses_, hits_;
+  device_array<float> row_loss_;
+  device_array<int> row_hit_, labels_;
+  device_array<float> grad_a_, grad_b_;
+};
+
+// Host values reduced over ranks through a device buffer (a device backend reads device memory only).
+template <class Comm>
+std::vector<double> reduce_over_ranks(Comm& comm, std::vector<double> v, zero::reduce_op op) {
+  device_array<double> wire(v.size());
+  zero::sys::cuda::copy(wire.data(), v.data(), v.size() * sizeof(double));
+  comm.all_reduce(wire.data(), wire.data(), v.size(), op);
+  zero::sys::cuda::copy(v.data(), wire.data(), v.size() * sizeof(double));
+  return v;
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  ZERO_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+template <class Stage, class Opt, class Comm>
+void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
+  const zero::model_spec spec = mlp::make_spec(o.model);
+  zero::engine<Stage, Comm, Opt> e(comm, spec, opt);
+  e.initialize(mlp::initializer(o.model));
+  const int rank = comm.rank(), ranks = comm.size();
+  device_model m(comm.context(), o.model, o.model.batch / ranks, o.steps);
+  comm.barrier();  // every rank starts the clock with its set-up done
+  const auto start = std::chrono::steady_clock::now();
+  auto last_print = start;
+  for (int t = 0; t < o.steps; ++t) {
+    m.train_step(e, static_cast<std::uint64_t>(t), rank);
+    const auto now = std::chrono::steady_clock::now();
+    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || t + 1 == o.steps || t == 0)) {
+      const double loss = m.loss_of(static_cast<std::uint64_t>(t));  // rank 0's own rows
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "step %5d/%d  loss %.4f (rank 0)  %.0f samples/s\n", t + 1, o.steps, loss,
+                   secs > 0 ? (t + 1) * double(o.model.batch) / secs : 0.0);
+      last_print = now;
+    }
+  }
+  comm.context().wait_all();
+  comm.barrier();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Per-step losses and hits, summed over ranks in one collective each.
+  const auto steps = static_cast<std::size_t>(o.steps);
+  comm.all_reduce(m.losses(), m.losses(), steps, zero::reduce_op::sum);
+  comm.all_reduce(m.hits(), m.hits(), steps, zero::reduce_op::sum);
+  std::vector<double> losses(steps), hits(steps);
+  zero::sys::cuda::copy(losses.data(), m.losses(), steps * sizeof(double));
+  zero::sys::cuda::copy(hits.data(), m.hits(), steps * sizeof(double));
+  out.loss_first = losses.front() / ranks;
+  out.loss_last = losses.back() / ranks;
+  out.accuracy_last = hits.back() / o.model.batch;
+
+  const auto params = e.full_params();
+  out.param_hash = zero::fnv1a64(params.data(), params.size() * sizeof(float));
+  out.padded = e.layout().padded();
+  out.numel = e.layout().numel();
+  const auto& mem = e.memory();
+  std::vector<double> maxima{static_cast<double>(mem.model_state_bytes()),
+                             static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]),
+                             static_cast<double>(e.comm().last_step.total_bytes())};
+  for (int c = 0; c < zero::mem_category_count; ++c) maxima.push_back(static_cast<double>(mem.current[c]));
+  maxima = reduce_over_ranks(comm, maxima, zero::reduce_op::max);
+  out.model_state_bytes = maxima[0];
+  out.transient_peak = maxima[1];
+  out.comm_bytes = maxima[2];
+  for (int c = 0; c < zero::mem_category_count; ++c) out.by_category[c] = maxima[3 + static_cast<std::size_t>(c)];
+  out.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
+  out.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  out.device = device_name(comm.context().device());
+}
+
+template <class Comm>
+void dispatch(Comm& comm, const options& o, summary& out) {
+  auto with_opt = [&](auto stage) {
+    using S = decltype(stage);
+    if (o.optimizer == "adamw") {
+      zero::optim::adamw a;
+      a.lr = o.lr > 0 ? o.lr : 1e-3f;
+      train<S>(comm, o, a, out);
+    } else {
+      zero::optim::sgd s;
+      s.lr = o.lr > 0 ? o.lr : 0.05f;
+      train<S>(comm, o, s, out);
+    }
+  };
+  switch (o.stage) {
+    case 0: return with_opt(zero::stage0{});
+    case 1: return with_opt(zero::stage1{});
+    case 2: return with_opt(zero::stage2{});
+    default: return with_opt(zero::stage3{});
+  }
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+void print_summary(const options& o, const summary& s) {
+  const double n = o.ranks;
+  std::printf("\nZeRO stage %d, %d ranks on %s (%s), %s, %d steps in %.2f s\n", o.stage, o.ranks, s.device.c_str(),
+              o.backend.c_str(), o.optimizer.c_str(), o.steps, s.seconds);
+  std::printf("  loss %.4f -> %.4f, accuracy %.1f%% on the last batch\n", s.loss_first, s.loss_last,
+              100.0 * s.accuracy_last);
+  std::printf("  parameters %" PRIu64 " (padded Psi = %" PRIu64 "), param_hash %s\n", s.numel, s.padded,
+              hex(s.param_hash).c_str());
+  std::printf("  device memory per rank (bytes, max over ranks):\n");
+  for (int c = 0; c < zero::mem_category_count; ++c)
+    std::printf("    %-17s %14.0f\n", zero::to_string(static_cast<zero::mem_category>(c)), s.by_category[c]);
+  std::printf("    %-17s %14.0f   formula %.0f (%s)\n", "model states", s.model_state_bytes, s.model_state_formula,
+              s.model_state_bytes == s.model_state_formula ? "equal" : "DIFFERS");
+  std::printf("    %-17s %14.0f\n", "transient peak", s.transient_peak);
+  std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.2f x Psi x 4 bytes\n", s.comm_bytes,
+              s.comm_formula, s.comm_bytes == s.comm_formula ? "equal" : "DIFFERS",
+              s.comm_bytes / (4.0 * static_cast<double>(s.padded)) * (n > 1 ? 1.0 : 0.0));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  CLI::App app{"Train a small MLP classifier with ZeRO on the GPU: N ranks sharing this process's GPU "
+               "(comm::cuda_threads) or one GPU per MPI process started by mpirun (comm::nccl)."};
+  app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
+  [[maybe_unused]] auto* ranks_flag =
+      app.add_option("--ranks", o.ranks, "number of ranks (with --backend nccl: the MPI communicator's size)")
+          ->check(CLI::Range(1, zero::comm::cuda_threads::max_ranks))
+          ->capture_default_str();
+  app.add_option("--backend", o.backend,
+                 "cuda_threads: ranks as threads sharing one GPU; nccl: one rank and one GPU per MPI process")
+      ->check(CLI::IsMember({"cuda_threads", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 100000000))->capture_default_str();
+  app.add_option("--layers", o.model.layers, "linear layers")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--hidden", o.model.hidden, "hidden width")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--in", o.model.in, "input features")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--classes", o.model.classes, "classes")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  app.add_option("--batch", o.model.batch, "global batch, a multiple of --ranks")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "optimizer")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)")->check(CLI::PositiveNumber);
+  app.add_option("--seed", o.model.seed, "seed of the data and the initial weights")->capture_default_str();
+  app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "error: " << e.what() << "\n\n" << app.help();
+    return 2;
+  }
+  auto usage_error = [&](const std::string& msg) {
+    std::cerr << "error: " << msg << "\n\n" << app.help();
+    return 2;
+  };
+  const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
+
+  summary s;
+  if (o.backend == "nccl") {
+#if ZERO_WITH_MPI && ZERO_WITH_NCCL
+    zero::comm::mpi_session session(argc, argv);
+    const int world = session.world_size(), rank = session.world_rank();
+    std::string problem;
+    if (ranks_flag->count() > 0 && o.ranks != world)
+      problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
+                " MPI processes (under --backend nccl the ranks are the processes mpirun starts; drop --ranks)";
+    else if (o.model.batch % world != 0)
+      problem = batch_rule + "the number of MPI processes " + std::to_string(world);
+    if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
+    o.ranks = world;
+    try {
+      zero::comm::nccl comm(MPI_COMM_WORLD);
+      dispatch(comm, o, s);
+    } catch (const std::exception& e) {
+      // Peers blocked in NCCL would otherwise wait for their watchdog's timeout.
+      std::cerr << "train_mlp_cuda rank " << rank << ": " << e.what() << "\n";
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (rank != 0) return 0;  // every rank holds the reduced summary; rank 0 reports it
+#else
+    return usage_error("--backend nccl: this train_mlp_cuda was built without MPI or NCCL");
+#endif
+  } else {
+    if (o.model.batch % o.ranks != 0) return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks));
+    try {
+      zero::comm::cuda_threads::launch(o.ranks, [&](zero::comm::cuda_threads& comm) {
+        summary local;
+        dispatch(comm, o, local);
+        if (comm.rank() == 0) s = local;
+      });
+    } catch (const std::exception& e) {
+      std::cerr << "train_mlp_cuda: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  print_summary(o, s);
+  if (o.json) {
+    nlohmann::json j = {
+        {"backend", o.backend},
+        {"stage", o.stage},
+        {"ranks", o.ranks},
+        {"steps", o.steps},
+        {"optimizer", o.optimizer},
+        {"precision", "fp32"},
+        {"params", s.numel},
+        {"padded_params", s.padded},
+        {"loss_first", s.loss_first},
+        {"loss_last", s.loss_last},
+        {"accuracy_last", s.accuracy_last},
+        {"seconds", s.seconds},
+        {"param_hash", hex(s.param_hash)},
+        {"model_state_bytes_per_rank", static_cast<std::uint64_t>(s.model_state_bytes)},
+        {"model_state_formula_bytes", static_cast<std::uint64_t>(s.model_state_formula)},
+        {"transient_peak_bytes_per_rank", static_cast<std::uint64_t>(s.transient_peak)},
+        {"comm_bytes_per_rank_per_step", static_cast<std::uint64_t>(s.comm_bytes)},
+        {"comm_formula_bytes", static_cast<std::uint64_t>(s.comm_formula)},
+        {"device", s.device},
+    };
+    std::cout << j.dump() << std::endl;
+  }
+  return 0;
+}

@@ -1,0 +1,108 @@
+// sys::cuda: the device memory space and the engine's element-wise steps as kernels, on one rank's streams.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "zero/error.hpp"
+#include "zero/sys/cuda/check.cuh"
+#include "zero/sys/cuda/context.cuh"
+#include "zero/sys/cuda/kernels.cuh"
+#include "zero/sys/cuda/launch.cuh"
+
+namespace zero::sys {
+
+// The system interface of sys::host (allocation, fills, copies, the engine's element-wise loops) with
+// device memory and kernels. Everything runs on the rank's compute stream (gpu::context) and returns
+// before the device has finished, except where the host needs a value: copies to and from the host,
+// synchronize() and sum_of_squares() wait, through the context's watchdog-guarded wait.
+//
+// An instance carries the rank's context (comm backends hand it to the engine through make_system()).
+// The static members, which buffer<T, System> and the checkpoint code call without an instance, use
+// the context bound to the calling thread: the rank's thread, bound by the backend.
+struct cuda {
+  // What every allocation is aligned to at least; the kernels take the 128-bit path whenever their
+  // operands are 16-byte aligned, which every shard is (layout: 32-element shard alignment).
+  static constexpr std::size_t alignment = 256;
+
+  cuda() = default;
+  explicit cuda(gpu::context& ctx) : ctx_(&ctx) {}
+
+  gpu::context& context() const { return ctx_ ? *ctx_ : bound(); }
+  // The stream user kernels that produce gradients or read gathered parameters run on.
+  cudaStream_t stream() const { return context().compute(); }
+
+  // ---- memory (static: buffer<T, cuda> and the checkpoint code call these) -----------------------
+
+  static void* allocate(std::size_t bytes) { return bound().allocate(bytes); }
+  static void deallocate(void* p, std::size_t bytes) noexcept {
+    if (!p) return;
+    if (gpu::context* c = gpu::context::current()) c->deallocate(p, bytes);
+    else if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();  // off the rank's thread: a synchronous free
+  }
+  static void fill_zero(void* p, std::size_t bytes) {
+    if (bytes) ZERO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, bound().compute()));
+  }
+  // Any direction (host or device on either side); complete when it returns.
+  static void copy(void* dst, const void* src, std::size_t bytes) { copy_on(bound(), dst, src, bytes); }
+
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) const { copy_on(context(), dst, src, bytes); }
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) const { copy_on(context(), dst, src, bytes); }
+  // Waits for everything the rank has enqueued on its compute stream (which, through the handshake
+  // events, includes every collective it has issued).
+  void synchronize() const { context().wait_compute(); }
+
+  // ---- the engine's element-wise steps (zero/core/elementwise.hpp), as kernels --------------------
+
+  template <class Opt, class G, class P>
+  void apply_update(const typename Opt::step_constants& c, const G* g, float divisor, float coef, float* w,
+                    float* const* slots, P* p, std::size_t n) const {
+    gpu::context& x = context();
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      if (p)
+        gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::update_rule<Opt>{c, divisor, coef},
+                                gpu::in(g), gpu::inout(w), gpu::out(p), gpu::inout(slots[K])...);
+      else
+        gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::update_in_place_rule<Opt>{c, divisor, coef},
+                                gpu::in(g), gpu::inout(w), gpu::inout(slots[K])...);
+    }(std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
+  }
+  template <class D, class S>
+  void accumulate(D* dst, const S* src, std::size_t n, bool first) const {
+    gpu::context& x = context();
+    // The first micro-batch only stores: its destination is not read.
+    gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::accumulate_rule{first},
+                            gpu::operand<D>{dst, !first, true}, gpu::in(src));
+  }
+  template <class G>
+  double sum_of_squares(const G* g, std::size_t n, float divisor) const {
+    return gpu::sum_of_squares(context(), g, n, divisor);
+  }
+  template <class D>
+  void cast_from_float(D* dst, const float* src, std::size_t n) const {
+    gpu::context& x = context();
+    gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::cast_rule{}, gpu::out(dst), gpu::in(src));
+  }
+
+ private:
+  static gpu::context& bound() {
+    gpu::context* c = gpu::context::current();
+    ZERO_CHECK(c != nullptr, invalid_argument,
+               "sys::cuda: no gpu::context is bound to this thread; run the rank through comm::cuda_threads or "
+               "comm::nccl (they bind one), or bind one with gpu::context::binding");
+    return *c;
+  }
+  static void copy_on(gpu::context& c, void* dst, const void* src, std::size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    // cudaMemcpyDefault: unified addressing tells host from device memory, so one call serves the
+    // host-to-device, device-to-host and device-to-device copies the callers make.
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c.compute()));
+    c.wait_compute();
+  }
+
+  gpu::context* ctx_ = nullptr;
+};
+
+}  // namespace zero::sys

@@ -1,0 +1,231 @@
+// The device kernels: the engine's element-wise rules and the rank-ordered sums through gpu::for_each_chunk, and the CUB gradient norm.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cub/device/device_reduce.cuh>
+#include <cuda/std/functional>
+#include <cuda/std/tuple>
+#include <cuda/std/utility>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include <cstddef>
+#include <type_traits>
+
+#include "zero/comm/reduce_op.hpp"
+#include "zero/config.hpp"
+#include "zero/core/elementwise.hpp"
+#include "zero/core/fp.hpp"
+#include "zero/core/numeric.hpp"
+#include "zero/sys/cuda/context.cuh"
+#include "zero/sys/cuda/launch.cuh"
+
+namespace zero::gpu {
+
+// ---- element-wise rules ------------------------------------------------------------------------
+
+// One array a rule reads and/or writes; never null (an absent array is a different rule, so that
+// the rule's arrays are always the chunk's registers and never a pointer chosen at run time, which
+// would force them into local memory).
+template <class T>
+struct operand {
+  T* data;
+  bool read, write;
+};
+template <class T>
+operand<const T> in(const T* p) {
+  return {p, true, false};
+}
+template <class T>
+operand<T> out(T* p) {
+  return {p, false, true};
+}
+template <class T>
+operand<T> inout(T* p) {
+  return {p, true, true};
+}
+
+// Adapts a rule written for one element of plain arrays (rule(j, arrays...), the same functions the
+// host loops call) to chunks: each operand's W elements are loaded into registers, the rule runs on
+// those register arrays for j = 0..W-1, and the written operands are stored back. The rule therefore
+// performs exactly the floating-point operations it performs on the host.
+template <class Rule, class... Ts>
+struct elementwise_body {
+  Rule rule;
+  cuda::std::tuple<operand<Ts>...> ops;
+
+  template <int W>
+  __device__ void apply(std::size_t base) const {
+    apply_chunk<W>(base, cuda::std::index_sequence_for<Ts...>{});
+  }
+
+ private:
+  template <int W, std::size_t... I>
+  __device__ void apply_chunk(std::size_t base, cuda::std::index_sequence<I...>) const {
+    cuda::std::tuple<chunk<std::remove_const_t<Ts>, W>...> local;
+    (load_operand<W>(cuda::std::get<I>(ops), base, cuda::std::get<I>(local)), ...);
+#pragma unroll
+    for (int i = 0; i < W; ++i)
+      rule(static_cast<std::size_t>(i), local_array(cuda::std::get<I>(ops), cuda::std::get<I>(local))...);
+    (store_operand<W>(cuda::std::get<I>(ops), base, cuda::std::get<I>(local)), ...);
+  }
+  template <int W, class T, class C>
+  __device__ static void load_operand(const operand<T>& o, std::size_t base, C& c) {
+    if (o.read) load<W>(o.data + base, c);
+  }
+  template <int W, class T, class C>
+  __device__ static void store_operand(const operand<T>& o, std::size_t base, const C& c) {
+    if constexpr (!std::is_const_v<T>)
+      if (o.write) store<W>(o.data + base, c);
+  }
+  template <class T, class C>
+  __device__ static auto local_array(const operand<T>&, C& c) -> decltype(&c.v[0]) {
+    return c.v;
+  }
+};
+
+// Runs rule(j, operands...) for j in [0, n) on `stream`, vectorized when every operand is aligned.
+template <class Rule, class... Ts>
+void launch_elementwise(cudaStream_t stream, int multiprocessors, std::size_t n, const Rule& rule,
+                        operand<Ts>... ops) {
+  const bool aligned = (aligned_16(ops.data) && ...);
+  for_each_chunk(stream, multiprocessors, n, aligned, elementwise_body<Rule, Ts...>{rule, {ops...}});
+}
+
+// The engine's rules (zero/core/elementwise.hpp) as functors a kernel can carry.
+// The optimizer step with a separate parameter copy p (written from the master weight w)...
+template <class Opt>
+struct update_rule {
+  typename Opt::step_constants c;
+  float divisor, coef;
+  template <class G, class P, class... Slots>
+  ZERO_HD void operator()(std::size_t j, const G* g, float* w, P* p, Slots*... s) const {
+    float* const slots[] = {s..., nullptr};  // the trailing null keeps the array non-empty for 0 slots
+    elementwise::update<Opt>(c, g, divisor, coef, w, slots, p, j);
+  }
+};
+// ...and without one (the master weights are the parameters): p is a constant null.
+template <class Opt>
+struct update_in_place_rule {
+  typename Opt::step_constants c;
+  float divisor, coef;
+  template <class G, class... Slots>
+  ZERO_HD void operator()(std::size_t j, const G* g, float* w, Slots*... s) const {
+    float* const slots[] = {s..., nullptr};
+    elementwise::update<Opt>(c, g, divisor, coef, w, slots, static_cast<float*>(nullptr), j);
+  }
+};
+struct accumulate_rule {
+  bool first;
+  template <class D, class S>
+  ZERO_HD void operator()(std::size_t j, D* dst, const S* src) const {
+    elementwise::accumulate(dst, src, first, j);
+  }
+};
+struct cast_rule {
+  template <class D>
+  ZERO_HD void operator()(std::size_t j, D* dst, const float* src) const {
+    elementwise::cast(dst, src, j);
+  }
+};
+
+// ---- rank-ordered reductions (the device collectives) ------------------------------------------
+
+// The most ranks whose buffers one reduction kernel addresses through a table in its parameters.
+inline constexpr int max_peer_ranks = 64;
+
+// acc op x exactly as the host backends compute it: sum in the accumulation type (one IEEE add, no
+// contraction), max as std::max(acc, x).
+template <class A>
+ZERO_HD inline A combine(A acc, A x, reduce_op op) {
+  if (op == reduce_op::max) return acc < x ? x : acc;
+  if constexpr (std::is_same_v<A, float>) return fp::add(acc, x);
+  else return acc + x;
+}
+
+// Buffers of the ranks, addressed by rank: a table of pointers (ranks that share a device read each
+// other's buffers), or equal slices of one buffer (what NCCL's send/recv put in a staging buffer).
+template <class T>
+struct peer_table {
+  T* p[max_peer_ranks];
+  int n;
+  __device__ T* operator[](int k) const { return p[k]; }
+};
+template <class T>
+struct peer_slices {
+  T* base;
+  std::size_t stride;
+  int n;
+  __device__ T* operator[](int k) const { return base + static_cast<std::size_t>(k) * stride; }
+};
+
+// Element i of the result is x_0[i] op x_1[i] op ... op x_{N-1}[i], left to right in rank order
+// (acc = x0; acc += x1; ...), 2-byte floats accumulated in fp32 and rounded once, written to every
+// output. A chunk is read completely before anything is written, so an output may alias an input.
+template <class T, class Inputs, class Outputs>
+struct rank_sum_body {
+  Inputs inputs;
+  Outputs outputs;
+  reduce_op op;
+
+  template <int W>
+  __device__ void apply(std::size_t base) const {
+    using A = accumulate_as_t<T>;
+    chunk<T, W> x;
+    A acc[W];
+    load<W>(inputs[0] + base, x);
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc[i] = static_cast<A>(x.v[i]);
+    for (int k = 1; k < inputs.n; ++k) {
+      load<W>(inputs[k] + base, x);
+#pragma unroll
+      for (int i = 0; i < W; ++i) acc[i] = combine(acc[i], static_cast<A>(x.v[i]), op);
+    }
+    chunk<T, W> y;
+#pragma unroll
+    for (int i = 0; i < W; ++i) y.v[i] = static_cast<T>(acc[i]);
+    for (int k = 0; k < outputs.n; ++k) store<W>(outputs[k] + base, y);
+  }
+};
+
+template <class T, class Inputs, class Outputs>
+void launch_rank_sum(cudaStream_t stream, int multiprocessors, std::size_t n, const Inputs& inputs,
+                     const Outputs& outputs, reduce_op op, bool aligned) {
+  for_each_chunk(stream, multiprocessors, n, aligned, rank_sum_body<T, Inputs, Outputs>{inputs, outputs, op});
+}
+
+// ---- the gradient norm -------------------------------------------------------------------------
+
+// Element j's square through the shared rule, so the per-element value is the host's exactly.
+template <class G>
+struct square_of {
+  const G* g;
+  float divisor;
+  __host__ __device__ double operator()(std::size_t j) const { return elementwise::square(g, divisor, j); }
+};
+
+// sum_j (g[j] / divisor)^2 in double, by cub::DeviceReduce on the context's compute stream, copied to
+// the host. A non-finite element makes the sum non-finite (the engine's overflow check). CUB reduces
+// in a fixed tree whose shape depends only on n and the device, never on timing, so the same segment
+// on the same GPU gives the same bits on every run; the order differs from the host's left-to-right
+// sum, so CPU and GPU norms agree to rounding, not bit for bit (docs/gpu.md).
+template <class G>
+double sum_of_squares(context& ctx, const G* g, std::size_t n, float divisor) {
+  if (n == 0) return 0.0;
+  const auto items = thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), square_of<G>{g, divisor});
+  std::size_t temp_bytes = 0;
+  ZERO_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, temp_bytes, items, static_cast<double*>(nullptr), n,
+                                            cuda::std::plus<double>{}, 0.0, ctx.compute()));
+  // The result's 8 bytes first, CUB's temporary storage after them (256 bytes in, aligned for it).
+  constexpr std::size_t result_bytes = 256;
+  auto* scratch = static_cast<unsigned char*>(ctx.compute_scratch(result_bytes + temp_bytes));
+  auto* result = reinterpret_cast<double*>(scratch);
+  ZERO_CUDA_CHECK(cub::DeviceReduce::Reduce(scratch + result_bytes, temp_bytes, items, result, n,
+                                            cuda::std::plus<double>{}, 0.0, ctx.compute()));
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(ctx.host_scalar(), result, sizeof(double), cudaMemcpyDeviceToHost, ctx.compute()));
+  ctx.wait_compute();
+  return *ctx.host_scalar();
+}
+
+}  // namespace zero::gpu

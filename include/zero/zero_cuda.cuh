@@ -1,0 +1,14 @@
+// The umbrella header of the CUDA parts: zero.hpp plus sys::cuda, comm::cuda_threads and (where NCCL is found) comm::nccl.
+#pragma once
+
+#include "zero/zero.hpp"
+#include "zero/sys/cuda/check.cuh"
+#include "zero/sys/cuda/context.cuh"
+#include "zero/sys/cuda/launch.cuh"
+#include "zero/sys/cuda/kernels.cuh"
+#include "zero/sys/cuda.cuh"
+#include "zero/comm/cuda_threads.cuh"
+// NCCL is a separate package: a CUDA user without it still gets the single-GPU backend.
+#if __has_include(<nccl.h>)
+#include "zero/comm/nccl.cuh"
+#endif

@@ -1,0 +1,36 @@
+// Compiles every collective of the device backends for every element type they take, with and without counted<>.
+#include "instantiate.cuh"
+
+namespace {
+
+template <class Comm, class T>
+void every_collective(Comm& c, T* p) {
+  c.all_reduce(p, p, 1, zero::reduce_op::sum);
+  c.all_reduce(p, p + 1, 1, zero::reduce_op::max);
+  c.reduce_scatter(p, p, 1, zero::reduce_op::sum);
+  c.all_gather(p, p, 1);
+  c.broadcast(p, p, 1, 0);
+  c.barrier();
+}
+
+template <class Comm>
+void every_type(Comm& c) {
+  every_collective(c, static_cast<float*>(nullptr));
+  every_collective(c, static_cast<double*>(nullptr));
+  every_collective(c, static_cast<zero::bf16*>(nullptr));
+  every_collective(c, static_cast<zero::fp16*>(nullptr));
+}
+
+}  // namespace
+
+// Referenced, never called: this executable only proves the instantiations compile and link.
+void (*volatile instantiated[])(zero::comm::cuda_threads&) = {&every_type<zero::comm::cuda_threads>};
+void (*volatile instantiated_counted[])(zero::comm::counted<zero::comm::cuda_threads>&) = {
+    &every_type<zero::comm::counted<zero::comm::cuda_threads>>};
+#if ZERO_WITH_NCCL
+void (*volatile instantiated_nccl[])(zero::comm::nccl&) = {&every_type<zero::comm::nccl>};
+void (*volatile instantiated_nccl_counted[])(zero::comm::counted<zero::comm::nccl>&) = {
+    &every_type<zero::comm::counted<zero::comm::nccl>>};
+#endif
+
+int main() { return 0; }

@@ -1,0 +1,187 @@
+// The device engine on comm::cuda_threads: stage equivalence, equality with the CPU engine, memory formulas from the device allocator.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "device_toy.cuh"
+
+namespace {
+
+using adamw = zero::optim::adamw;
+using sgd = zero::optim::sgd;
+
+constexpr int steps = 12;
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+std::size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+  return a.size();
+}
+
+// fp16 needs a loss scale for the toy gradients (as in test_precision.cpp); the others ignore it.
+zero::engine_options toy_options() {
+  zero::engine_options o;
+  o.loss_scale.initial = 1024.0f;
+  return o;
+}
+
+adamw toy_adamw() {
+  adamw a;
+  a.lr = 3e-3f;
+  return a;
+}
+
+// Every stage on the device, and the host engine on comm::threads, give the same bits.
+template <class Prec, class Opt>
+void check_device_against_host(Opt opt, zero::engine_options o = toy_options()) {
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    const auto host = toy::run<zero::stage0, Opt, Prec>(n, steps, opt, o).params;
+    const auto d0 = device_toy::run<zero::stage0, Opt, Prec>(n, steps, opt, o).params;
+    const auto d1 = device_toy::run<zero::stage1, Opt, Prec>(n, steps, opt, o).params;
+    const auto d2 = device_toy::run<zero::stage2, Opt, Prec>(n, steps, opt, o).params;
+    const auto d3 = device_toy::run<zero::stage3, Opt, Prec>(n, steps, opt, o).params;
+    REQUIRE(host.size() == toy::spec().numel());
+    CHECK_MESSAGE(bit_equal(d0, host), "GPU stage 0 differs from the CPU first at ", first_difference(d0, host));
+    CHECK_MESSAGE(bit_equal(d1, d0), "GPU stage 1 differs from stage 0 first at ", first_difference(d1, d0));
+    CHECK_MESSAGE(bit_equal(d2, d0), "GPU stage 2 differs from stage 0 first at ", first_difference(d2, d0));
+    CHECK_MESSAGE(bit_equal(d3, d0), "GPU stage 3 differs from stage 0 first at ", first_difference(d3, d0));
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("GPU: stages 0-3 are bit-identical to each other and to the CPU engine (AdamW)", Prec,
+                   zero::precision::fp32, zero::precision::bf16, zero::precision::fp16) {
+  check_device_against_host<Prec>(toy_adamw());
+}
+
+TEST_CASE_TEMPLATE("GPU: stages 0-3 are bit-identical to each other and to the CPU engine (SGD, Nesterov, decay)",
+                   Prec, zero::precision::fp32, zero::precision::bf16) {
+  sgd s;
+  s.lr = 0.05f;
+  s.nesterov = true;
+  s.weight_decay = 1e-3f;
+  check_device_against_host<Prec>(s);
+}
+
+TEST_CASE("GPU: an fp32 gradient shard (the accumulate kernel, bf16 into fp32) matches the CPU engine") {
+  zero::engine_options o = toy_options();
+  o.fp32_grad_accumulation = true;
+  const auto host = toy::run<zero::stage3, adamw, zero::precision::bf16>(3, steps, toy_adamw(), o).params;
+  const auto dev = device_toy::run<zero::stage3, adamw, zero::precision::bf16>(3, steps, toy_adamw(), o).params;
+  CHECK_MESSAGE(bit_equal(dev, host), "first difference at ", first_difference(dev, host));
+}
+
+// With clipping, the coefficient depends on the global norm, which the GPU sums in CUB's tree order
+// and the CPU left to right: the doubles may differ in their last bits. The coefficient is rounded to
+// float, so the parameters are almost always identical; where they are not, the difference is one
+// rounding of the coefficient per step, far below this bound.
+TEST_CASE("GPU: with gradient clipping the parameters match the CPU engine to rounding") {
+  zero::engine_options o = toy_options();
+  o.clip_norm = 0.05f;
+  const auto host = toy::run<zero::stage2, adamw>(2, steps, toy_adamw(), o);
+  const auto dev = device_toy::run<zero::stage2, adamw>(2, steps, toy_adamw(), o);
+  REQUIRE(host.params.size() == dev.params.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < host.params.size(); ++i) {
+    differ += std::memcmp(&host.params[i], &dev.params[i], sizeof(float)) != 0;
+    CHECK(std::fabs(host.params[i] - dev.params[i]) <= 1e-6f * std::max(1.0f, std::fabs(host.params[i])));
+  }
+  MESSAGE(differ, " of ", host.params.size(), " parameters differ in their bits");
+  for (std::size_t t = 0; t < host.reports[0].size(); ++t) {
+    const double h = host.reports[0][t].grad_norm, d = dev.reports[0][t].grad_norm;
+    CHECK(std::fabs(h - d) <= 1e-12 * std::fabs(h));
+  }
+}
+
+TEST_CASE("GPU: a non-finite gradient on one rank makes every rank skip the step") {
+  zero::comm::cuda_threads::launch(3, [](zero::comm::cuda_threads& comm) {
+    zero::engine<zero::stage3, zero::comm::cuda_threads, adamw, zero::precision::fp16> e(comm, toy::spec(),
+                                                                                          toy_adamw(), toy_options());
+    e.initialize(toy::initializer());
+    device_toy::train_step(e, comm.rank(), 0);
+    const auto before = e.full_params();
+    const float scale_before = e.loss_scale();
+    for (std::size_t u = e.spec().num_units(); u-- > 0;) {
+      const zero::unit_id id{u};
+      auto p = e.gather(id);
+      auto g = e.grads(id);
+      if (comm.rank() == 1 && u == 0) {
+        const zero::fp16 inf = zero::fp16::from_bits(0x7c00);
+        zero::sys::cuda::copy(g.view().data() + 5, &inf, sizeof inf);
+      }
+      e.reduce(id);
+    }
+    const auto r = e.step();
+    CHECK(r.skipped);
+    CHECK(r.step == 1);                          // the optimizer did not advance
+    CHECK(e.loss_scale() == scale_before);       // hysteresis 2 absorbs the first overflow
+    CHECK(e.state().skipped_steps == 1);
+    CHECK(bit_equal(e.full_params(), before));
+  });
+}
+
+TEST_CASE_TEMPLATE("GPU: the device allocator holds exactly the engine's bytes, and they equal the formulas", Prec,
+                   zero::precision::fp32, zero::precision::bf16) {
+  const int n = 4;
+  auto check = [&](const device_toy::run_result& r, int stage) {
+    CAPTURE(stage);
+    for (int k = 0; k < n; ++k) {
+      const auto rk = static_cast<std::size_t>(k);
+      CAPTURE(k);
+      // The engine's accounting and the rank's allocator see the same bytes.
+      CHECK(r.device_after_init[rk].live == r.engine_bytes_after_init[rk]);
+      CHECK(r.device_after_init[rk].pool_used >= r.device_after_init[rk].live);
+      // Persistent model states equal the paper's formula; nothing transient outlives a call.
+      CHECK(r.memory[rk].model_state_bytes() == r.model_state_formula);
+      CHECK(r.memory[rk].bytes(zero::mem_category::transient) == 0);
+      CHECK(r.device[rk].peak >= r.memory[rk].peak_total);
+    }
+  };
+  check(device_toy::run<zero::stage0, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 0);
+  check(device_toy::run<zero::stage1, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 1);
+  check(device_toy::run<zero::stage2, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 2);
+  check(device_toy::run<zero::stage3, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 3);
+}
+
+#if ZERO_WITH_NCCL
+namespace {
+
+// The toy model on NCCL ranks, one per device of this machine (in one process).
+template <class Stage, class Prec>
+std::vector<float> run_on_nccl(const std::vector<int>& devices, int steps_to_run) {
+  std::vector<float> params;
+  zero::comm::nccl::launch(devices, [&](zero::comm::nccl& comm) {
+    zero::engine<Stage, zero::comm::nccl, adamw, Prec> e(comm, toy::spec(), toy_adamw(), toy_options());
+    e.initialize(toy::initializer());
+    for (int t = 0; t < steps_to_run; ++t) device_toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    auto full = e.full_params();
+    if (comm.rank() == 0) params = std::move(full);
+  });
+  return params;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("GPU nccl: the engine on NCCL ranks gives the bits of comm::cuda_threads (deterministic mode)", Prec,
+                   zero::precision::fp32, zero::precision::bf16) {
+  int count = 0;
+  REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+  std::vector<int> devices;
+  for (int d = 0; d < count && d < 4; ++d) devices.push_back(d);
+  const int n = static_cast<int>(devices.size());
+  CAPTURE(n);
+  const auto ref = device_toy::run<zero::stage0, adamw, Prec>(n, steps, toy_adamw(), toy_options()).params;
+  const auto s0 = run_on_nccl<zero::stage0, Prec>(devices, steps);
+  const auto s3 = run_on_nccl<zero::stage3, Prec>(devices, steps);
+  CHECK_MESSAGE(bit_equal(s0, ref), "NCCL stage 0 differs first at ", first_difference(s0, ref));
+  CHECK_MESSAGE(bit_equal(s3, ref), "NCCL stage 3 differs first at ", first_difference(s3, ref));
+}
+#endif

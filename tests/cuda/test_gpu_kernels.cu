@@ -1,0 +1,226 @@
+// sys::cuda's kernels against sys::host's loops: bit-identical updates, accumulation and casts; a deterministic norm; the allocator.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "zero/zero_cuda.cuh"
+
+namespace {
+
+// (Not `cuda`: that would clash with libcu++'s namespace ::cuda.)
+using device = zero::sys::cuda;
+using host = zero::sys::host;
+
+// Lengths around the vector width (8) and the block size, and offsets that misalign every operand
+// (the scalar path) or keep them aligned (the 128-bit path plus a ragged tail).
+constexpr std::size_t lengths[] = {0, 1, 7, 8, 9, 255, 256, 257, 4099, 100003};
+constexpr std::size_t offsets[] = {0, 1, 8};
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Values over several binades, both signs, some exactly zero, so roundings differ element to element.
+float sample(std::uint64_t salt, std::size_t i) {
+  const std::uint64_t h = mix(salt * 0x100000001b3ull + i);
+  if (h % 97 == 0) return 0.0f;
+  const float m = static_cast<float>(h >> 40) / static_cast<float>(1ull << 24);
+  return std::ldexp((h & 1) ? -m : m, static_cast<int>((h >> 8) % 12) - 8);
+}
+template <class T>
+std::vector<T> samples(std::uint64_t salt, std::size_t n) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(sample(salt, i));
+  return v;
+}
+// AdamW's second moment is never negative (a negative one would make sqrt's NaN, whose bits differ
+// between host and device).
+std::vector<float> positive_samples(std::uint64_t salt, std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::fabs(sample(salt, i)) + 1e-3f;
+  return v;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// A device copy of a host vector, `offset` elements into its allocation; freed with the object.
+template <class T>
+class device_vector {
+ public:
+  device_vector(const std::vector<T>& v, std::size_t offset)
+      : n_(v.size()), offset_(offset), bytes_((v.size() + offset) * sizeof(T) + 16) {
+    base_ = static_cast<T*>(device::allocate(bytes_));
+    device::copy(data(), v.data(), n_ * sizeof(T));
+  }
+  device_vector(const device_vector&) = delete;
+  device_vector& operator=(const device_vector&) = delete;
+  ~device_vector() { device::deallocate(base_, bytes_); }
+  T* data() const { return base_ + offset_; }
+  std::vector<T> read() const {
+    std::vector<T> v(n_);
+    device::copy(v.data(), data(), n_ * sizeof(T));
+    return v;
+  }
+
+ private:
+  std::size_t n_, offset_, bytes_;
+  T* base_ = nullptr;
+};
+
+// A bound context for the test's thread, as a comm backend provides for each rank.
+struct device_fixture {
+  zero::gpu::context ctx{0};
+  zero::gpu::context::binding bind{ctx};
+  device sys{ctx};
+};
+
+template <class Opt, class G, class P>
+void check_update(Opt opt, bool separate_copy) {
+  device_fixture f;
+  for (std::uint64_t t : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{7}}) {
+    const auto c = opt.constants(t);
+    for (std::size_t n : lengths)
+      for (std::size_t off : offsets) {
+        CAPTURE(t);
+        CAPTURE(n);
+        CAPTURE(off);
+        auto g = samples<G>(1, n);
+        auto w = samples<float>(2, n);
+        std::vector<std::vector<float>> s;
+        for (int k = 0; k < Opt::slots; ++k)
+          s.push_back(k == 1 ? positive_samples(3 + static_cast<std::uint64_t>(k), n)
+                             : samples<float>(3 + static_cast<std::uint64_t>(k), n));
+        std::vector<P> p(n, static_cast<P>(0.0f));
+        // The host reference.
+        auto hw = w;
+        auto hs = s;
+        auto hp = p;
+        float* hslots[2] = {Opt::slots > 0 ? hs[0].data() : nullptr, Opt::slots > 1 ? hs[1].data() : nullptr};
+        host::apply_update<Opt>(c, g.data(), 3.0f, 0.75f, hw.data(), hslots, separate_copy ? hp.data() : nullptr, n);
+        // The device.
+        device_vector<G> dg(g, off);
+        device_vector<float> dw(w, off);
+        std::vector<std::unique_ptr<device_vector<float>>> ds;
+        float* dslots[2] = {nullptr, nullptr};
+        for (int k = 0; k < Opt::slots; ++k) {
+          ds.push_back(std::make_unique<device_vector<float>>(s[static_cast<std::size_t>(k)], off));
+          dslots[k] = ds.back()->data();
+        }
+        device_vector<P> dp(p, off);
+        f.sys.apply_update<Opt>(c, dg.data(), 3.0f, 0.75f, dw.data(), dslots, separate_copy ? dp.data() : nullptr, n);
+        CHECK(same_bits(dw.read(), hw));
+        for (int k = 0; k < Opt::slots; ++k)
+          CHECK(same_bits(ds[static_cast<std::size_t>(k)]->read(), hs[static_cast<std::size_t>(k)]));
+        CHECK(same_bits(dp.read(), hp));
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU kernels: AdamW updates are bit-identical to the host loop (fp32, bf16 and fp16 gradients and copies)") {
+  zero::optim::adamw a;
+  a.lr = 1e-2f;
+  a.weight_decay = 0.1f;
+  check_update<zero::optim::adamw, float, float>(a, false);
+  check_update<zero::optim::adamw, zero::bf16, zero::bf16>(a, true);
+  check_update<zero::optim::adamw, zero::fp16, zero::fp16>(a, true);
+  check_update<zero::optim::adamw, float, zero::bf16>(a, true);
+}
+
+TEST_CASE("GPU kernels: SGD updates (momentum, Nesterov, decay) are bit-identical to the host loop") {
+  zero::optim::sgd s;
+  s.lr = 0.05f;
+  s.weight_decay = 1e-2f;
+  check_update<zero::optim::sgd, float, float>(s, false);
+  s.nesterov = true;
+  check_update<zero::optim::sgd, zero::bf16, zero::bf16>(s, true);
+}
+
+TEST_CASE_TEMPLATE("GPU kernels: accumulation and casts are bit-identical to the host loops", T, float, zero::bf16,
+                   zero::fp16) {
+  device_fixture f;
+  for (std::size_t n : lengths)
+    for (std::size_t off : offsets) {
+      CAPTURE(n);
+      CAPTURE(off);
+      const auto src = samples<T>(11, n);
+      for (bool first : {true, false}) {
+        // Into the same type and into fp32 (fp32_grad_accumulation).
+        auto dst = samples<T>(12, n);
+        auto dst32 = samples<float>(13, n);
+        auto hdst = dst;
+        auto hdst32 = dst32;
+        host::accumulate(hdst.data(), src.data(), n, first);
+        host::accumulate(hdst32.data(), src.data(), n, first);
+        device_vector<T> dsrc(src, off), ddst(dst, off);
+        device_vector<float> ddst32(dst32, off);
+        f.sys.accumulate(ddst.data(), dsrc.data(), n, first);
+        f.sys.accumulate(ddst32.data(), dsrc.data(), n, first);
+        CHECK(same_bits(ddst.read(), hdst));
+        CHECK(same_bits(ddst32.read(), hdst32));
+      }
+      const auto master = samples<float>(14, n);
+      std::vector<T> hcast(n), dcast0(n);
+      host::cast_from_float(hcast.data(), master.data(), n);
+      device_vector<float> dmaster(master, off);
+      device_vector<T> dcast(dcast0, off);
+      f.sys.cast_from_float(dcast.data(), dmaster.data(), n);
+      CHECK(same_bits(dcast.read(), hcast));
+    }
+}
+
+TEST_CASE_TEMPLATE("GPU kernels: the CUB norm is the same on every run and equals the host's to rounding", T, float,
+                   zero::bf16, zero::fp16) {
+  device_fixture f;
+  for (std::size_t n : lengths) {
+    CAPTURE(n);
+    const auto g = samples<T>(21, n);
+    device_vector<T> dg(g, 0);
+    const double host_sum = host::sum_of_squares(g.data(), n, 4.0f);
+    const double first = f.sys.sum_of_squares(dg.data(), n, 4.0f);
+    for (int rep = 0; rep < 3; ++rep) {
+      const double again = f.sys.sum_of_squares(dg.data(), n, 4.0f);
+      CHECK(std::memcmp(&again, &first, sizeof(double)) == 0);
+    }
+    // Every square is exact in double (a float's square has at most 48 significant bits), so only
+    // the order of the additions differs: n additions, each off by at most half an ulp.
+    CHECK(std::fabs(first - host_sum) <= static_cast<double>(n + 1) * std::numeric_limits<double>::epsilon() * host_sum);
+  }
+  // A non-finite element makes the sum non-finite: the engine's overflow check.
+  auto g = samples<T>(22, 1000);
+  g[517] = static_cast<T>(std::numeric_limits<float>::infinity());
+  device_vector<T> dg(g, 0);
+  CHECK_FALSE(std::isfinite(f.sys.sum_of_squares(dg.data(), g.size(), 1.0f)));
+}
+
+TEST_CASE("GPU sys::cuda: allocations are counted by the rank's context and come from its pool") {
+  device_fixture f;
+  const auto before = f.ctx.memory();
+  void* a = device::allocate(1000);
+  void* b = device::allocate(1 << 20);
+  const auto during = f.ctx.memory();
+  CHECK(during.live == before.live + 1000 + (1 << 20));
+  CHECK(during.pool_used >= before.pool_used + 1000 + (1 << 20));
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % 16 == 0);
+  device::fill_zero(b, 1 << 20);
+  std::vector<unsigned char> back(1 << 20, 0xff);
+  device::copy(back.data(), b, back.size());
+  CHECK(std::all_of(back.begin(), back.end(), [](unsigned char x) { return x == 0; }));
+  device::deallocate(a, 1000);
+  device::deallocate(b, 1 << 20);
+  f.sys.synchronize();
+  CHECK(f.ctx.memory().live == before.live);
+  CHECK(f.ctx.memory().peak >= during.live);
+}

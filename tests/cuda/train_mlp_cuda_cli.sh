@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# train_mlp_cuda's command line, which needs no GPU: bad flags give a usage message and exit code 2.
+# Usage: train_mlp_cuda_cli.sh TRAIN_MLP_CUDA
+set -u
+train=$1
+failures=0
+expect() {  # expect CODE PATTERN ARGS...
+  local want=$1 pattern=$2
+  shift 2
+  out=$("$train" "$@" 2>&1)
+  rc=$?
+  if [ $rc -ne "$want" ] || ! grep -Eq -- "$pattern" <<<"$out"; then
+    echo "FAIL: train_mlp_cuda $* -> exit $rc (want $want), output lacks /$pattern/:"
+    echo "$out" | head -5
+    failures=$((failures + 1))
+  else
+    echo "ok   train_mlp_cuda $* -> exit $rc"
+  fi
+}
+expect 2 'stage.*(not in range|0 - 3)' --stage 4
+expect 2 'backend' --backend threads
+expect 2 'optimizer' --optimizer lamb
+expect 2 'multiple of --ranks' --ranks 3 --batch 64
+expect 2 'ranks' --ranks 0
+expect 2 'ranks' --ranks 65
+expect 2 'lr' --lr -1
+expect 2 'unrecognized|Extras|not expected' --no-such-flag
+expect 0 'Usage' --help
+[ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }
