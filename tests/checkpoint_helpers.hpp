@@ -46,17 +46,11 @@ struct state_arrays {
   zero::training_state state;
 };
 
-inline std::vector<std::size_t> unit_bases(const zero::model_spec& s) {
-  std::vector<std::size_t> b(s.num_units(), 0);
-  for (std::size_t u = 1; u < s.num_units(); ++u) b[u] = b[u - 1] + s.units()[u - 1].numel;
-  return b;
-}
-
 // Every rank copies its canonical slices (disjoint across ranks) into `out`, sized beforehand.
 template <class Engine>
 void read_state(Engine& e, state_arrays& out) {
   using Opt = typename Engine::optimizer;
-  const auto base = unit_bases(e.spec());
+  const auto base = toy::unit_bases(e.spec());
   for (std::size_t u = 0; u < e.spec().num_units(); ++u) {
     const auto r = e.canonical_range(zero::unit_id{u});
     const std::size_t at = base[u] + r.begin;

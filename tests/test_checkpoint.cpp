@@ -87,7 +87,7 @@ TEST_CASE("resuming at another N continues from the identical state") {
   std::vector<float> direct;
   zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
     zero::engine<zero::stage1, zero::comm::threads, adamw> e(comm, toy::spec());
-    const auto base = unit_bases(e.spec());
+    const auto base = toy::unit_bases(e.spec());
     for (std::size_t u = 0; u < e.spec().num_units(); ++u) {
       const auto r = e.held_range(zero::unit_id{u});
       const float* slots[2] = {saved.slots[0].data() + base[u] + r.begin, saved.slots[1].data() + base[u] + r.begin};

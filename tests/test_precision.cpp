@@ -228,8 +228,7 @@ namespace {
 template <class Engine>
 void micro_batch_step(Engine& e, int rank, int t, int m, bool local) {
   const auto& s = e.spec();
-  std::vector<std::size_t> base(s.num_units(), 0);
-  for (std::size_t u = 1; u < s.num_units(); ++u) base[u] = base[u - 1] + s.units()[u - 1].numel;
+  const auto base = toy::unit_bases(s);
   for (int k = 0; k < m; ++k) {
     for (std::size_t u = s.num_units(); u-- > 0;) {
       const zero::unit_id id{u};
@@ -313,8 +312,7 @@ TEST_CASE("accumulation: local_then_reduce over M micro-batches equals one batch
     zero::engine<zero::stage3, zero::comm::threads, adamw> e(comm, toy::spec());
     e.initialize(toy::initializer());
     const auto& s = e.spec();
-    std::vector<std::size_t> base(s.num_units(), 0);
-    for (std::size_t u = 1; u < s.num_units(); ++u) base[u] = base[u - 1] + s.units()[u - 1].numel;
+    const auto base = toy::unit_bases(s);
     for (int t = 0; t < steps; ++t) {
       for (std::size_t u = s.num_units(); u-- > 0;) {
         auto p = e.gather(zero::unit_id{u});

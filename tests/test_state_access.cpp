@@ -15,16 +15,10 @@ struct snapshot {
   zero::training_state state;
 };
 
-std::vector<std::size_t> unit_bases(const zero::model_spec& s) {
-  std::vector<std::size_t> b(s.num_units(), 0);
-  for (std::size_t u = 1; u < s.num_units(); ++u) b[u] = b[u - 1] + s.units()[u - 1].numel;
-  return b;
-}
-
 template <class Stage>
 snapshot train_and_snapshot(int n, int steps) {
   const auto spec = toy::spec();
-  const auto base = unit_bases(spec);
+  const auto base = toy::unit_bases(spec);
   snapshot snap;
   snap.master.assign(spec.numel(), 0.0f);
   snap.m = snap.v = snap.master;
@@ -46,7 +40,7 @@ snapshot train_and_snapshot(int n, int steps) {
 template <class Stage>
 std::vector<float> resume(const snapshot& snap, int n, int first_step, int steps) {
   const auto spec = toy::spec();
-  const auto base = unit_bases(spec);
+  const auto base = toy::unit_bases(spec);
   std::vector<float> out;
   zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
     zero::engine<Stage, zero::comm::threads, adamw> e(comm, spec);

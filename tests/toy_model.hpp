@@ -21,6 +21,13 @@ inline zero::model_spec spec() {
   return s;
 }
 
+// The unpadded global index of each unit's first element.
+inline std::vector<std::size_t> unit_bases(const zero::model_spec& s) {
+  std::vector<std::size_t> b(s.num_units(), 0);
+  for (std::size_t u = 1; u < s.num_units(); ++u) b[u] = b[u - 1] + s.units()[u - 1].numel;
+  return b;
+}
+
 // Initial value of the parameter at unpadded global index i.
 inline float initial(std::size_t i) { return 0.02f * (static_cast<float>((i * 7919) % 2003) - 1001.0f) / 1001.0f; }
 
@@ -57,8 +64,7 @@ zero::step_report train_step(Engine& e, int rank, std::uint64_t t) {
     auto p = e.gather(zero::unit_id{u});
     p.release();
   }
-  std::vector<std::size_t> unit_base(s.num_units(), 0);
-  for (std::size_t u = 1; u < s.num_units(); ++u) unit_base[u] = unit_base[u - 1] + s.units()[u - 1].numel;
+  const auto unit_base = unit_bases(s);
   for (std::size_t u = s.num_units(); u-- > 0;) {
     const zero::unit_id id{u};
     auto p = e.gather(id);
