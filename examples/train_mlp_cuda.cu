@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mlp.hpp"
+#include "trainer_cli.hpp"
 #include "zero/zero_cuda.cuh"
 #if ZERO_WITH_MPI
 #include "zero/comm/mpi_session.hpp"
@@ -23,23 +24,8 @@
 
 namespace {
 
-// The same flags as train_mlp; the backends are the device ones.
-struct options {
-  int stage = 3, ranks = 4, steps = 200;
-  mlp::config model;
-  std::string optimizer = "adamw";
-  float lr = 0.0f;  // 0: the optimizer's default below
-  bool json = false;
-  std::string backend = "cuda_threads";  // cuda_threads: ranks share this process's GPU; nccl: MPI processes
-};
-
-struct summary {
-  double loss_first = 0, loss_last = 0, accuracy_last = 0, seconds = 0;
-  std::uint64_t param_hash = 0, padded = 0, numel = 0;
-  double model_state_bytes = 0, model_state_formula = 0, comm_bytes = 0, comm_formula = 0;
-  double by_category[zero::mem_category_count] = {}, transient_peak = 0;
-  std::string device;
-};
+using trainer::options;
+using trainer::summary;
 
 void blas_check(cublasStatus_t s, const char* call) {
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -280,7 +266,9 @@ std::string device_name(int device) {
 template <class Stage, class Opt, class Comm>
 void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   const zero::model_spec spec = mlp::make_spec(o.model);
-  zero::engine<Stage, Comm, Opt> e(comm, spec, opt);
+  zero::engine_options eo;
+  eo.clip_norm = o.clip;
+  zero::engine<Stage, Comm, Opt> e(comm, spec, opt, eo);
   e.initialize(mlp::initializer(o.model));
   const int rank = comm.rank(), ranks = comm.size();
   device_model m(comm.context(), o.model, o.model.batch / ranks, o.steps);
@@ -329,62 +317,24 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   out.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   out.device = device_name(comm.context().device());
+  out.last_step = static_cast<std::uint64_t>(o.steps);
 }
 
+// The device kernels of this trainer are fp32; main() refuses the other precisions before this.
 template <class Comm>
 void dispatch(Comm& comm, const options& o, summary& out) {
-  auto with_opt = [&](auto stage) {
-    using S = decltype(stage);
-    if (o.optimizer == "adamw") {
-      zero::optim::adamw a;
-      a.lr = o.lr > 0 ? o.lr : 1e-3f;
-      train<S>(comm, o, a, out);
-    } else {
-      zero::optim::sgd s;
-      s.lr = o.lr > 0 ? o.lr : 0.05f;
-      train<S>(comm, o, s, out);
-    }
-  };
-  switch (o.stage) {
-    case 0: return with_opt(zero::stage0{});
-    case 1: return with_opt(zero::stage1{});
-    case 2: return with_opt(zero::stage2{});
-    default: return with_opt(zero::stage3{});
-  }
-}
-
-std::string hex(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
-  return buf;
-}
-
-void print_summary(const options& o, const summary& s) {
-  const double n = o.ranks;
-  std::printf("\nZeRO stage %d, %d ranks on %s (%s), %s, %d steps in %.2f s\n", o.stage, o.ranks, s.device.c_str(),
-              o.backend.c_str(), o.optimizer.c_str(), o.steps, s.seconds);
-  std::printf("  loss %.4f -> %.4f, accuracy %.1f%% on the last batch\n", s.loss_first, s.loss_last,
-              100.0 * s.accuracy_last);
-  std::printf("  parameters %" PRIu64 " (padded Psi = %" PRIu64 "), param_hash %s\n", s.numel, s.padded,
-              hex(s.param_hash).c_str());
-  std::printf("  device memory per rank (bytes, max over ranks):\n");
-  for (int c = 0; c < zero::mem_category_count; ++c)
-    std::printf("    %-17s %14.0f\n", zero::to_string(static_cast<zero::mem_category>(c)), s.by_category[c]);
-  std::printf("    %-17s %14.0f   formula %.0f (%s)\n", "model states", s.model_state_bytes, s.model_state_formula,
-              s.model_state_bytes == s.model_state_formula ? "equal" : "DIFFERS");
-  std::printf("    %-17s %14.0f\n", "transient peak", s.transient_peak);
-  std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.2f x Psi x 4 bytes\n", s.comm_bytes,
-              s.comm_formula, s.comm_bytes == s.comm_formula ? "equal" : "DIFFERS",
-              s.comm_bytes / (4.0 * static_cast<double>(s.padded)) * (n > 1 ? 1.0 : 0.0));
+  trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) {
+    if constexpr (std::is_same_v<P, zero::precision::fp32>) train<S, O>(comm, o, opt, out);
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
+  o.backend = "cuda_threads";
   CLI::App app{"Train a small MLP classifier with ZeRO on the GPU: N ranks sharing this process's GPU "
                "(comm::cuda_threads) or one GPU per MPI process started by mpirun (comm::nccl)."};
-  app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
   [[maybe_unused]] auto* ranks_flag =
       app.add_option("--ranks", o.ranks, "number of ranks (with --backend nccl: the MPI communicator's size)")
           ->check(CLI::Range(1, zero::comm::cuda_threads::max_ranks))
@@ -393,20 +343,7 @@ int main(int argc, char** argv) {
                  "cuda_threads: ranks as threads sharing one GPU; nccl: one rank and one GPU per MPI process")
       ->check(CLI::IsMember({"cuda_threads", "nccl"}))
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 100000000))->capture_default_str();
-  app.add_option("--layers", o.model.layers, "linear layers")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "hidden width")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--in", o.model.in, "input features")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--classes", o.model.classes, "classes")->check(CLI::Range(2, 1 << 20))->capture_default_str();
-  app.add_option("--batch", o.model.batch, "global batch, a multiple of --ranks")
-      ->check(CLI::Range(1, 1 << 24))
-      ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "optimizer")
-      ->check(CLI::IsMember({"adamw", "sgd"}))
-      ->capture_default_str();
-  app.add_option("--lr", o.lr, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)")->check(CLI::PositiveNumber);
-  app.add_option("--seed", o.model.seed, "seed of the data and the initial weights")->capture_default_str();
-  app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
+  trainer::add_common_flags(app, o);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -420,6 +357,12 @@ int main(int argc, char** argv) {
     return 2;
   };
   const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
+  // What the GPU trainer does not do yet: its kernels are fp32 and one batch per step, and it has no
+  // checkpoint wiring. Refused rather than ignored.
+  if (o.precision != "fp32") return usage_error("--precision " + o.precision + ": train_mlp_cuda trains in fp32 only");
+  if (o.accum != 1) return usage_error("--accum: train_mlp_cuda takes one micro-batch per step");
+  if (!o.save.empty() || !o.resume.empty() || !o.export_file.empty())
+    return usage_error("--save, --resume and --export are train_mlp's; train_mlp_cuda does not checkpoint yet");
 
   summary s;
   if (o.backend == "nccl") {
@@ -459,29 +402,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  print_summary(o, s);
+  trainer::print_summary(o, s);
   if (o.json) {
-    nlohmann::json j = {
-        {"backend", o.backend},
-        {"stage", o.stage},
-        {"ranks", o.ranks},
-        {"steps", o.steps},
-        {"optimizer", o.optimizer},
-        {"precision", "fp32"},
-        {"params", s.numel},
-        {"padded_params", s.padded},
-        {"loss_first", s.loss_first},
-        {"loss_last", s.loss_last},
-        {"accuracy_last", s.accuracy_last},
-        {"seconds", s.seconds},
-        {"param_hash", hex(s.param_hash)},
-        {"model_state_bytes_per_rank", static_cast<std::uint64_t>(s.model_state_bytes)},
-        {"model_state_formula_bytes", static_cast<std::uint64_t>(s.model_state_formula)},
-        {"transient_peak_bytes_per_rank", static_cast<std::uint64_t>(s.transient_peak)},
-        {"comm_bytes_per_rank_per_step", static_cast<std::uint64_t>(s.comm_bytes)},
-        {"comm_formula_bytes", static_cast<std::uint64_t>(s.comm_formula)},
-        {"device", s.device},
-    };
+    const nlohmann::json j = trainer::summary_json(o, s);
     std::cout << j.dump() << std::endl;
   }
   return 0;

@@ -292,8 +292,10 @@ class checker {
   }
 
   // Rank k arrives k * step late; nobody may leave before the last one arrived, so every rank
-  // spends at least (N-1) * step between its start and its exit. Measured on each rank's own
-  // clock, which also holds across hosts.
+  // spends about (N-1) * step between its start and its exit. Measured on each rank's own clock
+  // (which also holds across hosts), from its own exit of a first barrier: ranks leave that one at
+  // slightly different moments on a loaded machine, so the bound is half of (N-1) * step. A
+  // barrier that does not wait leaves after about zero.
   void barrier_timing() {
     constexpr auto step = std::chrono::milliseconds(15);
     c_.barrier();
@@ -301,10 +303,10 @@ class checker {
     std::this_thread::sleep_for(step * rank_);
     c_.barrier();
     const auto waited = std::chrono::steady_clock::now() - start;
-    if (waited < step * (size_ - 1))
+    if (waited < step * (size_ - 1) / 2)
       fail(rank_, size_, "barrier", "left after ",
            std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(waited).count()),
-           " us, before the last rank arrived (", std::to_string((size_ - 1) * step.count()), " ms)");
+           " us, before the last rank arrived (", std::to_string((size_ - 1) * step.count()), " ms late)");
   }
 
   Comm& comm() { return c_; }
