@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -129,8 +130,12 @@ inline void print_summary(const options& o, const summary& s) {
   std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.3f x Psi elements\n", s.comm_bytes,
               s.comm_formula, s.comm_bytes == s.comm_formula ? "equal" : "DIFFERS",
               o.ranks > 1 ? s.comm_bytes / (elem * static_cast<double>(s.padded)) : 0.0);
-  std::printf("  gradient norm %.4g (last step), loss scale %g, %llu overflow step(s) skipped\n", s.grad_norm,
-              s.loss_scale, static_cast<unsigned long long>(s.overflow_steps));
+  if (std::isnan(s.grad_norm))
+    std::printf("  gradient norm not computed (fp32 without --clip)");
+  else
+    std::printf("  gradient norm %.4g (last step)", s.grad_norm);
+  std::printf(", loss scale %g, %llu overflow step(s) skipped\n", s.loss_scale,
+              static_cast<unsigned long long>(s.overflow_steps));
 }
 
 inline nlohmann::json summary_json(const options& o, const summary& s) {
