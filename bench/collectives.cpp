@@ -85,9 +85,9 @@ double max_over_ranks(Comm& c, double v) {
   return v;
 }
 
+// `tags` names the configuration (backend, mode, ...) in every record.
 template <class Comm>
-void bench_collectives(Comm& c, const settings& s, const std::string& backend, const std::string& mode,
-                       bool blocking) {
+void bench_collectives(Comm& c, const settings& s, const nlohmann::json& tags) {
   constexpr int warmup = 2, rounds = 3;
   const int n = c.size();
   const auto N = static_cast<std::size_t>(n);
@@ -132,22 +132,22 @@ void bench_collectives(Comm& c, const settings& s, const std::string& backend, c
       }
       const double t = best;
       const double algbw = bytes / t / 1e9;
-      if (c.rank() == 0)
-        emit({{"record", "collective"},
-              {"backend", backend},
-              {"mode", mode},
-              {"blocking", blocking},
-              {"ranks", n},
-              {"op", zero::comm::to_string(op)},
-              {"dtype", "float"},
-              {"bytes", bytes},
-              {"count", count},
-              {"iters", iters},
-              {"rounds", rounds},
-              {"time_us", t * 1e6},
-              {"mean_time_us", total / rounds * 1e6},
-              {"algbw_gbps", algbw},
-              {"busbw_gbps", algbw * zero::comm::bus_factor(op, n)}});
+      if (c.rank() == 0) {
+        nlohmann::json r = {{"record", "collective"},
+                            {"ranks", n},
+                            {"op", zero::comm::to_string(op)},
+                            {"dtype", "float"},
+                            {"bytes", bytes},
+                            {"count", count},
+                            {"iters", iters},
+                            {"rounds", rounds},
+                            {"time_us", t * 1e6},
+                            {"mean_time_us", total / rounds * 1e6},
+                            {"algbw_gbps", algbw},
+                            {"busbw_gbps", algbw * zero::comm::bus_factor(op, n)}};
+        r.update(tags);
+        emit(r);
+      }
     }
   }
 }
@@ -161,15 +161,21 @@ double load_average() {
   return one;
 }
 
+// What distinguishes one configuration's records from another's.
+nlohmann::json tags(const settings& s) {
+  if (s.backend == "threads") return {{"backend", "threads"}};
+  if (s.backend == "memcpy") return {{"backend", "memcpy"}};
+  return {{"backend", s.backend}, {"mode", s.mode}, {"blocking", s.blocking}};
+}
+
 nlohmann::json machine(const settings& s, int ranks) {
-  return {{"record", "machine"},
-          {"backend", s.backend},
-          {"mode", s.mode},
-          {"blocking", s.blocking},
-          {"ranks", ranks},
-          {"cores", std::thread::hardware_concurrency()},
-          {"cpu", cpu_model()},
-          {"load_average", load_average()}};
+  nlohmann::json m = {{"record", "machine"},
+                      {"ranks", ranks},
+                      {"cores", std::thread::hardware_concurrency()},
+                      {"cpu", cpu_model()},
+                      {"load_average", load_average()}};
+  m.update(tags(s));
+  return m;
 }
 
 }  // namespace
@@ -202,7 +208,7 @@ int main(int argc, char** argv) {
     } else if (s.backend == "threads") {
       emit(machine(s, s.ranks));
       zero::comm::threads::launch(
-          s.ranks, [&](zero::comm::threads& c) { bench_collectives(c, s, "threads", "deterministic", true); });
+          s.ranks, [&](zero::comm::threads& c) { bench_collectives(c, s, tags(s)); });
     } else {
 #if ZERO_WITH_MPI
       zero::comm::mpi_session session(argc, argv);
@@ -212,7 +218,7 @@ int main(int argc, char** argv) {
       zero::comm::mpi::run(
           [&](zero::comm::mpi& c) {
             if (c.rank() == 0) emit(machine(s, c.size()));
-            bench_collectives(c, s, "mpi", s.mode, s.blocking);
+            bench_collectives(c, s, tags(s));
           },
           opt);
 #else
