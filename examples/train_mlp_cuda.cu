@@ -344,18 +344,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cuda_threads", "nccl"}))
       ->capture_default_str();
   trainer::add_common_flags(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "error: " << e.what() << "\n\n" << app.help();
-    return 2;
-  }
-  auto usage_error = [&](const std::string& msg) {
-    std::cerr << "error: " << msg << "\n\n" << app.help();
-    return 2;
-  };
+  if (const auto code = trainer::parse(app, argc, argv)) return *code;
+  auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
   const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
   // What the GPU trainer does not do yet: its kernels are fp32 and one batch per step, and it has no
   // checkpoint wiring. Refused rather than ignored.

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <iostream>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -75,6 +77,25 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file");
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
+}
+
+// Exit code of a usage error: the message, a blank line, the usage.
+inline int usage_error(const CLI::App& app, const std::string& message) {
+  std::cerr << "error: " << message << "\n\n" << app.help();
+  return 2;
+}
+
+// Parses the command line; returns the exit code when the program should stop here (0 after
+// --help, 2 after a bad flag), nothing when it should go on.
+inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return usage_error(app, e.what());
+  }
+  return std::nullopt;
 }
 
 // Calls train.template operator()<Stage, Optimizer, Precision>(optimizer) for the policies the
