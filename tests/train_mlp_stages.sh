@@ -32,5 +32,6 @@ import json, sys
 j = json.loads(sys.stdin.read().strip().splitlines()[-1])
 print("default run: loss", j["loss_first"], "->", j["loss_last"])
 assert j["loss_last"] < 0.5 * j["loss_first"], j
-assert j["stage"] == 3 and j["ranks"] == 4 and j["steps"] == 200, j'
+assert j["stage"] == 3 and j["ranks"] == 4 and j["steps"] == 200, j
+print("backend", j["backend"], "on", j.get("device", "the host"))'
 echo "1 passed, 0 failed"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# train_mlp_cuda end to end on a GPU: stages 0-3 print the same param_hash on cuda_threads, the measured
-# model-state and communicated bytes equal the formulas, and the default run halves the loss.
+# train_mlp_cuda end to end on a GPU: the same checks as train_mlp's (tests/train_mlp_stages.sh: stages
+# 0-3 print the same param_hash, measured bytes equal the formulas, the default run halves the loss).
 # Exits 77 (skipped) without a usable CUDA device.
 # Usage: train_mlp_cuda_stages.sh DEVICE_PROBE TRAIN_MLP_CUDA
 set -eu
@@ -10,32 +10,4 @@ if ! "$probe"; then
   echo "no usable CUDA device: skipped"
   exit 77
 fi
-check() {  # reads the JSON line, prints the hash, fails on a formula mismatch
-  python3 -c '
-import json, sys
-j = json.loads(sys.stdin.read().strip().splitlines()[-1])
-assert j["model_state_bytes_per_rank"] == j["model_state_formula_bytes"], j
-assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"], j
-print(j["param_hash"])'
-}
-for opt in adamw sgd; do
-  for n in 1 3 4; do
-    batch=$((n * 12))
-    hashes=""
-    for stage in 0 1 2 3; do
-      h=$("$train" --json --stage $stage --ranks $n --batch $batch --steps 25 --layers 3 --hidden 48 \
-            --optimizer $opt 2>/dev/null | check)
-      echo "optimizer $opt N=$n stage $stage param_hash $h"
-      hashes="$hashes $h"
-    done
-    distinct=$(tr ' ' '\n' <<<"$hashes" | sed '/^$/d' | sort -u | wc -l)
-    [ "$distinct" -eq 1 ] || { echo "FAIL: stages disagree for $opt N=$n:$hashes"; exit 1; }
-  done
-done
-"$train" --json 2>/dev/null | python3 -c '
-import json, sys
-j = json.loads(sys.stdin.read().strip().splitlines()[-1])
-print("default run on", j["device"], ": loss", j["loss_first"], "->", j["loss_last"])
-assert j["loss_last"] < 0.5 * j["loss_first"], j
-assert j["stage"] == 3 and j["ranks"] == 4 and j["backend"] == "cuda_threads", j'
-echo "1 passed, 0 failed"
+exec bash "$(dirname "$0")/../train_mlp_stages.sh" "$train"
