@@ -17,10 +17,13 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "zero/comm/reduce_op.hpp"
 #include "zero/concepts/comm_backend.hpp"
+#include "zero/core/fp.hpp"
+#include "zero/precision/half_types.hpp"
 
 namespace conformance {
 
@@ -80,6 +83,12 @@ std::vector<T> reduce_in_rank_order(const std::vector<std::vector<T>>& xs, zero:
       else acc[i] = acc[i] < xs[k][i] ? xs[k][i] : acc[i];
     }
   return acc;
+}
+
+inline std::string hex(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(v));
+  return buf;
 }
 
 template <class T>
@@ -425,6 +434,108 @@ void determinism(Comm& c, options o = {}) {
   }
 }
 
+// ---- canonical NaNs -----------------------------------------------------------------------------
+
+// The bits of T's canonical NaN (zero::store_as): what every reducing collective must store for a
+// NaN, whether the sum made it (Inf + -Inf: x86 makes 0xffc00000, CUDA 0x7fffffff) or an input
+// carried one with a sign and a payload.
+template <class T>
+std::uint64_t canonical_nan_bits() {
+  if constexpr (sizeof(T) == 2) return std::is_same_v<T, zero::bf16> ? zero::canonical_bf16_nan : zero::canonical_fp16_nan;
+  else if constexpr (sizeof(T) == 4) return zero::fp::canonical_nan_bits32;
+  else return zero::fp::canonical_nan_bits64;
+}
+template <class T>
+std::uint64_t bits_of(T v) {
+  std::uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(std::uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+// A NaN with the sign bit and a low payload bit set: not the canonical one in any width.
+template <class T>
+T signed_payload_nan() {
+  if constexpr (sizeof(T) == 2) return from_bits<T>(std::is_same_v<T, zero::bf16> ? 0xffc1u : 0xfe01u);
+  else if constexpr (sizeof(T) == 4) return from_bits<T>(0xffc00001u);
+  else return from_bits<T>(0xfff8000000000001ull);
+}
+
+// Element 4i+0: +Inf on rank 0, -Inf on the others (their sum is a NaN made by the adder); 4i+1: a
+// signed payload NaN on the last rank, 1 elsewhere; 4i+2: +Inf everywhere (stays +Inf); 4i+3: rank + 1.
+template <class T>
+std::vector<T> nan_pattern(int rank, int size, std::size_t n) {
+  std::vector<T> v(n);
+  const T inf = static_cast<T>(std::numeric_limits<float>::infinity());
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (i % 4) {
+      case 0: v[i] = rank == 0 ? inf : static_cast<T>(-std::numeric_limits<float>::infinity()); break;
+      case 1: v[i] = rank == size - 1 ? signed_payload_nan<T>() : static_cast<T>(1.0f); break;
+      case 2: v[i] = inf; break;
+      default: v[i] = static_cast<T>(static_cast<float>(rank + 1)); break;
+    }
+  }
+  return v;
+}
+
+// Whether element i of a reduction of nan_pattern over `size` ranks must be the canonical NaN. max
+// is std::max(acc, x) in rank order: a NaN met after the first rank compares false and is dropped,
+// one on the first rank stays.
+inline bool nan_expected(std::size_t i, int size, zero::reduce_op op) {
+  const bool sum = op == zero::reduce_op::sum;
+  if (i % 4 == 1) return sum || size == 1;  // the NaN input, on the last rank
+  return i % 4 == 0 && size > 1 && sum;     // Inf + -Inf
+}
+
+template <class T, class Comm>
+void nan_canonical_typed(checker<Comm>& ck, const char* type) {
+  Comm& c = ck.comm();
+  const int r = ck.rank(), n = ck.size();
+  const std::size_t count = 4 * 9;  // per rank: every pattern, and a ragged length for the vector paths
+  auto check = [&](const std::vector<T>& got, std::size_t base, const std::string& where, zero::reduce_op op) {
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const std::size_t g = base + i;
+      if (nan_expected(g, n, op)) {
+        if (bits_of(got[i]) != canonical_nan_bits<T>())
+          fail(r, n, where, "element ", std::to_string(g), " has bits 0x", hex(bits_of(got[i])),
+               ", expected the canonical NaN 0x", hex(canonical_nan_bits<T>()));
+      } else if (static_cast<double>(static_cast<float>(got[i])) != static_cast<double>(static_cast<float>(got[i]))) {
+        fail(r, n, where, "element ", std::to_string(g), " is a NaN where none is expected");
+      }
+    }
+  };
+  for (auto op : {zero::reduce_op::sum, zero::reduce_op::max}) {
+    const std::string suffix = std::string(", ") + zero::to_string(op) + ", " + type + ")";
+    guarded<T, typename Comm::system> send(count * static_cast<std::size_t>(n)), recv(count * static_cast<std::size_t>(n));
+    const auto mine = nan_pattern<T>(r, n, count * static_cast<std::size_t>(n));
+    send.write(mine);
+    c.all_reduce(send.data(), recv.data(), count * static_cast<std::size_t>(n), op);
+    check(recv.read(), 0, "all_reduce of NaN-making inputs (" + suffix.substr(2), op);
+    send.write(mine);
+    c.reduce_scatter(send.data(), recv.data(), count, op);
+    auto slice = recv.read();
+    slice.resize(count);
+    check(slice, count * static_cast<std::size_t>(r), "reduce_scatter of NaN-making inputs (" + suffix.substr(2), op);
+  }
+}
+
+// Reducing collectives store one canonical NaN per type, whatever the hardware made or the inputs
+// carried, so host and device backends agree bit for bit in a step that overflows.
+template <zero::CommBackend Comm>
+void nan_canonical(Comm& c, options o = {}) {
+  checker<Comm> ck(c, o);
+  nan_canonical_typed<float>(ck, "float");
+  nan_canonical_typed<double>(ck, "double");
+  if constexpr (requires(zero::bf16* p) { c.all_reduce(p, p, std::size_t{1}, zero::reduce_op::sum); }) {
+    nan_canonical_typed<zero::bf16>(ck, "bf16");
+    nan_canonical_typed<zero::fp16>(ck, "fp16");
+  }
+}
+
 // Everything above, in one call.
 template <zero::CommBackend Comm>
 void all(Comm& c, options o = {}) {
@@ -434,6 +545,7 @@ void all(Comm& c, options o = {}) {
   broadcast(c, o);
   barrier(c, o);
   determinism(c, o);
+  if (o.rank_ordered) nan_canonical(c, o);
 }
 
 }  // namespace conformance

@@ -80,6 +80,9 @@ TEST_CASE_TEMPLATE("conformance: barrier", W, ZERO_WORLDS) {
 TEST_CASE_TEMPLATE("conformance: determinism", W, ZERO_WORLDS) {
   W::launch([](auto& c) { conformance::determinism(c); });
 }
+TEST_CASE_TEMPLATE("conformance: canonical NaNs", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { conformance::nan_canonical(c); });
+}
 
 // ---- the suite catches broken backends ---------------------------------------------------------
 

@@ -120,6 +120,11 @@ TEST_CASE("conformance: barrier") {
 TEST_CASE("conformance: determinism") {
   in_every_mode([](mpi& c, conformance::options o) { conformance::determinism(c, o); });
 }
+TEST_CASE("conformance: canonical NaNs (deterministic modes; the fast mode's NaNs are MPI's)") {
+  in_every_mode([](mpi& c, conformance::options o) {
+    if (o.rank_ordered) conformance::nan_canonical(c, o);
+  });
+}
 
 namespace {
 

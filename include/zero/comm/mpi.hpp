@@ -382,13 +382,15 @@ class mpi {
         const std::size_t b = std::min(block, len - at);
         for (std::size_t i = 0; i < b; ++i) acc[i] = static_cast<float>(slices[at + i]);
         for (std::size_t k = 1; k < N; ++k) detail::combine_widened(acc, slices + k * len + at, b, op);
-        for (std::size_t i = 0; i < b; ++i) out[at + i] = static_cast<T>(acc[i]);
+        for (std::size_t i = 0; i < b; ++i) out[at + i] = store_as<T>(acc[i]);
       }
     } else {
       for (std::size_t at = 0; at < len; at += block) {
         const std::size_t b = std::min(block, len - at);
         std::memcpy(out + at, slices + at, b * sizeof(T));
         for (std::size_t k = 1; k < N; ++k) detail::combine(out + at, slices + k * len + at, b, op);
+        if constexpr (std::is_floating_point_v<T>)
+          for (std::size_t i = 0; i < b; ++i) out[at + i] = store_as<T>(out[at + i]);  // one NaN on every system
       }
     }
   }

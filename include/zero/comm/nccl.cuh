@@ -158,8 +158,10 @@ class nccl {
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     begin();
     if (count > 0) {
-      if (op == reduce_op::sum && o_.deterministic && size_ > 1)
-        ordered_all_reduce(send, recv, count);
+      // Deterministic mode: every reducing collective, max and one rank included, goes through the
+      // rank-ordered kernel, which also makes its NaNs canonical as on the host backends.
+      if (o_.deterministic)
+        ordered_all_reduce(send, recv, count, op);
       else
         settle(ncclAllReduce(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
                "ncclAllReduce");
@@ -171,8 +173,8 @@ class nccl {
   void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
     begin();
     if (count > 0) {
-      if (op == reduce_op::sum && o_.deterministic && size_ > 1)
-        ordered_reduce_scatter(send, recv, count);
+      if (o_.deterministic)
+        ordered_reduce_scatter(send, recv, count, op);
       else
         settle(ncclReduceScatter(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
                "ncclReduceScatter");
@@ -451,7 +453,7 @@ class nccl {
   // kernel sums the N slices in rank order into recv. recv may be this rank's slice of send: the
   // exchange has finished (stream order) before the kernel writes.
   template <class T>
-  void ordered_reduce_scatter(const T* send, T* recv, std::size_t count) {
+  void ordered_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
     if (count == 0) return;
     T* staging = workspace<T>(count * static_cast<std::size_t>(size_));
     const std::size_t mine = count * static_cast<std::size_t>(rank_);
@@ -464,13 +466,13 @@ class nccl {
     group_end("ncclGroupEnd (reduce_scatter exchange)");
     ZERO_CUDA_CHECK(cudaMemcpyAsync(staging + mine, send + mine, count * sizeof(T), cudaMemcpyDeviceToDevice,
                                     ctx_->comm()));
-    sum_slices(staging, count, recv);
+    sum_slices(staging, count, recv, op);
   }
 
   // Rank r reduces chunk r as in reduce_scatter, then sends it to every rank (send/recv, since the
   // chunks differ in length by up to the vector width).
   template <class T>
-  void ordered_all_reduce(const T* send, T* recv, std::size_t count) {
+  void ordered_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     const std::size_t b = edge(count, rank_), len = edge(count, rank_ + 1) - b;
     T* staging = workspace<T>(len * static_cast<std::size_t>(size_));
     group_start();
@@ -483,7 +485,7 @@ class nccl {
     if (len) {
       ZERO_CUDA_CHECK(cudaMemcpyAsync(staging + len * static_cast<std::size_t>(rank_), send + b, len * sizeof(T),
                                       cudaMemcpyDeviceToDevice, ctx_->comm()));
-      sum_slices(staging, len, recv + b);
+      sum_slices(staging, len, recv + b, op);
     }
     group_start();
     for (int k = 0; k < size_; ++k) {
@@ -495,13 +497,13 @@ class nccl {
   }
 
   template <class T>
-  void sum_slices(const T* staging, std::size_t len, T* out) {
+  void sum_slices(const T* staging, std::size_t len, T* out, reduce_op op) {
     gpu::peer_slices<const T> in{staging, len, size_};
     gpu::peer_table<T> dst{};
     dst.p[0] = out;
     dst.n = 1;
     const bool aligned = gpu::aligned_16(staging) && (len * sizeof(T)) % 16 == 0 && gpu::aligned_16(out);
-    gpu::launch_rank_sum<T>(ctx_->comm(), ctx_->multiprocessors(), len, in, dst, reduce_op::sum, aligned);
+    gpu::launch_rank_sum<T>(ctx_->comm(), ctx_->multiprocessors(), len, in, dst, op, aligned);
   }
 
   options o_;

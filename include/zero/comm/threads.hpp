@@ -307,11 +307,13 @@ class threads {
       if constexpr (std::is_same_v<A, T>) {
         std::memcpy(acc, peers[0] + at, len * sizeof(T));
         for (std::size_t k = 1; k < peers.size(); ++k) detail::combine(acc, peers[k] + at, len, op);
+        if constexpr (std::is_floating_point_v<T>)
+          for (std::size_t i = 0; i < len; ++i) acc[i] = store_as<T>(acc[i]);  // one NaN on every system
         emit(at, acc, len);
       } else {
         for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(peers[0][at + i]);
         for (std::size_t k = 1; k < peers.size(); ++k) detail::combine_widened(acc, peers[k] + at, len, op);
-        for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<T>(acc[i]);
+        for (std::size_t i = 0; i < len; ++i) out[i] = store_as<T>(acc[i]);
         emit(at, out, len);
       }
     }

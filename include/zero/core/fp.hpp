@@ -39,6 +39,15 @@ ZERO_HD inline float div(float a, float b) {
   return a / b;
 #endif
 }
+// The one NaN of each width that a stored result carries: positive, quiet, no payload. Hardware
+// disagrees on the NaN an invalid operation makes (x86: 0xffc00000, CUDA: 0x7fffffff) and x86
+// propagates an input NaN's payload, so every NaN a rule or a sum stores is replaced by this one, and
+// host and device results stay bit-identical even in a step that overflows.
+inline constexpr unsigned canonical_nan_bits32 = 0x7fc00000u;
+inline constexpr unsigned long long canonical_nan_bits64 = 0x7ff8000000000000ull;
+ZERO_HD inline float canonical(float x) { return x != x ? __builtin_bit_cast(float, canonical_nan_bits32) : x; }
+ZERO_HD inline double canonical(double x) { return x != x ? __builtin_bit_cast(double, canonical_nan_bits64) : x; }
+
 ZERO_HD inline float sqrt(float a) {
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a);

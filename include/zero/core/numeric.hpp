@@ -3,6 +3,8 @@
 
 #include <type_traits>
 
+#include "zero/config.hpp"
+#include "zero/core/fp.hpp"
 #include "zero/precision/half_types.hpp"
 
 namespace zero {
@@ -30,5 +32,14 @@ struct accumulate_as<fp16> {
 };
 template <class T>
 using accumulate_as_t = typename accumulate_as<T>::type;
+
+// An accumulated value stored as T: 2-byte floats rounded once, float and double as they are, and
+// every NaN the canonical one of T (fp::canonical, canonical_bf16_nan, canonical_fp16_nan), so a sum
+// or a rule stores the same bits on every system.
+template <class T, class A>
+ZERO_HD inline T store_as(A x) {
+  if constexpr (std::is_floating_point_v<T>) return fp::canonical(static_cast<T>(x));
+  else return static_cast<T>(x);
+}
 
 }  // namespace zero

@@ -8,6 +8,13 @@
 
 namespace zero {
 
+// The one NaN each 2-byte type is narrowed to: positive, quiet, no payload. The same invalid
+// operation gives different NaN bits on different hardware (x86's default NaN is 0xffc00000, CUDA's
+// 0x7fffffff), so a payload or sign carried over from the float would make host and device results
+// differ in exactly the steps that overflow.
+inline constexpr std::uint16_t canonical_bf16_nan = 0x7fc0;
+inline constexpr std::uint16_t canonical_fp16_nan = 0x7e00;
+
 namespace detail {
 
 // __builtin_bit_cast instead of std::bit_cast: std::bit_cast is a host-only
@@ -25,11 +32,10 @@ ZERO_HD constexpr std::uint16_t float_to_bf16_bits(float f) noexcept {
   const std::uint32_t u = float_to_u32(f);
   // NaN must be handled before rounding: a NaN whose payload lies only in
   // the low 16 bits would otherwise truncate to the Inf pattern, and the
-  // rounding add can carry out of 0x7fffffff into the sign bit.
-  // Setting the quiet bit keeps the result a NaN; sign and the top payload
-  // bits are preserved.
+  // rounding add can carry out of 0x7fffffff into the sign bit. Every NaN
+  // becomes the one canonical quiet NaN (see canonical_bf16_nan).
   if ((u & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+    return canonical_bf16_nan;
   }
   // Round to nearest even: add 0x7fff plus the lowest kept bit, so an exact
   // tie only rounds up when the kept part is odd. A carry out of the
@@ -50,9 +56,9 @@ ZERO_HD constexpr std::uint16_t float_to_fp16_bits(float f) noexcept {
   const std::uint32_t a = u & 0x7fffffffu;
 
   // NaN first: its magnitude bits compare above every threshold below and
-  // would otherwise become Inf. Quiet it, keep sign and top payload bits.
+  // would otherwise become Inf. Every NaN becomes the canonical quiet NaN.
   if (a > 0x7f800000u) {
-    return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x03ffu));
+    return canonical_fp16_nan;
   }
   // 0x477ff000 is 65520 = 65504 (max finite) + half an ulp. The tie goes to
   // the even neighbour, which is Inf, so ">=" is correct. Also covers Inf.
