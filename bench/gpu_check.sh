@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, one script for a GPU machine: builds with CUDA (sm_90), runs the gpu test suite and the
 # GPU benches, and writes JSON lines to $OUT/gpu.jsonl (bench/results/gpu.jsonl when OUT is unset).
-# Sized for under 8 minutes on one H200. Before copying the tree to a machine without the Debian -dev
+# Sized for under 6 minutes on one H200. Before copying the tree to a machine without the Debian -dev
 # packages, run bench/prepare_gpu_carry.sh here and carry .gpu-carry/ along.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,7 +56,7 @@ fi
 
 # ---- build only what the GPU check runs ---------------------------------------------------------
 targets=(tests/cuda/test_gpu_kernels tests/cuda/test_gpu_collectives tests/cuda/test_gpu_engine tests/cuda/device_probe
-         examples/train_mlp_cuda bench/gpu_optimizer)
+         examples/train_mlp_cuda examples/train_mlp bench/gpu_optimizer)
 log "building ${targets[*]}"
 if ! timeout 300 ninja -C "$build" -j "$(nproc)" "${targets[@]}" >&2; then
   emit "{\"check\": \"build\", \"result\": \"FAIL\", \"seconds\": $(($(date +%s) - t0))}"
@@ -83,7 +83,9 @@ for line in open(sys.argv[1]):
                           "seconds": round(t.get("duration", 0), 2)}))
 PY
 # On a GPU machine a skipped GPU test is a failure too: it could not see the device.
-grep '"check": "gpu_test"' "$results" | tail -n 4 | grep -vq '"result": "OK"' && status=1
+gpu_tests=$(python3 -c 'import json,sys; print(sum(1 for l in open(sys.argv[1]) if ":gpu / " in json.loads(l)["name"]))' \
+  "$build/meson-logs/testlog.json" 2>/dev/null || echo 0)
+grep '"check": "gpu_test"' "$results" | tail -n "${gpu_tests:-1}" | grep -vq '"result": "OK"' && status=1
 
 # ---- benches --------------------------------------------------------------------------------------
 log "optimizer-kernel bandwidth against the copy bandwidth"
@@ -111,6 +113,26 @@ print(json.dumps({"bench": "gpu_step_time", "backend": "cuda_threads", "device":
                   "param_hash_equal": a["param_hash"] == b["param_hash"]}))
 PY
 tail -n 1 "$results"
+
+# The step against its floor on 1 rank (--roofline): the same cuBLAS GEMMs alone plus the optimizer's
+# bytes at the device copy bandwidth, fp32 (plain SGEMM, no TF32) and bf16 (tensor cores).
+log "roofline of the 1-rank step, fp32 and bf16"
+for precision in fp32 bf16; do
+  line=$(timeout 150 "$build/examples/train_mlp_cuda" --json --roofline --ranks 1 --stage 0 --layers 8 --hidden 4096 \
+           --in 1024 --batch 256 --steps 40 --precision $precision 2>/dev/null | tail -1) || status=1
+  python3 - "${line:-}" >>"$results" <<'PY' || status=1
+import json, sys
+if not sys.argv[1].startswith("{"):
+    print(json.dumps({"bench": "gpu_step_roofline", "result": "FAIL", "reason": "train_mlp_cuda printed no JSON"}))
+    sys.exit(1)
+j = json.loads(sys.argv[1])
+print(json.dumps({"bench": "gpu_step_roofline", "precision": j["precision"], "params": j["params"],
+                  "batch": 256, "step_s": j["step_s"], "gemm_s": j["gemm_s"],
+                  "optimizer_at_copy_s": j["optimizer_at_copy_s"], "copy_gbps": j["copy_gbps"],
+                  "roofline_ratio": j["roofline_ratio"], "loss_first": j["loss_first"], "loss_last": j["loss_last"]}))
+PY
+  tail -n 1 "$results"
+done
 
 emit "{\"check\": \"gpu_check\", \"result\": \"$([ $status -eq 0 ] && echo OK || echo FAIL)\", \"seconds\": $(($(date +%s) - t0))}"
 log "results in $results"

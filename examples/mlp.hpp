@@ -23,18 +23,21 @@ struct config {
 };
 
 // splitmix64: a counter-based generator, so any rank can draw sample k of step t without drawing
-// the others, and every run with the same seed sees the same data.
-inline std::uint64_t mix(std::uint64_t x) {
+// the others, and every run with the same seed sees the same data. ZERO_HD: the GPU trainer draws the
+// same samples on the device.
+ZERO_HD inline std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-inline std::uint64_t key(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0, std::uint64_t d = 0) {
+ZERO_HD inline std::uint64_t key(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0, std::uint64_t d = 0) {
   return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
 }
-// Uniform in [-1, 1).
-inline float uniform(std::uint64_t k) { return static_cast<float>(static_cast<double>(k >> 11) * 0x1.0p-52 - 1.0); }
+// Uniform in [-1, 1): exact in double (53 bits), rounded once to float, on host and device alike.
+ZERO_HD inline float uniform(std::uint64_t k) {
+  return static_cast<float>(static_cast<double>(k >> 11) * 0x1.0p-52 - 1.0);
+}
 
 inline int dim(const config& c, int l) { return l == 0 ? c.in : (l == c.layers ? c.classes : c.hidden); }
 
@@ -67,20 +70,30 @@ struct batch {
   std::vector<int> y;
   int rows = 0;
 };
+// The global index of row r of a batch drawn from `first` at `step`, its label, and its feature j
+// (the prototype plus 1.5 x noise: one rounded multiply and one rounded add, never fused).
+ZERO_HD inline std::uint64_t sample_index(const config& c, std::uint64_t step, int first, int r) {
+  return step * static_cast<std::uint64_t>(c.batch) + static_cast<std::uint64_t>(first + r);
+}
+ZERO_HD inline int sample_label(const config& c, std::uint64_t sample) {
+  return static_cast<int>(key(c.seed, 2, sample) % static_cast<std::uint64_t>(c.classes));
+}
+ZERO_HD inline float sample_feature(const config& c, std::uint64_t sample, int label, int j) {
+  const float proto = uniform(key(c.seed, 3, static_cast<std::uint64_t>(label), static_cast<std::uint64_t>(j)));
+  const float noise = uniform(key(c.seed, 4, sample, static_cast<std::uint64_t>(j)));
+  return zero::fp::add(proto, zero::fp::mul(1.5f, noise));
+}
+
 inline batch make_batch(const config& c, std::uint64_t step, int first, int rows) {
   batch b;
   b.rows = rows;
   b.x.resize(static_cast<std::size_t>(rows) * c.in);
   b.y.resize(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r) {
-    const std::uint64_t sample = step * static_cast<std::uint64_t>(c.batch) + static_cast<std::uint64_t>(first + r);
-    const int label = static_cast<int>(key(c.seed, 2, sample) % static_cast<std::uint64_t>(c.classes));
+    const std::uint64_t sample = sample_index(c, step, first, r);
+    const int label = sample_label(c, sample);
     b.y[static_cast<std::size_t>(r)] = label;
-    for (int j = 0; j < c.in; ++j) {
-      const float proto = uniform(key(c.seed, 3, static_cast<std::uint64_t>(label), static_cast<std::uint64_t>(j)));
-      const float noise = uniform(key(c.seed, 4, sample, static_cast<std::uint64_t>(j)));
-      b.x[static_cast<std::size_t>(r) * c.in + j] = proto + 1.5f * noise;
-    }
+    for (int j = 0; j < c.in; ++j) b.x[static_cast<std::size_t>(r) * c.in + j] = sample_feature(c, sample, label, j);
   }
   return b;
 }

@@ -4,13 +4,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <string>
 
 #include "mlp.hpp"
+#include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
-#include "zero/checkpoint/checkpoint.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
 #include <optional>
@@ -36,7 +35,6 @@ double global_max(Comm& comm, double v) {
 
 template <class Stage, class Opt, class Prec, class Comm>
 void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
-  namespace ckpt = zero::checkpoint;
   const zero::model_spec spec = mlp::make_spec(o.model);
   zero::engine_options eo;
   eo.clip_norm = o.clip;
@@ -44,17 +42,12 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
   // whatever world size and stage saved it.
-  std::uint64_t t0 = 0;
-  if (!o.resume.empty()) {
-    ckpt::load(e, comm, o.resume);
-    t0 = e.state().step + e.state().skipped_steps;
-  } else {
-    e.initialize(mlp::initializer(o.model));
-  }
+  const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, mlp::initializer(o.model));
   const int rank = comm.rank(), ranks = comm.size();
   const auto start = std::chrono::steady_clock::now();
   auto last_print = start;
   out.first_step = t0;
+  out.last_step = t0;  // --steps 0: nothing trained
   for (int i = 0; i < o.steps; ++i) {
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
     const auto r = mlp::train_step(e, o.model, t, rank, ranks, o.accum);
@@ -67,7 +60,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
     out.loss_scale = r.report.loss_scale;
     out.overflow_steps += r.report.skipped ? 1 : 0;
     out.last_step = t + 1;
-    if (o.save_every > 0 && (i + 1) % o.save_every == 0 && i + 1 < o.steps) ckpt::save(e, comm, o.save);
+    trainer::after_step(e, comm, o, i);
     const auto now = std::chrono::steady_clock::now();
     if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
       const double secs = std::chrono::duration<double>(now - start).count();
@@ -91,19 +84,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   out.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   out.comm_bytes = global_max(comm, static_cast<double>(e.comm().last_step.total_bytes()));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
-  if (!o.save.empty()) ckpt::save(e, comm, o.save);
-  if (!o.export_file.empty()) {
-    // The export reads a checkpoint: the one just saved, or a temporary one beside the output.
-    std::filesystem::path dir = o.save;
-    if (dir.empty()) dir = std::filesystem::path(o.export_file).string() + ".checkpoint.tmp";
-    if (o.save.empty()) ckpt::save(e, comm, dir);
-    comm.barrier();
-    if (rank == 0) {
-      ckpt::export_safetensors(dir, o.export_file);
-      if (o.save.empty()) std::filesystem::remove_all(dir);
-    }
-    comm.barrier();
-  }
+  trainer::finish(e, comm, o);
 }
 
 template <class Comm>
@@ -129,6 +110,7 @@ int main(int argc, char** argv) {
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
   const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
+  if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
 
   summary s;
 #if ZERO_WITH_MPI

@@ -2,8 +2,6 @@
 #include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <nlohmann/json.hpp>
-#include <thrust/execution_policy.h>
-#include <thrust/transform.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "mlp.hpp"
+#include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
 #include "zero/zero_cuda.cuh"
 #if ZERO_WITH_MPI
@@ -44,6 +43,7 @@ class device_array {
   device_array& operator=(const device_array&) = delete;
   ~device_array() { zero::sys::cuda::deallocate(p_, n_ * sizeof(T)); }
   T* data() const { return p_; }
+  std::size_t size() const { return n_; }
 
  private:
   std::size_t n_;
@@ -52,19 +52,53 @@ class device_array {
 
 // ---- the model's kernels (the GEMMs are cuBLAS's) ----------------------------------------------
 
-// out[r][o] += b[o], then ReLU below the last layer.
-__global__ void bias_relu(float* out, const float* bias, int rows, int n_out, bool relu) {
-  const std::size_t n = static_cast<std::size_t>(rows) * n_out;
+// The parameter and gradient type T of a precision policy as cuBLAS names it.
+template <class T>
+constexpr cudaDataType_t cuda_type() {
+  if constexpr (std::is_same_v<T, zero::bf16>) return CUDA_R_16BF;
+  else if constexpr (std::is_same_v<T, zero::fp16>) return CUDA_R_16F;
+  else return CUDA_R_32F;
+}
+
+// This rank's rows of a micro-batch, drawn on the device with the CPU trainer's generator (the same
+// samples bit for bit: mlp::sample_feature never fuses its multiply-add).
+__global__ void draw_batch(mlp::config c, std::uint64_t step, int first, int rows, float* x, int* y) {
+  const std::size_t n = static_cast<std::size_t>(rows) * c.in;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const float v = out[i] + bias[i % static_cast<std::size_t>(n_out)];
-    out[i] = relu && v < 0.0f ? 0.0f : v;
+    const int r = static_cast<int>(i / static_cast<std::size_t>(c.in)), j = static_cast<int>(i % static_cast<std::size_t>(c.in));
+    const std::uint64_t sample = mlp::sample_index(c, step, first, r);
+    const int label = mlp::sample_label(c, sample);
+    x[i] = mlp::sample_feature(c, sample, label, j);
+    if (j == 0) y[r] = label;
   }
 }
 
-// One thread per row: softmax cross-entropy, dlogits = (softmax - onehot) / rows, and a hit flag.
+// A copy of fp32 values in the GEMMs' type T (nothing to do when T is float).
+template <class T>
+__global__ void to_gemm_type(const float* src, T* dst, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    dst[i] = static_cast<T>(src[i]);
+}
+
+// out[r][o] += b[o], then ReLU below the last layer; also the result in T for the next GEMM.
+template <class T>
+__global__ void bias_relu(float* out, T* out_t, const T* bias, int rows, int n_out, bool relu) {
+  const std::size_t n = static_cast<std::size_t>(rows) * n_out;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float v = out[i] + static_cast<float>(bias[i % static_cast<std::size_t>(n_out)]);
+    const float a = relu && v < 0.0f ? 0.0f : v;
+    out[i] = a;
+    if constexpr (!std::is_same_v<T, float>) out_t[i] = static_cast<T>(a);
+  }
+}
+
+// One thread per row: softmax cross-entropy, dlogits = (softmax - onehot) / rows x factor (the loss
+// scale over the micro-batches), and a hit flag.
 __global__ void softmax_xent(const float* logits, const int* y, float* dlogits, float* row_loss, int* row_hit,
-                             int rows, int classes) {
+                             int rows, int classes, float factor) {
   const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (r >= rows) return;
   const float* z = logits + static_cast<std::size_t>(r) * classes;
@@ -77,99 +111,209 @@ __global__ void softmax_xent(const float* logits, const int* y, float* dlogits, 
   for (int k = 0; k < classes; ++k) sum += expf(z[k] - m);
   for (int k = 0; k < classes; ++k) d[k] = expf(z[k] - m) / sum / static_cast<float>(rows);
   d[y[r]] -= 1.0f / static_cast<float>(rows);
+  for (int k = 0; k < classes; ++k) d[k] *= factor;
   row_loss[r] = logf(sum) - (z[y[r]] - m);
   row_hit[r] = argmax == y[r];
 }
 
-// One thread: the step's mean loss and hits over this rank's rows, added in row order.
-__global__ void step_totals(const float* row_loss, const int* row_hit, int rows, double* loss, double* hits) {
-  double l = 0.0, h = 0.0;
-  for (int r = 0; r < rows; ++r) {
-    l += row_loss[r];
-    h += row_hit[r];
+// One block of totals_threads: adds a micro-batch's mean loss (over its rows, divided by the
+// micro-batches) and hits to the step's. Thread t sums rows t, t + totals_threads, ... and the
+// partial sums meet in a fixed tree: the same order on every run.
+constexpr int totals_threads = 256;
+__global__ void __launch_bounds__(totals_threads) step_totals(const float* row_loss, const int* row_hit, int rows,
+                                                              int micro_batches, double* loss, double* hits) {
+  __shared__ double l[totals_threads], h[totals_threads];
+  const int t = static_cast<int>(threadIdx.x);
+  double ls = 0.0, hs = 0.0;
+  for (int r = t; r < rows; r += totals_threads) {
+    ls += row_loss[r];
+    hs += row_hit[r];
   }
-  *loss = l / rows;
-  *hits = h;
+  l[t] = ls;
+  h[t] = hs;
+  __syncthreads();
+  for (int half = totals_threads / 2; half > 0; half /= 2) {
+    if (t < half) {
+      l[t] += l[t + half];
+      h[t] += h[t + half];
+    }
+    __syncthreads();
+  }
+  if (t == 0) {
+    *loss += l[0] / rows / micro_batches;
+    *hits += h[0];
+  }
 }
 
-// gb[o] += sum_r dout[r][o], rows in order.
-__global__ void bias_grad(const float* dout, float* gb, int rows, int n_out) {
-  const int o = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (o >= n_out) return;
+// gb[o] += sum_r dout[r][o] in fp32, rounded once to the gradient type. A block covers 32 columns
+// (threadIdx.x, so each row's reads are coalesced) with 8 row groups (threadIdx.y: rows y, y + 8,
+// ...), and the 8 partial sums of a column are added in group order: the same order on every run.
+constexpr int bias_rows = 8;
+template <class T>
+__global__ void bias_grad(const float* dout, T* gb, int rows, int n_out) {
+  __shared__ float part[bias_rows][32];
+  const int o = static_cast<int>(blockIdx.x) * 32 + static_cast<int>(threadIdx.x);
   float acc = 0.0f;
-  for (int r = 0; r < rows; ++r) acc += dout[static_cast<std::size_t>(r) * n_out + o];
-  gb[o] += acc;
+  if (o < n_out)
+    for (int r = static_cast<int>(threadIdx.y); r < rows; r += bias_rows) acc += dout[static_cast<std::size_t>(r) * n_out + o];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && o < n_out) {
+    float sum = part[0][threadIdx.x];
+    for (int y = 1; y < bias_rows; ++y) sum += part[y][threadIdx.x];
+    gb[o] = static_cast<T>(static_cast<float>(gb[o]) + sum);
+  }
 }
 
-struct relu_grad {
-  __host__ __device__ float operator()(float d, float a) const { return a > 0.0f ? d : 0.0f; }
-};
+// Through the ReLU of the layer below: din = act > 0 ? din : 0, also in T for the next GEMM.
+template <class T>
+__global__ void relu_grad(float* din, T* din_t, const float* act, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float d = act[i] > 0.0f ? din[i] : 0.0f;
+    din[i] = d;
+    if constexpr (!std::is_same_v<T, float>) din_t[i] = static_cast<T>(d);
+  }
+}
 
 unsigned blocks_for(std::size_t n, unsigned threads) {
   const std::size_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 4096 ? (b > 0 ? b : 1) : 4096);
 }
 
+// An fp32 array and, when T is a 2-byte type, its copy in T for the GEMMs (T = float: the same array).
+template <class T>
+class dual_array {
+ public:
+  explicit dual_array(std::size_t n) : f32_(n), t_(std::is_same_v<T, float> ? 0 : n) {}
+  float* f32() const { return f32_.data(); }
+  T* t() const {
+    if constexpr (std::is_same_v<T, float>) return f32_.data();
+    else return t_.data();
+  }
+
+ private:
+  device_array<float> f32_;
+  device_array<T> t_;
+};
+
 // One rank's activations, gradients of activations, labels and per-step results, all on the device,
-// with a cuBLAS handle on the rank's compute stream.
+// with a cuBLAS handle on the rank's compute stream. T: the precision's parameter and gradient type;
+// the GEMMs take T operands and accumulate in fp32 (tensor cores for bf16 and fp16), activations and
+// their gradients are kept in fp32 and copied to T for the GEMMs.
+template <class T>
 class device_model {
  public:
-  device_model(zero::gpu::context& ctx, const mlp::config& c, int rows, int steps)
-      : ctx_(ctx), c_(c), rows_(rows), widest_(widest(c)), losses_(static_cast<std::size_t>(steps)),
-        hits_(static_cast<std::size_t>(steps)), row_loss_(static_cast<std::size_t>(rows)),
-        row_hit_(static_cast<std::size_t>(rows)), labels_(static_cast<std::size_t>(rows)),
-        grad_a_(static_cast<std::size_t>(rows) * widest_), grad_b_(static_cast<std::size_t>(rows) * widest_) {
+  device_model(zero::gpu::context& ctx, const mlp::config& c, int rows, int micro_batches, int steps)
+      : ctx_(ctx), c_(c), rows_(rows), micro_(micro_batches), widest_(widest(c)),
+        losses_(static_cast<std::size_t>(steps > 0 ? steps : 1)), hits_(static_cast<std::size_t>(steps > 0 ? steps : 1)),
+        row_loss_(static_cast<std::size_t>(rows)), row_hit_(static_cast<std::size_t>(rows)),
+        labels_(static_cast<std::size_t>(rows)), grad_a_(static_cast<std::size_t>(rows) * widest_),
+        grad_b_(static_cast<std::size_t>(rows) * widest_) {
     for (int l = 0; l <= c.layers; ++l)
-      acts_.emplace_back(std::make_unique<device_array<float>>(static_cast<std::size_t>(rows) * mlp::dim(c, l)));
+      acts_.emplace_back(std::make_unique<dual_array<T>>(static_cast<std::size_t>(rows) * mlp::dim(c, l)));
     CUBLAS_CHECK(cublasCreate(&blas_));
     CUBLAS_CHECK(cublasSetStream(blas_, ctx.compute()));
-    // Plain fp32 GEMMs (no TF32): the trainer's numbers stay comparable with the CPU trainer's.
-    CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
-    for (auto& s : staging_) {
-      void* x = nullptr;
-      void* y = nullptr;
-      ZERO_CUDA_CHECK(cudaMallocHost(&x, static_cast<std::size_t>(rows) * c.in * sizeof(float)));
-      ZERO_CUDA_CHECK(cudaMallocHost(&y, static_cast<std::size_t>(rows) * sizeof(int)));
-      s.x = static_cast<float*>(x);
-      s.y = static_cast<int*>(y);
-      ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
-    }
+    // fp32: plain fp32 GEMMs (no TF32), so the numbers stay comparable with the CPU trainer's. 2-byte
+    // types: the default math mode, which runs them on tensor cores with fp32 accumulation.
+    CUBLAS_CHECK(cublasSetMathMode(blas_, std::is_same_v<T, float> ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
   }
   device_model(const device_model&) = delete;
   device_model& operator=(const device_model&) = delete;
   ~device_model() {
     (void)cudaStreamSynchronize(ctx_.compute());
-    for (auto& s : staging_) {
-      (void)cudaFreeHost(s.x);
-      (void)cudaFreeHost(s.y);
-      (void)cudaEventDestroy(s.copied);
-    }
     (void)cublasDestroy(blas_);
   }
 
-  // One step of this rank on its slice of the global batch, as mlp::train_step on the CPU.
+  // One step of this rank on its slice of the global batch, in micro-batches, as mlp::train_step on
+  // the CPU: forward and backward of each micro-batch, each unit reduced once per micro-batch, then
+  // the engine's step.
+  // `slot`: where this run keeps the step's loss and hits (the run's own step count, from 0).
   template <class Engine>
-  void train_step(Engine& e, std::uint64_t step, int rank) {
+  zero::step_report train_step(Engine& e, std::uint64_t step, int rank, std::size_t slot) {
+    for (int k = 0; k < micro_; ++k) micro_batch(e, step, rank * rows_ * micro_ + k * rows_, slot);
+    return e.step();
+  }
+
+  // The GEMMs of one step alone (every micro-batch's forward, dW and dX products, same shapes, same
+  // stream) on a scratch weight: the compute floor of the step.
+  void step_gemms(T* weight, T* grad) {
+    for (int k = 0; k < micro_; ++k) {
+      for (int l = 0; l < c_.layers; ++l)
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, mlp::dim(c_, l + 1), rows_, mlp::dim(c_, l), weight, mlp::dim(c_, l),
+             act(l).t(), mlp::dim(c_, l), 0.0f, act(l + 1).f32(), CUDA_R_32F, mlp::dim(c_, l + 1));
+      for (int l = c_.layers - 1; l >= 0; --l) {
+        const int n_in = mlp::dim(c_, l), n_out = mlp::dim(c_, l + 1);
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, n_in, n_out, rows_, act(l).t(), n_in, grad_a_.t(), n_out, 1.0f, grad, cuda_type<T>(),
+             n_in);
+        if (l > 0)
+          gemm(CUBLAS_OP_N, CUBLAS_OP_N, n_in, rows_, n_out, weight, n_in, grad_a_.t(), n_out, 0.0f, grad_b_.f32(),
+               CUDA_R_32F, n_in);
+      }
+    }
+  }
+
+  // Per step, this rank's mean loss and hits (summed over ranks at the end of training).
+  double* losses() const { return losses_.data(); }
+  double* hits() const { return hits_.data(); }
+
+  // This rank's loss of the run's step `slot` (waits for it): for progress lines only.
+  double loss_of(std::size_t slot) {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(ctx_.host_scalar(), losses_.data() + slot, sizeof(double), cudaMemcpyDeviceToHost,
+                                    ctx_.compute()));
+    ctx_.wait_compute();
+    return *ctx_.host_scalar();
+  }
+
+ private:
+  static int widest(const mlp::config& c) {
+    int w = 0;
+    for (int l = 0; l <= c.layers; ++l) w = std::max(w, mlp::dim(c, l));
+    return w;
+  }
+  const dual_array<T>& act(int l) const { return *acts_[static_cast<std::size_t>(l)]; }
+
+  // C = A(op) x B(op) (+ C when beta is 1), column-major, T operands, fp32 accumulation; C in fp32 or T.
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const T* a, int lda, const T* b, int ldb,
+            float beta, void* c, cudaDataType_t c_type, int ldc) {
+    const float one = 1.0f;
+    if constexpr (std::is_same_v<T, float>)
+      CUBLAS_CHECK(cublasSgemm(blas_, ta, tb, m, n, k, &one, a, lda, b, ldb, &beta, static_cast<float*>(c), ldc));
+    else
+      CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, m, n, k, &one, a, cuda_type<T>(), lda, b, cuda_type<T>(), ldb, &beta, c,
+                                c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  template <class Engine>
+  void micro_batch(Engine& e, std::uint64_t step, int first, std::size_t slot) {
     const cudaStream_t s = ctx_.compute();
-    upload(mlp::make_batch(c_, step, rank * rows_, rows_), step);
-    const float one = 1.0f, zero = 0.0f;
+    draw_batch<<<blocks_for(static_cast<std::size_t>(rows_) * c_.in, 256), 256, 0, s>>>(c_, step, first, rows_,
+                                                                                          act(0).f32(), labels_.data());
+    if constexpr (!std::is_same_v<T, float>)
+      to_gemm_type<<<blocks_for(static_cast<std::size_t>(rows_) * c_.in, 256), 256, 0, s>>>(
+          act(0).f32(), act(0).t(), static_cast<std::size_t>(rows_) * c_.in);
+    ZERO_CUDA_CHECK(cudaGetLastError());
     for (int l = 0; l < c_.layers; ++l) {
       auto p = e.gather(zero::unit_id{static_cast<std::size_t>(l)});
       const int n_in = mlp::dim(c_, l), n_out = mlp::dim(c_, l + 1);
-      float* out = act(l + 1);
       // Row-major out[rows][n_out] = in[rows][n_in] * W[n_out][n_in]^T, i.e. column-major out^T = W^T' * in^T.
-      CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n_out, rows_, n_in, &one, p["w"].data(), n_in, act(l),
-                               n_in, &zero, out, n_out));
-      bias_relu<<<blocks_for(static_cast<std::size_t>(rows_) * n_out, 256), 256, 0, s>>>(out, p["b"].data(), rows_, n_out,
-                                                                                       l + 1 < c_.layers);
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, n_out, rows_, n_in, p["w"].data(), n_in, act(l).t(), n_in, 0.0f, act(l + 1).f32(),
+           CUDA_R_32F, n_out);
+      bias_relu<<<blocks_for(static_cast<std::size_t>(rows_) * n_out, 256), 256, 0, s>>>(
+          act(l + 1).f32(), act(l + 1).t(), p["b"].data(), rows_, n_out, l + 1 < c_.layers);
       ZERO_CUDA_CHECK(cudaGetLastError());
       p.release();
     }
-    float* dout = grad_a_.data();
-    float* din = grad_b_.data();
+    const dual_array<T>* dout = &grad_a_;
+    const dual_array<T>* din = &grad_b_;
+    const float factor = e.loss_scale() / static_cast<float>(micro_);
     softmax_xent<<<blocks_for(static_cast<std::size_t>(rows_), 128), 128, 0, s>>>(
-        act(c_.layers), labels_.data(), dout, row_loss_.data(), row_hit_.data(), rows_, c_.classes);
-    step_totals<<<1, 1, 0, s>>>(row_loss_.data(), row_hit_.data(), rows_, losses_.data() + step, hits_.data() + step);
+        act(c_.layers).f32(), labels_.data(), dout->f32(), row_loss_.data(), row_hit_.data(), rows_, c_.classes, factor);
+    if constexpr (!std::is_same_v<T, float>)
+      to_gemm_type<<<blocks_for(static_cast<std::size_t>(rows_) * c_.classes, 256), 256, 0, s>>>(
+          dout->f32(), dout->t(), static_cast<std::size_t>(rows_) * c_.classes);
+    step_totals<<<1, totals_threads, 0, s>>>(row_loss_.data(), row_hit_.data(), rows_, micro_, losses_.data() + slot,
+                                             hits_.data() + slot);
     ZERO_CUDA_CHECK(cudaGetLastError());
     for (int l = c_.layers - 1; l >= 0; --l) {
       const zero::unit_id u{static_cast<std::size_t>(l)};
@@ -177,74 +321,33 @@ class device_model {
       auto g = e.grads(u);
       const int n_in = mlp::dim(c_, l), n_out = mlp::dim(c_, l + 1);
       // gW[n_out][n_in] += dout^T * in: column-major gW^T = in^T * dout.
-      CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, n_in, n_out, rows_, &one, act(l), n_in, dout, n_out, &one,
-                               g["w"].data(), n_in));
-      bias_grad<<<blocks_for(static_cast<std::size_t>(n_out), 128), 128, 0, s>>>(dout, g["b"].data(), rows_, n_out);
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, n_in, n_out, rows_, act(l).t(), n_in, dout->t(), n_out, 1.0f, g["w"].data(),
+           cuda_type<T>(), n_in);
+      bias_grad<<<static_cast<unsigned>((n_out + 31) / 32), dim3(32, bias_rows), 0, s>>>(dout->f32(), g["b"].data(), rows_,
+                                                                                          n_out);
       ZERO_CUDA_CHECK(cudaGetLastError());
       if (l > 0)  // din[rows][n_in] = dout * W: column-major din^T = W^T * dout^T.
-        CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n_in, rows_, n_out, &one, p["w"].data(), n_in, dout,
-                                 n_out, &zero, din, n_in));
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, n_in, rows_, n_out, p["w"].data(), n_in, dout->t(), n_out, 0.0f, din->f32(),
+             CUDA_R_32F, n_in);
       e.reduce(u);
       p.release();
-      if (l > 0) {  // through the ReLU of the layer below
+      if (l > 0) {
         const std::size_t n = static_cast<std::size_t>(rows_) * n_in;
-        thrust::transform(thrust::cuda::par_nosync.on(s), din, din + n, act(l), din, relu_grad{});
+        relu_grad<<<blocks_for(n, 256), 256, 0, s>>>(din->f32(), din->t(), act(l).f32(), n);
+        ZERO_CUDA_CHECK(cudaGetLastError());
         std::swap(dout, din);
       }
     }
-    e.step();
   }
-
-  // Per step, this rank's mean loss and hits (summed over ranks at the end of training).
-  double* losses() const { return losses_.data(); }
-  double* hits() const { return hits_.data(); }
-
-  // This rank's loss of `step` (waits for it): for progress lines only.
-  double loss_of(std::uint64_t step) {
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(ctx_.host_scalar(), losses_.data() + step, sizeof(double), cudaMemcpyDeviceToHost,
-                                    ctx_.compute()));
-    ctx_.wait_compute();
-    return *ctx_.host_scalar();
-  }
-
- private:
-  struct staging {
-    float* x = nullptr;
-    int* y = nullptr;
-    cudaEvent_t copied = nullptr;
-    bool pending = false;
-  };
-  static int widest(const mlp::config& c) {
-    int w = 0;
-    for (int l = 0; l <= c.layers; ++l) w = std::max(w, mlp::dim(c, l));
-    return w;
-  }
-  float* act(int l) const { return acts_[static_cast<std::size_t>(l)]->data(); }
-
-  // The batch goes through one of two pinned buffers, so the copy is asynchronous and the host only
-  // waits (rarely) for the copy issued two steps ago before reusing its buffer.
-  void upload(const mlp::batch& b, std::uint64_t step) {
-    staging& st = staging_[step % 2];
-    if (st.pending) ZERO_CUDA_CHECK(cudaEventSynchronize(st.copied));
-    std::copy(b.x.begin(), b.x.end(), st.x);
-    std::copy(b.y.begin(), b.y.end(), st.y);
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(act(0), st.x, b.x.size() * sizeof(float), cudaMemcpyHostToDevice, ctx_.compute()));
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), st.y, b.y.size() * sizeof(int), cudaMemcpyHostToDevice,
-                                    ctx_.compute()));
-    ZERO_CUDA_CHECK(cudaEventRecord(st.copied, ctx_.compute()));
-    st.pending = true;
-  }
-
   zero::gpu::context& ctx_;
   mlp::config c_;
-  int rows_, widest_;
+  int rows_, micro_, widest_;
   cublasHandle_t blas_ = nullptr;
-  std::vector<std::unique_ptr<device_array<float>>> acts_;
-  staging staging_[2];
+  std::vector<std::unique_ptr<dual_array<T>>> acts_;
   device_array<double> losses_, hits_;
   device_array<float> row_loss_;
   device_array<int> row_hit_, labels_;
-  device_array<float> grad_a_, grad_b_;
+  dual_array<T> grad_a_, grad_b_;
 };
 
 // Host values reduced over ranks through a device buffer (a device backend reads device memory only).
@@ -263,42 +366,123 @@ std::string device_name(int device) {
   return prop.name;
 }
 
-template <class Stage, class Opt, class Comm>
-void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
+// The step against its floor (--roofline): the steady-state step time, the same GEMMs alone, and the
+// optimizer's bytes at the device's copy bandwidth, measured on rank 0's device in the same run.
+struct roofline {
+  bool wanted = false;
+  double step_s = 0, gemm_s = 0, optimizer_at_copy_s = 0, copy_gbps = 0;
+  std::size_t updated_elements = 0;
+  double bytes_per_element = 0;
+};
+
+// Median seconds of `reps` runs of f on stream s, after a warm-up run.
+template <class F>
+double median_seconds(cudaStream_t s, int reps, F f) {
+  cudaEvent_t a = nullptr, b = nullptr;
+  ZERO_CUDA_CHECK(cudaEventCreate(&a));
+  ZERO_CUDA_CHECK(cudaEventCreate(&b));
+  f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    ZERO_CUDA_CHECK(cudaEventRecord(a, s));
+    f();
+    ZERO_CUDA_CHECK(cudaEventRecord(b, s));
+    ZERO_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    ZERO_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e-3);
+  }
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <class T, class Engine>
+void measure_floor(zero::gpu::context& ctx, device_model<T>& m, const Engine& e, const mlp::config& c, roofline& rl) {
+  std::size_t widest_w = 0;
+  for (int l = 0; l < c.layers; ++l)
+    widest_w = std::max(widest_w, static_cast<std::size_t>(mlp::dim(c, l)) * static_cast<std::size_t>(mlp::dim(c, l + 1)));
+  {
+    device_array<T> w(widest_w), g(widest_w);
+    rl.gemm_s = median_seconds(ctx.compute(), 10, [&] { m.step_gemms(w.data(), g.data()); });
+  }
+  // Read + write of a 256 MiB device-to-device copy.
+  const std::size_t bytes = std::size_t{256} << 20;
+  device_array<unsigned char> a(bytes), b(bytes);
+  const double copy_s = median_seconds(ctx.compute(), 10, [&] {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, ctx.compute()));
+  });
+  rl.copy_gbps = 2.0 * static_cast<double>(bytes) / copy_s * 1e-9;
+  // What the optimizer moves per element: the gradient read; master weight and every slot read and
+  // written; a separate parameter copy written.
+  using Prec = typename Engine::precision;
+  rl.bytes_per_element = static_cast<double>(sizeof(typename Prec::grad_type)) + 2.0 * sizeof(float) * (1 + Engine::optimizer::slots) +
+                         (Prec::separate_master ? static_cast<double>(sizeof(typename Prec::param_type)) : 0.0);
+  rl.updated_elements = Engine::partitioner::shards_optimizer_states ? e.layout().shard_total() : e.layout().padded();
+  rl.optimizer_at_copy_s = rl.bytes_per_element * static_cast<double>(rl.updated_elements) / (rl.copy_gbps * 1e9);
+}
+
+template <class Stage, class Opt, class Prec, class Comm>
+void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline& rl) {
+  using T = typename Prec::param_type;
   const zero::model_spec spec = mlp::make_spec(o.model);
   zero::engine_options eo;
   eo.clip_norm = o.clip;
-  zero::engine<Stage, Comm, Opt> e(comm, spec, opt, eo);
-  e.initialize(mlp::initializer(o.model));
+  eo.micro_batches = o.accum;
+  zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
+  // A resumed run continues from the checkpoint's weights, optimizer state and data position,
+  // whichever trainer, world size and stage saved it.
+  const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, mlp::initializer(o.model));
   const int rank = comm.rank(), ranks = comm.size();
-  device_model m(comm.context(), o.model, o.model.batch / ranks, o.steps);
+  device_model<T> m(comm.context(), o.model, o.model.batch / ranks / o.accum, o.accum, o.steps);
   comm.barrier();  // every rank starts the clock with its set-up done
   const auto start = std::chrono::steady_clock::now();
   auto last_print = start;
-  for (int t = 0; t < o.steps; ++t) {
-    m.train_step(e, static_cast<std::uint64_t>(t), rank);
+  // The steady state, for --roofline: the steps after the first few (allocator pools and cuBLAS warm up).
+  const int warm = std::min(5, o.steps / 2);
+  auto steady_start = start;
+  out.first_step = out.last_step = t0;
+  for (int i = 0; i < o.steps; ++i) {
+    if (rl.wanted && i == warm) {
+      comm.context().wait_all();
+      steady_start = std::chrono::steady_clock::now();
+    }
+    const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
+    const zero::step_report r = m.train_step(e, t, rank, static_cast<std::size_t>(i));
+    out.grad_norm = r.grad_norm;
+    out.loss_scale = r.loss_scale;
+    out.overflow_steps += r.skipped ? 1 : 0;
+    out.last_step = t + 1;
+    trainer::after_step(e, comm, o, i);
     const auto now = std::chrono::steady_clock::now();
-    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || t + 1 == o.steps || t == 0)) {
-      const double loss = m.loss_of(static_cast<std::uint64_t>(t));  // rank 0's own rows
+    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
+      const double loss = m.loss_of(static_cast<std::size_t>(i));  // rank 0's own rows
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "step %5d/%d  loss %.4f (rank 0)  %.0f samples/s\n", t + 1, o.steps, loss,
-                   secs > 0 ? (t + 1) * double(o.model.batch) / secs : 0.0);
+      std::fprintf(stderr, "step %5llu/%llu  loss %.4f (rank 0)  %.0f samples/s%s\n", static_cast<unsigned long long>(t + 1),
+                   static_cast<unsigned long long>(t0 + static_cast<std::uint64_t>(o.steps)), loss,
+                   secs > 0 ? (i + 1) * double(o.model.batch) / secs : 0.0,
+                   r.skipped ? "  (skipped: non-finite gradients)" : "");
       last_print = now;
     }
   }
   comm.context().wait_all();
+  const auto end = std::chrono::steady_clock::now();
   comm.barrier();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // Per-step losses and hits, summed over ranks in one collective each.
-  const auto steps = static_cast<std::size_t>(o.steps);
-  comm.all_reduce(m.losses(), m.losses(), steps, zero::reduce_op::sum);
-  comm.all_reduce(m.hits(), m.hits(), steps, zero::reduce_op::sum);
-  std::vector<double> losses(steps), hits(steps);
-  zero::sys::cuda::copy(losses.data(), m.losses(), steps * sizeof(double));
-  zero::sys::cuda::copy(hits.data(), m.hits(), steps * sizeof(double));
-  out.loss_first = losses.front() / ranks;
-  out.loss_last = losses.back() / ranks;
-  out.accuracy_last = hits.back() / o.model.batch;
+  if (rl.wanted && o.steps > warm) rl.step_s = std::chrono::duration<double>(end - steady_start).count() / (o.steps - warm);
+  if (o.steps > 0) {
+    // Per-step losses and hits, summed over ranks in one collective each.
+    const auto steps = static_cast<std::size_t>(o.steps);
+    comm.all_reduce(m.losses(), m.losses(), steps, zero::reduce_op::sum);
+    comm.all_reduce(m.hits(), m.hits(), steps, zero::reduce_op::sum);
+    std::vector<double> losses(steps), hits(steps);
+    zero::sys::cuda::copy(losses.data(), m.losses(), steps * sizeof(double));
+    zero::sys::cuda::copy(hits.data(), m.hits(), steps * sizeof(double));
+    out.loss_first = losses.front() / ranks;
+    out.loss_last = losses.back() / ranks;
+    out.accuracy_last = hits.back() / o.model.batch;
+  }
 
   const auto params = e.full_params();
   out.param_hash = zero::fnv1a64(params.data(), params.size() * sizeof(float));
@@ -317,15 +501,14 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   out.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   out.device = device_name(comm.context().device());
-  out.last_step = static_cast<std::uint64_t>(o.steps);
+  trainer::finish(e, comm, o);
+  if (rl.wanted && rank == 0) measure_floor(comm.context(), m, e, o.model, rl);
+  comm.barrier();
 }
 
-// The device kernels of this trainer are fp32; main() refuses the other precisions before this.
 template <class Comm>
-void dispatch(Comm& comm, const options& o, summary& out) {
-  trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) {
-    if constexpr (std::is_same_v<P, zero::precision::fp32>) train<S, O>(comm, o, opt, out);
-  });
+void dispatch(Comm& comm, const options& o, summary& out, roofline& rl) {
+  trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out, rl); });
 }
 
 }  // namespace
@@ -344,15 +527,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cuda_threads", "nccl"}))
       ->capture_default_str();
   trainer::add_common_flags(app, o);
+  roofline rl;
+  app.add_flag("--roofline", rl.wanted,
+               "also time the step's GEMMs alone and the device copy bandwidth, and report the step against "
+               "(GEMMs + optimizer bytes at copy speed)");
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
   const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
-  // What the GPU trainer does not do yet: its kernels are fp32 and one batch per step, and it has no
-  // checkpoint wiring. Refused rather than ignored.
-  if (o.precision != "fp32") return usage_error("--precision " + o.precision + ": train_mlp_cuda trains in fp32 only");
-  if (o.accum != 1) return usage_error("--accum: train_mlp_cuda takes one micro-batch per step");
-  if (!o.save.empty() || !o.resume.empty() || !o.export_file.empty())
-    return usage_error("--save, --resume and --export are train_mlp's; train_mlp_cuda does not checkpoint yet");
+  if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
 
   summary s;
   if (o.backend == "nccl") {
@@ -363,13 +545,14 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend nccl the ranks are the processes mpirun starts; drop --ranks)";
-    else if (o.model.batch % world != 0)
-      problem = batch_rule + "the number of MPI processes " + std::to_string(world);
+    else if (o.model.batch % (world * o.accum) != 0)
+      problem = batch_rule + "the number of MPI processes " + std::to_string(world) + " times --accum " +
+                std::to_string(o.accum);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     try {
       zero::comm::nccl comm(MPI_COMM_WORLD);
-      dispatch(comm, o, s);
+      dispatch(comm, o, s, rl);
     } catch (const std::exception& e) {
       // Peers blocked in NCCL would otherwise wait for their watchdog's timeout.
       std::cerr << "train_mlp_cuda rank " << rank << ": " << e.what() << "\n";
@@ -380,12 +563,17 @@ int main(int argc, char** argv) {
     return usage_error("--backend nccl: this train_mlp_cuda was built without MPI or NCCL");
 #endif
   } else {
-    if (o.model.batch % o.ranks != 0) return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks));
+    if (o.model.batch % (o.ranks * o.accum) != 0)
+      return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " + std::to_string(o.accum));
     try {
       zero::comm::cuda_threads::launch(o.ranks, [&](zero::comm::cuda_threads& comm) {
         summary local;
-        dispatch(comm, o, local);
-        if (comm.rank() == 0) s = local;
+        roofline mine{rl.wanted};
+        dispatch(comm, o, local, mine);
+        if (comm.rank() == 0) {
+          s = local;
+          rl = mine;
+        }
       });
     } catch (const std::exception& e) {
       std::cerr << "train_mlp_cuda: " << e.what() << "\n";
@@ -393,8 +581,22 @@ int main(int argc, char** argv) {
     }
   }
   trainer::print_summary(o, s);
+  if (rl.wanted && rl.step_s > 0) {
+    const double floor_s = rl.gemm_s + rl.optimizer_at_copy_s;
+    std::printf("  roofline: step %.3f ms = %.3f x (GEMMs %.3f ms + optimizer %.0f B x %zu elements at %.0f GB/s = "
+                "%.3f ms)\n",
+                rl.step_s * 1e3, rl.step_s / floor_s, rl.gemm_s * 1e3, rl.bytes_per_element, rl.updated_elements,
+                rl.copy_gbps, rl.optimizer_at_copy_s * 1e3);
+  }
   if (o.json) {
-    const nlohmann::json j = trainer::summary_json(o, s);
+    nlohmann::json j = trainer::summary_json(o, s);
+    if (rl.wanted && rl.step_s > 0) {
+      j["step_s"] = rl.step_s;
+      j["gemm_s"] = rl.gemm_s;
+      j["optimizer_at_copy_s"] = rl.optimizer_at_copy_s;
+      j["copy_gbps"] = rl.copy_gbps;
+      j["roofline_ratio"] = rl.step_s / (rl.gemm_s + rl.optimizer_at_copy_s);
+    }
     std::cout << j.dump() << std::endl;
   }
   return 0;

@@ -47,7 +47,9 @@ struct summary {
 // on the backends it offers).
 inline void add_common_flags(CLI::App& app, options& o) {
   app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
-  app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 100000000))->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps (0 with --resume: only reshard, --save or --export it)")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
   app.add_option("--layers", o.model.layers, "linear layers")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--hidden", o.model.hidden, "hidden width")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--in", o.model.in, "input features")->check(CLI::Range(1, 1 << 20))->capture_default_str();

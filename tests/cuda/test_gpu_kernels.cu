@@ -41,12 +41,25 @@ std::vector<T> samples(std::uint64_t salt, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(sample(salt, i));
   return v;
 }
-// AdamW's second moment is never negative (a negative one would make sqrt's NaN, whose bits differ
-// between host and device).
+// AdamW's second moment is never negative in training; the special-value runs below also feed it
+// negative ones (sqrt's NaN).
 std::vector<float> positive_samples(std::uint64_t salt, std::size_t n) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = std::fabs(sample(salt, i)) + 1e-3f;
   return v;
+}
+
+// Every fifth element replaced by +Inf, -Inf, a signed payload NaN or a negative value: inputs
+// whose results are NaNs made differently by the host (0xffc00000, payloads propagated) and the
+// device (0x7fffffff). Both must store the canonical NaN, so the bits still agree.
+template <class T>
+void add_specials(std::vector<T>& v, std::uint64_t salt) {
+  float payload_nan;
+  const std::uint32_t bits = 0xffc00001u;
+  std::memcpy(&payload_nan, &bits, sizeof bits);
+  const float specials[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            payload_nan, -0.5f};
+  for (std::size_t i = salt % 5; i < v.size(); i += 5) v[i] = static_cast<T>(specials[(i / 5 + salt) % 4]);
 }
 
 template <class T>
@@ -86,7 +99,7 @@ struct device_fixture {
 };
 
 template <class Opt, class G, class P>
-void check_update(Opt opt, bool separate_copy) {
+void check_update(Opt opt, bool separate_copy, bool specials = false) {
   device_fixture f;
   for (std::uint64_t t : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{7}}) {
     const auto c = opt.constants(t);
@@ -102,6 +115,11 @@ void check_update(Opt opt, bool separate_copy) {
           s.push_back(k == 1 ? positive_samples(3 + static_cast<std::uint64_t>(k), n)
                              : samples<float>(3 + static_cast<std::uint64_t>(k), n));
         std::vector<P> p(n, static_cast<P>(0.0f));
+        if (specials) {
+          add_specials(g, 21);
+          add_specials(w, 22);
+          for (std::size_t k = 0; k < s.size(); ++k) add_specials(s[k], 23 + k);
+        }
         // The host reference.
         auto hw = w;
         auto hs = s;
@@ -139,6 +157,17 @@ TEST_CASE("GPU kernels: AdamW updates are bit-identical to the host loop (fp32, 
   check_update<zero::optim::adamw, float, zero::bf16>(a, true);
 }
 
+TEST_CASE("GPU kernels: updates that make NaNs store the same canonical NaN as the host (AdamW, SGD)") {
+  zero::optim::adamw a;
+  check_update<zero::optim::adamw, float, float>(a, false, true);
+  check_update<zero::optim::adamw, zero::bf16, zero::bf16>(a, true, true);
+  check_update<zero::optim::adamw, zero::fp16, zero::fp16>(a, true, true);
+  zero::optim::sgd s;
+  s.momentum = 0.9f;
+  s.nesterov = true;
+  check_update<zero::optim::sgd, float, zero::fp16>(s, true, true);
+}
+
 TEST_CASE("GPU kernels: SGD updates (momentum, Nesterov, decay) are bit-identical to the host loop") {
   zero::optim::sgd s;
   s.lr = 0.05f;
@@ -155,11 +184,14 @@ TEST_CASE_TEMPLATE("GPU kernels: accumulation and casts are bit-identical to the
     for (std::size_t off : offsets) {
       CAPTURE(n);
       CAPTURE(off);
-      const auto src = samples<T>(11, n);
+      auto src = samples<T>(11, n);
+      add_specials(src, 1);  // with Inf - Inf and payload NaNs: the canonical NaN on both sides
       for (bool first : {true, false}) {
         // Into the same type and into fp32 (fp32_grad_accumulation).
         auto dst = samples<T>(12, n);
         auto dst32 = samples<float>(13, n);
+        add_specials(dst, 2);
+        add_specials(dst32, 3);
         auto hdst = dst;
         auto hdst32 = dst32;
         host::accumulate(hdst.data(), src.data(), n, first);
@@ -171,7 +203,8 @@ TEST_CASE_TEMPLATE("GPU kernels: accumulation and casts are bit-identical to the
         CHECK(same_bits(ddst.read(), hdst));
         CHECK(same_bits(ddst32.read(), hdst32));
       }
-      const auto master = samples<float>(14, n);
+      auto master = samples<float>(14, n);
+      add_specials(master, 4);
       std::vector<T> hcast(n), dcast0(n);
       host::cast_from_float(hcast.data(), master.data(), n);
       device_vector<float> dmaster(master, off);
@@ -223,4 +256,46 @@ TEST_CASE("GPU sys::cuda: allocations are counted by the rank's context and come
   f.sys.synchronize();
   CHECK(f.ctx.memory().live == before.live);
   CHECK(f.ctx.memory().peak >= during.live);
+}
+
+TEST_CASE("GPU launcher: every launch shape the bench sweeps gives the host's bits at every length") {
+  device_fixture f;
+  zero::optim::adamw opt;
+  const auto c = opt.constants(3);
+  auto run = [&]<class Shape>(std::size_t n, std::size_t off) {
+    auto g = samples<zero::bf16>(31, n);
+    auto w = samples<float>(32, n), m = samples<float>(33, n), v = positive_samples(34, n);
+    std::vector<zero::bf16> p(n, zero::bf16(0.0f));
+    auto hw = w, hm = m, hv = v;
+    auto hp = p;
+    float* hs[2] = {hm.data(), hv.data()};
+    host::apply_update<zero::optim::adamw>(c, g.data(), 2.0f, 1.0f, hw.data(), hs, hp.data(), n);
+    device_vector<zero::bf16> dg(g, off), dp(p, off);
+    device_vector<float> dw(w, off), dm(m, off), dv(v, off);
+    zero::gpu::context& x = f.sys.context();
+    zero::gpu::launch_elementwise<Shape>(x.compute(), x.multiprocessors(), n,
+                                     zero::gpu::update_rule<zero::optim::adamw>{c, 2.0f, 1.0f},
+                                     zero::gpu::in(static_cast<const zero::bf16*>(dg.data())), zero::gpu::inout(dw.data()),
+                                     zero::gpu::out(dp.data()), zero::gpu::inout(dm.data()), zero::gpu::inout(dv.data()));
+    CHECK(same_bits(dw.read(), hw));
+    CHECK(same_bits(dm.read(), hm));
+    CHECK(same_bits(dv.read(), hv));
+    CHECK(same_bits(dp.read(), hp));
+  };
+  // Lengths that leave partial groups, single chunks and a scalar tail behind the grouped loop, and
+  // one larger than a full wave of resident blocks.
+  for (std::size_t n : {std::size_t{0}, std::size_t{9}, std::size_t{4099}, std::size_t{100003}, std::size_t{5000011}})
+    for (std::size_t off : {std::size_t{0}, std::size_t{1}}) {
+      CAPTURE(n);
+      CAPTURE(off);
+      using zero::gpu::launch_shape;
+      run.template operator()<launch_shape<8, 1, false>>(n, off);
+      run.template operator()<launch_shape<8, 2, false>>(n, off);
+      run.template operator()<launch_shape<8, 4, false>>(n, off);
+      run.template operator()<launch_shape<4, 2, false>>(n, off);
+      run.template operator()<launch_shape<4, 4, false>>(n, off);
+      run.template operator()<launch_shape<8, 2, true>>(n, off);
+      run.template operator()<launch_shape<4, 2, true>>(n, off);
+      run.template operator()<launch_shape<4, 4, true>>(n, off);
+    }
 }

@@ -25,8 +25,9 @@ expect 2 'ranks' --ranks 0
 expect 2 'ranks' --ranks 65
 expect 2 'lr' --lr -1
 expect 2 'unrecognized|Extras|not expected' --no-such-flag
-expect 2 'fp32 only' --precision bf16
-expect 2 'one micro-batch' --accum 2
-expect 2 'does not checkpoint' --save /tmp/x
+expect 2 'multiple of --ranks 4 times --accum 3' --accum 3
+expect 2 'steps 0 only makes sense with --resume' --steps 0
+expect 2 'precision' --precision fp8
+expect 2 'resume' --resume /nonexistent/checkpoint
 expect 0 'Usage' --help
 [ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }

@@ -182,7 +182,7 @@ class engine {
     float coef = 1.0f;
     if (needs_norm()) {
       const double sq = global_sum_of_squares(divisor);
-      r.grad_norm = std::sqrt(sq);
+      r.grad_norm = fp::canonical(std::sqrt(sq));  // a NaN norm reports the same bits on every system
       r.skipped = !std::isfinite(sq);
       if (!r.skipped && options_.clip_norm > 0.0f && r.grad_norm > options_.clip_norm)
         coef = static_cast<float>(static_cast<double>(options_.clip_norm) / (r.grad_norm + 1e-6));
@@ -473,18 +473,23 @@ class engine {
   // and in every stage: each rank sums its owned slice unit by unit, and the partial sums are added in
   // rank order (by the all-reduce, or locally over the N slices where gradients are replicated).
   double global_sum_of_squares(float divisor) {
+    // Rank r's slices of every unit, summed by one call of the system (a device system waits once).
     auto partial = [&](int r) {
       double acc = 0.0;
       with_grad_store([&](const auto& store) {
         using T = std::remove_pointer_t<decltype(store.data())>;
+        std::vector<const T*> segments;
+        std::vector<std::size_t> sizes;
         for (std::size_t u = 0; u < units_.size(); ++u) {
           const unit_layout& ul = layout_.unit(unit_id{u});
           const range o = layout_.owned_real(unit_id{u}, r);
           if (o.empty()) continue;
-          const T* g = P::shards_gradients ? store.data() + ul.shard_offset + (o.begin - static_cast<std::size_t>(r) * ul.shard)
-                                           : store.data() + ul.offset + o.begin;
-          acc += sys_.sum_of_squares(g, o.size(), divisor);
+          segments.push_back(P::shards_gradients
+                                 ? store.data() + ul.shard_offset + (o.begin - static_cast<std::size_t>(r) * ul.shard)
+                                 : store.data() + ul.offset + o.begin);
+          sizes.push_back(o.size());
         }
+        acc = sys_.sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor);
       });
       return acc;
     };

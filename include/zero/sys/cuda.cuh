@@ -78,7 +78,11 @@ struct cuda {
   }
   template <class G>
   double sum_of_squares(const G* g, std::size_t n, float divisor) const {
-    return gpu::sum_of_squares(context(), g, n, divisor);
+    return gpu::sum_of_squares(context(), &g, &n, 1, divisor);
+  }
+  template <class G>
+  double sum_of_squares(const G* const* segments, const std::size_t* sizes, std::size_t count, float divisor) const {
+    return gpu::sum_of_squares(context(), segments, sizes, count, divisor);
   }
   template <class D>
   void cast_from_float(D* dst, const float* src, std::size_t n) const {

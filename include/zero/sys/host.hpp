@@ -48,6 +48,14 @@ struct host {
     for (std::size_t j = 0; j < n; ++j) acc += elementwise::square(g, divisor, j);
     return acc;
   }
+  // The same over several segments: each summed as above, the segment sums added in order starting
+  // from 0 (one call, so a device system waits for its results once, not once per segment).
+  template <class G>
+  static double sum_of_squares(const G* const* segments, const std::size_t* sizes, std::size_t count, float divisor) {
+    double acc = 0.0;
+    for (std::size_t k = 0; k < count; ++k) acc += sum_of_squares(segments[k], sizes[k], divisor);
+    return acc;
+  }
   template <class D>
   static void cast_from_float(D* dst, const float* src, std::size_t n) {
     for (std::size_t j = 0; j < n; ++j) elementwise::cast(dst, src, j);
