@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <iostream>
+#include <random>
 #include <string>
 
 #include "mlp.hpp"
@@ -93,22 +95,46 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   if (!o.save.empty()) ckpt::save(e, comm, o.save);
   if (!o.export_file.empty()) {
-    // The export reads a checkpoint: the one just saved, or a temporary one beside the output.
+    // The export reads a checkpoint: the one just saved, or a temporary one beside the output,
+    // under a name nobody can predict (rank 0 draws it), created afresh so that no existing
+    // directory is ever used or removed, and removed afterwards without following links.
     std::filesystem::path dir = o.save;
-    if (dir.empty()) dir = std::filesystem::path(o.export_file).string() + ".checkpoint.tmp";
-    if (o.save.empty()) ckpt::save(e, comm, dir);
+    const bool temporary = dir.empty();
+    if (temporary) {
+      std::random_device rd;
+      const std::uint64_t token = ((std::uint64_t{rd()} << 16) ^ rd()) & ((std::uint64_t{1} << 48) - 1);
+      const double shared = global_max(comm, rank == 0 ? static_cast<double>(token) : 0.0);  // exact below 2^53
+      dir = o.export_file + ".checkpoint-" + ckpt::to_hex(static_cast<std::uint64_t>(shared)).substr(4);
+      ckpt::save_options so;
+      so.new_directory = true;
+      ckpt::save(e, comm, dir, so);
+    }
     comm.barrier();
     if (rank == 0) {
-      ckpt::export_safetensors(dir, o.export_file);
-      if (o.save.empty()) std::filesystem::remove_all(dir);
+      try {
+        ckpt::export_safetensors(dir, o.export_file);
+      } catch (...) {
+        if (temporary) ckpt::remove_checkpoint(dir);
+        throw;
+      }
+      if (temporary && !ckpt::remove_checkpoint(dir))
+        std::fprintf(stderr, "train_mlp: warning: the temporary checkpoint '%s' could not be removed entirely\n",
+                     dir.c_str());
     }
     comm.barrier();
   }
 }
 
+// A rank's whole run, with every failure made a zero::error whose message is safe to print (names
+// quoted from a checkpoint are escaped): std::bad_alloc or any other exception included.
 template <class Comm>
 void dispatch(Comm& comm, const options& o, summary& out) {
-  trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out); });
+  try {
+    trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out); });
+  } catch (...) {
+    const zero::error e = zero::as_error(std::current_exception());
+    throw zero::error(e.kind(), zero::checkpoint::printable(e.what(), 4096, zero::checkpoint::printable_mode::message));
+  }
 }
 
 }  // namespace
@@ -165,8 +191,10 @@ int main(int argc, char** argv) {
         dispatch(comm, o, local);
         if (comm.rank() == 0) s = local;
       });
-    } catch (const std::exception& e) {
-      std::cerr << "train_mlp: " << e.what() << "\n";
+    } catch (...) {
+      const zero::error e = zero::as_error(std::current_exception());
+      std::cerr << "train_mlp: " << zero::checkpoint::printable(e.what(), 4096, zero::checkpoint::printable_mode::message)
+                << "\n";
       return 1;
     }
   }
