@@ -108,7 +108,7 @@ expect 1 'must not share bytes' "$zero_export" "$work/amplified" "$work/amplifie
   fail "the large fixture run failed"
 limited() { ulimit -v "$1" && shift && exec "$@"; }
 base_kb=""
-for kb in $(seq 12000 4000 80000); do
+for kb in $(seq 4000 4000 80000); do
   if (limited "$kb" "$zero_export" --verify "$work/big") >/dev/null 2>&1; then
     base_kb=$kb
     break
