@@ -89,7 +89,8 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
 
 template <class Comm>
 void dispatch(Comm& comm, const options& o, summary& out) {
-  trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out); });
+  trainer::with_printable_errors(
+      [&] { trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out); }); });
 }
 
 }  // namespace
@@ -147,8 +148,8 @@ int main(int argc, char** argv) {
         dispatch(comm, o, local);
         if (comm.rank() == 0) s = local;
       });
-    } catch (const std::exception& e) {
-      std::cerr << "train_mlp: " << e.what() << "\n";
+    } catch (...) {
+      std::cerr << "train_mlp: " << trainer::printable_failure(std::current_exception()) << "\n";
       return 1;
     }
   }

@@ -508,7 +508,8 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
 
 template <class Comm>
 void dispatch(Comm& comm, const options& o, summary& out, roofline& rl) {
-  trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out, rl); });
+  trainer::with_printable_errors(
+      [&] { trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out, rl); }); });
 }
 
 }  // namespace
@@ -553,9 +554,9 @@ int main(int argc, char** argv) {
     try {
       zero::comm::nccl comm(MPI_COMM_WORLD);
       dispatch(comm, o, s, rl);
-    } catch (const std::exception& e) {
+    } catch (...) {
       // Peers blocked in NCCL would otherwise wait for their watchdog's timeout.
-      std::cerr << "train_mlp_cuda rank " << rank << ": " << e.what() << "\n";
+      std::cerr << "train_mlp_cuda rank " << rank << ": " << trainer::printable_failure(std::current_exception()) << "\n";
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (rank != 0) return 0;  // every rank holds the reduced summary; rank 0 reports it
@@ -575,8 +576,8 @@ int main(int argc, char** argv) {
           rl = mine;
         }
       });
-    } catch (const std::exception& e) {
-      std::cerr << "train_mlp_cuda: " << e.what() << "\n";
+    } catch (...) {
+      std::cerr << "train_mlp_cuda: " << trainer::printable_failure(std::current_exception()) << "\n";
       return 1;
     }
   }

@@ -83,6 +83,21 @@ def read_slots(vdir, m):
                 at = s["end"]
             if at != numel:
                 fail("segments of %s.%s cover %d of %d elements" % (unit["name"], t["name"], at, numel))
+    # Every byte of every data file holds one value: the slots' byte ranges tile each file exactly.
+    ranges = [[] for _ in files]
+    for unit in m["model"]["units"]:
+        for t in unit["tensors"]:
+            for s in t["segments"]:
+                for o in s["offsets"]:
+                    ranges[s["file"]].append((o, o + (s["end"] - s["begin"]) * 4))
+    for f, (entry, spans) in enumerate(zip(m["files"], ranges)):
+        at = 0
+        for begin, end in sorted(spans):
+            if begin != at:
+                fail("%s: bytes from %d are %s" % (entry["name"], min(at, begin), "shared" if begin < at else "unused"))
+            at = end
+        if at != entry["bytes"]:
+            fail("%s: bytes %d to %d are unused" % (entry["name"], at, entry["bytes"]))
     return out
 
 

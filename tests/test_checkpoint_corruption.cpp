@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -179,8 +180,9 @@ TEST_CASE("a manifest of another model or optimizer is refused") {
                  {"another model", "'bias'"});
   expect_refused("shape", edit([&](json& j) { tensor(j, 2, 0)["shape"] = json::array({13, 29}); }), error_kind::corrupt,
                  {"another model", "block.w", "[13, 29]", "[29, 13]"});
+  // A unit dropped from the manifest leaves its bytes in the data files unused: refused as such.
   expect_refused("units", edit([](json& j) { j["model"]["units"].erase(3); }), error_kind::corrupt,
-                 {"another model", "3 units"});
+                 {"rank-00000-of-00002.bin", "belong to no segment"});
   expect_refused("dtype", edit([&](json& j) { tensor(j, 0, 0)["dtype"] = "BF16"; }), error_kind::corrupt,
                  {"embed.w", "BF16"});
   // The engine's model differs from the checkpoint's.
@@ -189,6 +191,7 @@ TEST_CASE("a manifest of another model or optimizer is refused") {
   const outcome o = try_load(fx().base, other);
   CHECK(o.kind == error_kind::corrupt);
   CHECK(o.message.find("another model") != std::string::npos);
+  CHECK(o.message.find("it has 4 units, the engine's model has 1") != std::string::npos);
   // Another optimizer.
   const outcome s = try_load<zero::optim::sgd>(fx().base);
   CHECK(s.kind == error_kind::corrupt);
@@ -396,4 +399,157 @@ TEST_CASE("damaged safetensors headers are refused; any file that parses still h
     }
   }
   MESSAGE(refused, " damaged safetensors files refused, ", parsed, " parsed with unchanged values");
+}
+
+namespace {
+
+// Damages a copy with `mutate`, then expects loading, verifying and exporting it each to end in a
+// zero::error (kind corrupt) whose message contains `expect`, with no output file left behind.
+void expect_refused_everywhere(const std::string& name, const std::function<void(const fs::path&)>& mutate,
+                               const std::string& expect) {
+  CAPTURE(name);
+  const fs::path d = fx().copy(name);
+  mutate(d);
+  const outcome o = try_load(d);
+  REQUIRE_FALSE(o.loaded);
+  CAPTURE(o.message);
+  CHECK(o.kind == error_kind::corrupt);
+  CHECK(o.message.find(expect) != std::string::npos);
+  CHECK_THROWS_WITH_AS(ckpt::verify(d), doctest::Contains(expect.c_str()), zero::error);
+  const fs::path out = fx().root / (name + ".safetensors");
+  CHECK_THROWS_WITH_AS(ckpt::export_safetensors(d, out), doctest::Contains(expect.c_str()), zero::error);
+  CHECK_FALSE(fs::exists(out));
+}
+
+// The manifest text with `value` in place of the value that follows `member` (up to the next ',' or '}').
+std::function<void(const fs::path&)> replace_value(const std::string& member, const std::string& value) {
+  return [member, value](const fs::path& d) {
+    std::string s = slurp(d / "manifest.json");
+    const auto at = s.find(member);
+    REQUIRE(at != std::string::npos);
+    const auto from = at + member.size(), to = s.find_first_of(",}", from);
+    s.replace(from, to - from, value);
+    spit(d / "manifest.json", with_checksum(s));
+  };
+}
+
+}  // namespace
+
+TEST_CASE("deeply nested JSON is refused wherever it sits, before anything walks it") {
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  // In front of the checksum check, as the issue found it; then behind a valid checksum.
+  expect_refused_everywhere("deep-format", replace_manifest("{\"format\": " + deep + ", \"x\": 1}"),
+                            "nested deeper than 32 levels");
+  expect_refused_everywhere("deep-step", replace_value("\"step\":", deep), "nested deeper than 32 levels");
+  expect_refused_everywhere("deep-hyper", replace_value("\"hyper_parameters\":{", "\"x\":" + deep),
+                            "nested deeper than 32 levels");
+  // The safetensors header goes through the same parser.
+  const std::string original = slurp(fx().exported);
+  std::uint64_t n = 0;
+  std::memcpy(&n, original.data(), 8);
+  std::string h = "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  std::string bytes(8, '\0');
+  const std::uint64_t len = h.size();
+  std::memcpy(bytes.data(), &len, 8);
+  bytes += h;
+  CHECK_THROWS_WITH_AS(ckpt::safetensors::parse_header(bytes, bytes.size(), "deep"),
+                       doctest::Contains("nested deeper than 32 levels"), zero::error);
+}
+
+TEST_CASE("repeated JSON members are refused, not silently resolved to one of them") {
+  expect_refused_everywhere("duplicate-step", replace_value("\"step\":", "3,\"step\":4"), "\"step\" appears twice");
+  const std::string h = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  std::string bytes(8, '\0');
+  const std::uint64_t len = h.size();
+  std::memcpy(bytes.data(), &len, 8);
+  bytes += h + std::string(4, '\0');
+  CHECK_THROWS_WITH_AS(ckpt::safetensors::parse_header(bytes, bytes.size(), "dup"), doctest::Contains("appears twice"),
+                       zero::error);
+}
+
+TEST_CASE("segments may not share bytes or leave bytes unused: output stays bounded by the data") {
+  auto seg = [](json& j, std::size_t u, std::size_t t) -> json& { return j["model"]["units"][u]["tensors"][t]["segments"]; };
+  // tiny.scale's master slot moved onto embed.w's first values: both would read the same bytes.
+  expect_refused_everywhere("overlap", edit([&](json& j) { seg(j, 1, 0)[0]["offsets"][0] = 0; }), "must not share bytes");
+  expect_refused_everywhere("gap", edit([](json& j) { j["files"][0]["bytes"] = j["files"][0]["bytes"].get<std::uint64_t>() + 4; }),
+                            "belong to no segment");
+  // The amplification: one tensor of 1024 segments that all read the same bytes of a 4 KB file,
+  // which an export would write out as a tensor 1024 times larger than the data.
+  expect_refused_everywhere("amplified", edit([&](json& j) {
+                              const std::uint64_t len = j["files"][0]["bytes"].get<std::uint64_t>() / 4;
+                              json& t = j["model"]["units"][1]["tensors"][0];
+                              t["shape"] = json::array({1024 * len});
+                              json segs = json::array();
+                              for (std::uint64_t k = 0; k < 1024; ++k)
+                                segs.push_back({{"begin", k * len}, {"end", (k + 1) * len}, {"file", 0}, {"offsets", {0, 0, 0}}});
+                              t["segments"] = segs;
+                            }),
+                            "must not share bytes");
+}
+
+TEST_CASE("an unterminated 8 MB string gives a short error message") {
+  const outcome o = [] {
+    const fs::path d = fx().copy("unterminated");
+    spit(d / "manifest.json", "{\"format\": \"" + std::string(8 << 20, 'a'));
+    return try_load(d);
+  }();
+  REQUIRE_FALSE(o.loaded);
+  CHECK(o.message.find("not valid JSON") != std::string::npos);
+  CHECK(o.message.size() < 1000);
+}
+
+TEST_CASE("names from a checkpoint are escaped in messages: no terminal control sequence gets through") {
+  temp_dir d("escape");
+  zero::model_spec spec;
+  spec.unit("emb\x1b[2J\x1b]0;title\x07").tensor("w\xc2\x9b", {3});  // ESC sequences, BEL, a C1 control
+  zero::comm::threads::launch(1, [&](zero::comm::threads& comm) {
+    zero::engine<zero::stage0, zero::comm::threads, adamw> e(comm, spec);
+    e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, std::span<float> v) {
+      for (auto& x : v) x = 1.0f;
+    });
+    ckpt::save(e, comm, d.path);
+  });
+  zero::model_spec other;
+  other.unit("embed").tensor("w", {3});
+  const outcome o = try_load(d.path, other);  // "another model", naming the unit
+  REQUIRE_FALSE(o.loaded);
+  CAPTURE(o.message);
+  CHECK(o.message.find("another model") != std::string::npos);
+  CHECK(o.message.find("emb\\x1B[2J\\x1B]0;title\\x07") != std::string::npos);
+  for (char c : o.message) CHECK((static_cast<unsigned char>(c) >= 0x20 && c != 0x7f));
+  // The same in the safetensors reader.
+  const std::string h = "{\"a\\u001b[31m\":{\"dtype\":\"F31\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+  std::string bytes(8, '\0');
+  const std::uint64_t len = h.size();
+  std::memcpy(bytes.data(), &len, 8);
+  bytes += h + std::string(4, '\0');
+  try {
+    (void)ckpt::safetensors::parse_header(bytes, bytes.size(), "escape");
+    FAIL("an unknown dtype was accepted");
+  } catch (const zero::error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("a\\x1B[31m") != std::string::npos);
+    CHECK(m.find('\x1b') == std::string::npos);
+  }
+}
+
+TEST_CASE("export never writes a header larger than its own reader accepts") {
+  temp_dir d("big-header");
+  zero::model_spec spec;
+  auto unit = spec.unit(std::string(1 << 20, 'u'));  // 1 MiB, repeated in each of 101 exported names
+  for (int t = 0; t <= 100; ++t) {
+    std::string name = "t";
+    name += std::to_string(t);
+    unit.tensor(name, {1});
+  }
+  zero::comm::threads::launch(1, [&](zero::comm::threads& comm) {
+    zero::engine<zero::stage0, zero::comm::threads, adamw> e(comm, spec);
+    e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, std::span<float> v) {
+      for (auto& x : v) x = 1.0f;
+    });
+    ckpt::save(e, comm, d / "ckpt");
+  });
+  CHECK_THROWS_WITH_AS(ckpt::export_safetensors(d / "ckpt", d / "out.safetensors"),
+                       doctest::Contains("a reader accepts"), zero::error);
+  CHECK_FALSE(fs::exists(d / "out.safetensors"));
 }

@@ -100,3 +100,40 @@ TEST_CASE("exporting a model of eight 1 MiB tensors stages one tensor at a time"
   }
   CHECK(bit_equal(all, full));
 }
+
+TEST_CASE("parsing a hostile manifest allocates at most 16 bytes per byte of text, whatever its shape") {
+  const std::size_t n = std::size_t{4} << 20;
+  auto repeated = [&](const std::string& open, const std::string& item, const std::string& close) {
+    std::string s = open;
+    while (s.size() < n) s += item + ",";
+    return s + item + close;
+  };
+  std::string keys = "{";
+  for (int i = 0; keys.size() < n; ++i) keys += "\"k" + std::to_string(i) + "\":0,";
+  keys += "\"x\":0}";
+  const std::pair<const char*, std::string> shapes[] = {
+      {"empty arrays", repeated("[", "[]", "]")},
+      {"zeros", repeated("[", "0", "]")},
+      {"empty strings", repeated("[", "\"\"", "]")},
+      {"empty objects", repeated("[", "{}", "]")},
+      {"short strings", repeated("[", "\"abcdefghijklmnopq\"", "]")},
+      {"many members", keys},
+      {"unterminated string", "{\"format\": \"" + std::string(n, 'a')},
+      {"deep nesting", std::string(n / 2, '[') + std::string(n / 2, ']')},
+  };
+  for (const auto& [label, text] : shapes) {
+    const std::string name = label;
+    CAPTURE(name);
+    live = 0;
+    peak = 0;
+    tracking = true;
+    try {
+      (void)ckpt::parse_manifest(text, "hostile", false);
+    } catch (const zero::error&) {
+    }
+    tracking = false;
+    MESSAGE(name, ": peak ", static_cast<double>(peak.load()) / static_cast<double>(text.size()),
+            " bytes per byte of text");
+    CHECK(peak.load() <= static_cast<long long>(16 * text.size() + (std::size_t{1} << 20)));
+  }
+}

@@ -2,11 +2,13 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <string>
 
 #include "zero/checkpoint/export.hpp"
 #include "zero/checkpoint/load.hpp"
+#include "zero/checkpoint/printable.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -39,7 +41,7 @@ int main(int argc, char** argv) {
     if (verify_only) {
       const auto m = ckpt::verify(input);
       if (json)
-        std::cout << ckpt::json{{"checkpoint", input}, {"ok", true}, {"step", m.state.step}, {"files", m.files.size()}}.dump()
+        std::cout << ckpt::json{{"checkpoint", input}, {"ok", true}, {"step", m.state.step}, {"files", m.files.size()}}.dump(-1, ' ', false, ckpt::json::error_handler_t::replace)
                   << "\n";
       else
         std::cerr << "zero_export: " << input << ": ok (step " << m.state.step << ", " << m.files.size()
@@ -56,14 +58,19 @@ int main(int argc, char** argv) {
                               {"bytes", r.bytes},
                               {"step", r.step},
                               {"data_xxh64", ckpt::to_hex(r.data_xxh64)}}
-                       .dump()
+                       .dump(-1, ' ', false, ckpt::json::error_handler_t::replace)
                 << "\n";
     else
       std::cerr << "zero_export: wrote " << output << " (" << r.tensors << " tensors, " << r.bytes << " bytes, step "
                 << r.step << ") from " << r.version_dir.string() << "\n";
     return 0;
-  } catch (const zero::error& e) {
-    std::cerr << "zero_export: error (" << zero::to_string(e.kind()) << "): " << e.what() << "\n";
+  } catch (...) {
+    // Every failure, std::bad_alloc included, ends here as one message and exit status 1: an
+    // uncaught exception would abort without unwinding, leaving the temporary output behind.
+    // Whatever the message quotes from a file is escaped before it reaches the terminal.
+    const zero::error e = zero::as_error(std::current_exception());
+    std::cerr << "zero_export: error (" << zero::to_string(e.kind())
+              << "): " << ckpt::printable(e.what(), 4096, ckpt::printable_mode::message) << "\n";
     return 1;
   }
 }

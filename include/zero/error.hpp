@@ -1,6 +1,8 @@
 // zero::error, the one exception type of the library, and ZERO_CHECK for validating input.
 #pragma once
 
+#include <exception>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -52,6 +54,23 @@ std::string concat(Args&&... args) {
 template <class... Args>
 [[noreturn]] void fail(error_kind kind, Args&&... args) {
   throw error(kind, detail::concat(std::forward<Args>(args)...));
+}
+
+// Any exception as a zero::error, for a program's boundary, where every failure must end in one
+// message and an exit status rather than an abort: zero::error as it is, std::bad_alloc as an io
+// error "out of memory", anything else as an io error naming what it was.
+inline error as_error(std::exception_ptr p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const error& e) {
+    return e;
+  } catch (const std::bad_alloc&) {
+    return error(error_kind::io, "out of memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return error(error_kind::io, std::string("unexpected failure: ") + e.what());
+  } catch (...) {
+    return error(error_kind::io, "unexpected failure (an exception of unknown type)");
+  }
 }
 
 }  // namespace zero

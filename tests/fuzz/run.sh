@@ -23,6 +23,20 @@ manifest=$(ls "$work"/fixture/ckpt/v-*/manifest.json | head -1)
 { printf '\000'; cat "$manifest"; } > "$work/corpus/manifest"
 { printf '\001'; cat "$manifest"; } > "$work/corpus/manifest-unchecked"
 { printf '\002'; cat "$work/fixture/model.safetensors"; } > "$work/corpus/safetensors"
+# Seeds at the parsers' limits: nesting far deeper than they accept, segments that all reuse the same
+# bytes (the amplification), a repeated member; each a small step from a real file.
+python3 - "$manifest" "$work/corpus" <<'PY' || { echo "FAIL: the seeds were not written"; exit 1; }
+import re, struct, sys
+text, out = open(sys.argv[1]).read(), sys.argv[2]
+def put(name, mode, body):
+    open("%s/%s" % (out, name), "wb").write(bytes([mode]) + (body if isinstance(body, bytes) else body.encode()))
+put("deep", 1, '{"format": ' + "[" * 6000 + "]" * 6000 + ', "x": 1}')
+put("deep-hyper", 1, text.replace('"hyper_parameters":{', '"hyper_parameters":{"x":' + "[" * 3000 + "]" * 3000 + ",", 1))
+put("amplified", 1, re.sub(r'"offsets":\[\d+,\d+,\d+\]', '"offsets":[0,0,0]', text))
+put("duplicate", 1, text.replace('"step":', '"step":1,"step":', 1))
+header = ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":' + "[" * 4000 + "]" * 4000 + "}").encode()
+put("deep-safetensors", 2, struct.pack("<Q", len(header)) + header + bytes(4))
+PY
 
 cd "$work" && ./fuzz -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
   -dict="$here/manifest.dict" -print_final_stats=1 corpus > fuzz.log 2>&1

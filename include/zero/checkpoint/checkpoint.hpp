@@ -2,10 +2,13 @@
 // Needs nlohmann/json and xxHash (header-only) besides the core library.
 #pragma once
 
+#include "zero/checkpoint/bounded_json.hpp"
 #include "zero/checkpoint/checksum.hpp"
 #include "zero/checkpoint/export.hpp"
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/format.hpp"
 #include "zero/checkpoint/load.hpp"
+#include "zero/checkpoint/printable.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/checkpoint/save.hpp"
+#include "zero/checkpoint/shared_manifest.hpp"

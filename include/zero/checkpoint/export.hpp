@@ -5,19 +5,22 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/printable.hpp"
 #include "zero/checkpoint/safetensors.hpp"
+#include "zero/checkpoint/shared_manifest.hpp"
 #include "zero/error.hpp"
 
 namespace zero::checkpoint {
 
 struct export_options {
-  bool overwrite = true;  // replace an existing output file (atomically); false refuses it
+  bool overwrite = true;  // replace an existing output file (atomically); false refuses it, atomically too
   // Called after each tensor is written with its name and the bytes staged for it: the one buffer
   // of the export that grows with the model, so a caller (or a test) can watch the peak.
   std::function<void(const std::string& name, std::size_t staged_bytes)> on_tensor;
@@ -34,18 +37,23 @@ struct export_result {
 // Writes the master weights of the checkpoint `dir` names to `out` in the safetensors format:
 // tensors "unit.tensor" in declaration order, dtype F32, the model's shapes; metadata "format": "pt",
 // the step, and the checksum of the data buffer. Every data file's checksum is verified first.
-// Streams: one tensor is staged at a time, so the peak memory is one tensor, not the model. The
-// output appears atomically (written under a temporary name, synced, renamed).
+// Streams: one tensor is staged at a time, so the peak memory is one tensor, not the model; since
+// every byte of the data files holds one value (see parse_manifest), the output is never larger
+// than the checkpoint's data. The output appears atomically: written under an unpredictable
+// temporary name created with O_EXCL (nothing planted there is written through), synced, renamed.
 inline export_result export_safetensors(const fs::path& dir, const fs::path& out, const export_options& options = {}) {
   const fs::path vdir = resolve(dir);
   const fs::path mp = vdir / manifest_name;
-  const manifest m = parse_manifest(read_small_file(mp, max_manifest_bytes), mp.string());
+  const auto shared = read_manifest_shared(mp);
+  const manifest& m = *shared;
   std::error_code ec;
-  ZERO_CHECK(options.overwrite || !fs::exists(out, ec), io, "export: '", out.string(), "' exists (not overwriting it)");
+  ZERO_CHECK(options.overwrite || !fs::exists(fs::symlink_status(out, ec)), io, "export: '", out.string(),
+             "' exists (not overwriting it)");
 
-  // Every file verified before the output is created; opened again, as needed, while streaming.
+  // Every file verified (sizes, then checksums) before the output is created; opened again, as
+  // needed, while streaming.
   detail::data_files files(vdir, m.files);
-  for (std::size_t i = 0; i < m.files.size(); ++i) files.verify(i);
+  files.verify_all();
 
   std::vector<safetensors::planned_tensor> planned;
   for (const auto& u : m.units)
@@ -60,7 +68,7 @@ inline export_result export_safetensors(const fs::path& dir, const fs::path& out
   const auto hex_at = locate_hex_member(head, safetensors::data_checksum_key);
   ZERO_CHECK(hex_at.has_value(), invalid_argument, "export: no unique ", safetensors::data_checksum_key, " in the header");
 
-  durable_writer w(out);
+  durable_writer w(out, options.overwrite ? existing_file::replace : existing_file::refuse);
   const std::uint64_t n = head.size();
   w.write_unhashed(&n, 8);  // little-endian on this host
   w.write_unhashed(head.data(), head.size());
@@ -68,7 +76,12 @@ inline export_result export_safetensors(const fs::path& dir, const fs::path& out
   std::size_t i = 0;
   for (const auto& u : m.units)
     for (const auto& t : u.tensors) {
-      staged.assign(static_cast<std::size_t>(t.numel), 0.0f);
+      try {
+        staged.assign(static_cast<std::size_t>(t.numel), 0.0f);
+      } catch (const std::bad_alloc&) {
+        fail(error_kind::io, "export: out of memory staging tensor ", quote_name(u.name + "." + t.name), " (",
+             t.numel * sizeof(float), " bytes)");
+      }
       for (const auto& s : t.segments)
         files.get(s.file).pread_exact(staged.data() + s.begin, static_cast<std::size_t>(s.end - s.begin) * sizeof(float),
                                   s.offsets[0]);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,8 +21,10 @@
 #include <utility>
 #include <vector>
 
+#include "zero/checkpoint/bounded_json.hpp"
 #include "zero/checkpoint/checksum.hpp"
 #include "zero/checkpoint/file_io.hpp"
+#include "zero/checkpoint/printable.hpp"
 #include "zero/config.hpp"
 #include "zero/core/model_spec.hpp"
 #include "zero/engine/reports.hpp"
@@ -32,6 +35,7 @@
 namespace zero::checkpoint {
 
 // Insertion-ordered, so a manifest reads in the order docs/checkpoint-format.md lists its members.
+// (Reading goes through parse_json() into a parsed_json.)
 using json = nlohmann::ordered_json;
 
 // The newest manifest schema this library reads and the one it writes; a manifest with a larger
@@ -46,6 +50,11 @@ inline constexpr std::string_view master_slot = "master";
 inline constexpr std::uint64_t max_manifest_bytes = std::uint64_t{256} << 20;
 inline constexpr std::uint64_t max_elements = std::uint64_t{1} << 60;  // per tensor; 4x fits in 64 bits
 inline constexpr std::size_t max_slots = 64;
+inline constexpr std::size_t max_hyper_parameters = 64;  // members, each a number, boolean or short string
+inline constexpr std::size_t max_depth = 32;             // JSON nesting; a manifest needs 9 levels
+// The largest version number: "v-" and 18 digits is the widest name a reader accepts, so a save
+// never commits a version that readers would not see.
+inline constexpr std::uint64_t max_version = 999'999'999'999'999'999;
 
 struct file_entry {
   std::string name;           // a plain file name inside the version directory
@@ -82,7 +91,7 @@ struct manifest {
   int stage = 0;             // at save time
   std::string precision;     // Engine::precision::name at save time
   std::string optimizer;     // Engine::optimizer::name
-  json hyper_parameters = json::object();
+  json hyper_parameters = json::object();  // at most 64 members: numbers, booleans, short strings
   training_state state;
   std::vector<std::string> slots;  // "master", then the optimizer's state slots
   std::vector<file_entry> files;
@@ -123,49 +132,61 @@ inline std::string library_name() {
          std::to_string(ZERO_VERSION_PATCH);
 }
 
-// Checked accessors: every failure names the file and the member path.
+// Checked accessors: every failure names the file and the member path. J is parsed_json (what
+// parse_json() returns) or json (the hyper-parameters a manifest keeps).
 struct reader {
   std::string source;  // the manifest's path, for messages
 
-  // A value as JSON, cut short: a message must stay readable whatever the manifest holds.
-  static std::string brief(const json& v) {
-    std::string t = v.dump();
-    return t.size() > 64 ? t.substr(0, 61) + "..." : t;
+  // What a value is, in a few words: a message must stay short and safe to print whatever the
+  // manifest holds (a container is described, never dumped).
+  template <class J>
+  static std::string brief(const J& v) {
+    if (v.is_object()) return "an object of " + std::to_string(v.size()) + " members";
+    if (v.is_array()) return "an array of " + std::to_string(v.size()) + " elements";
+    if (v.is_string()) return "the string \"" + printable(v.template get_ref<const std::string&>(), 48) + "\"";
+    return v.dump();  // a number, a boolean or null: a few characters
   }
 
   [[noreturn]] void bad(const std::string& where, const std::string& what) const {
     fail(error_kind::corrupt, "checkpoint: '", source, "': ", where, ": ", what);
   }
-  const json& member(const json& obj, const char* key, const std::string& where) const {
-    if (!obj.is_object()) bad(where, "expected a JSON object");
+  template <class J>
+  const J& member(const J& obj, const char* key, const std::string& where) const {
+    if (!obj.is_object()) bad(where, "expected a JSON object, found " + brief(obj));
     auto it = obj.find(key);
     if (it == obj.end()) bad(where, std::string("missing member '") + key + "'");
     return *it;
   }
-  std::uint64_t u64(const json& v, const std::string& where) const {
+  template <class J>
+  std::uint64_t u64(const J& v, const std::string& where) const {
     // A JSON integer without a sign parses as unsigned; a negative one or a fraction is refused.
     if (!v.is_number_unsigned()) bad(where, "expected a non-negative integer, found " + brief(v));
-    return v.get<std::uint64_t>();
+    return v.template get<std::uint64_t>();
   }
-  std::uint64_t u64(const json& obj, const char* key, const std::string& where) const {
+  template <class J>
+  std::uint64_t u64(const J& obj, const char* key, const std::string& where) const {
     return u64(member(obj, key, where), where + "." + key);
   }
-  std::string str(const json& v, const std::string& where) const {
+  template <class J>
+  std::string str(const J& v, const std::string& where) const {
     if (!v.is_string()) bad(where, "expected a string, found " + brief(v));
-    return v.get<std::string>();
+    return v.template get<std::string>();
   }
-  std::string str(const json& obj, const char* key, const std::string& where) const {
+  template <class J>
+  std::string str(const J& obj, const char* key, const std::string& where) const {
     return str(member(obj, key, where), where + "." + key);
   }
-  double number(const json& v, const std::string& where) const {
+  template <class J>
+  double number(const J& v, const std::string& where) const {
     if (!v.is_number()) bad(where, "expected a number, found " + brief(v));
-    const double d = v.get<double>();
+    const double d = v.template get<double>();
     if (!std::isfinite(d)) bad(where, "expected a finite number");
     return d;
   }
-  const json& array(const json& obj, const char* key, const std::string& where) const {
-    const json& v = member(obj, key, where);
-    if (!v.is_array()) bad(where + "." + key, "expected an array");
+  template <class J>
+  const J& array(const J& obj, const char* key, const std::string& where) const {
+    const J& v = member(obj, key, where);
+    if (!v.is_array()) bad(where + "." + key, "expected an array, found " + brief(v));
     return v;
   }
 };
@@ -262,18 +283,65 @@ inline std::string serialize_manifest(const manifest& m) {
 
 // ---- reading ---------------------------------------------------------------------------------
 
+namespace detail {
+
+// Every byte of every data file holds exactly one value of one slot of one segment: no two segments
+// share bytes (a 1 MB manifest could otherwise describe a huge tensor with 4 MiB of data, read the
+// same bytes again and again), and no byte is left over (work and memory stay bounded by the data
+// the manifest describes, and a reader never hashes bytes it does not use).
+inline void check_file_tiling(const manifest& m, const reader& rd) {
+  struct piece {
+    std::uint64_t begin, end;
+    std::uint32_t file, unit, tensor, slot;
+  };
+  std::vector<piece> pieces;
+  for (std::size_t u = 0; u < m.units.size(); ++u)
+    for (std::size_t t = 0; t < m.units[u].tensors.size(); ++t)
+      for (const segment& s : m.units[u].tensors[t].segments)
+        for (std::size_t k = 0; k < s.offsets.size(); ++k)
+          pieces.push_back({s.offsets[k], s.offsets[k] + (s.end - s.begin) * 4, static_cast<std::uint32_t>(s.file),
+                            static_cast<std::uint32_t>(u), static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(k)});
+  std::sort(pieces.begin(), pieces.end(),
+            [](const piece& a, const piece& b) { return a.file != b.file ? a.file < b.file : a.begin < b.begin; });
+  auto what = [&](const piece& p) {
+    return "tensor " + quote_name(m.units[p.unit].name + "." + m.units[p.unit].tensors[p.tensor].name) + " slot " +
+           quote_name(m.slots[p.slot]);
+  };
+  std::size_t i = 0;
+  for (std::uint32_t f = 0; f < m.files.size(); ++f) {
+    const std::string fname = quote_name(m.files[f].name);
+    std::uint64_t at = 0;
+    const piece* prev = nullptr;
+    for (; i < pieces.size() && pieces[i].file == f; ++i) {
+      const piece& p = pieces[i];
+      if (p.begin < at)
+        rd.bad("manifest.model", "bytes [" + std::to_string(p.begin) + ", " + std::to_string(at) + ") of " + fname +
+                                     " hold both " + what(*prev) + " and " + what(p) +
+                                     ": segments must not share bytes");
+      if (p.begin > at)
+        rd.bad("manifest.model", "bytes [" + std::to_string(at) + ", " + std::to_string(p.begin) + ") of " + fname +
+                                     " belong to no segment: every byte of a data file holds one value");
+      at = p.end;
+      prev = &p;
+    }
+    if (at != m.files[f].bytes)
+      rd.bad("manifest.files[" + std::to_string(f) + "]", "bytes [" + std::to_string(at) + ", " +
+                                                         std::to_string(m.files[f].bytes) + ") of " + fname +
+                                                         " belong to no segment: every byte of a data file holds one value");
+  }
+}
+
+}  // namespace detail
+
 // Parses and validates manifest text; every problem is a zero::error (kind corrupt) naming `source`.
+// The text goes through parse_json() (depth, size and memory limits; repeated members refused).
 // check_checksum = false is for tools that inspect a damaged manifest, never for loading.
 inline manifest parse_manifest(std::string_view text, const std::string& source, bool check_checksum = true) {
   const detail::reader rd{source};
-  ZERO_CHECK(text.size() <= max_manifest_bytes, corrupt, "checkpoint: '", source, "' is larger than ",
-             max_manifest_bytes, " bytes");
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    fail(error_kind::corrupt, "checkpoint: '", source, "' is not valid JSON: ", e.what());
-  }
+  json_limits limits;
+  limits.max_depth = max_depth;
+  limits.max_bytes = max_manifest_bytes;
+  const parsed_json j = parse_json(text, limits, "checkpoint: '" + source + "'");
   try {
     manifest m;
     if (!j.is_object()) rd.bad("manifest", "expected a JSON object at the top level");
@@ -299,7 +367,7 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     }
 
     m.library = rd.str(j, "library", "manifest");
-    const json& by = rd.member(j, "saved_by", "manifest");
+    const parsed_json& by = rd.member(j, "saved_by", "manifest");
     const std::uint64_t ws = rd.u64(by, "world_size", "manifest.saved_by");
     const std::uint64_t st = rd.u64(by, "stage", "manifest.saved_by");
     if (ws == 0 || ws > (1u << 24)) rd.bad("manifest.saved_by.world_size", "out of range: " + std::to_string(ws));
@@ -308,13 +376,23 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     m.stage = static_cast<int>(st);
     m.precision = rd.str(j, "precision", "manifest");
 
-    const json& opt = rd.member(j, "optimizer", "manifest");
+    const parsed_json& opt = rd.member(j, "optimizer", "manifest");
     m.optimizer = rd.str(opt, "name", "manifest.optimizer");
     if (m.optimizer.empty()) rd.bad("manifest.optimizer.name", "empty");
-    m.hyper_parameters = rd.member(opt, "hyper_parameters", "manifest.optimizer");
-    if (!m.hyper_parameters.is_object()) rd.bad("manifest.optimizer.hyper_parameters", "expected a JSON object");
+    const parsed_json& hp = rd.member(opt, "hyper_parameters", "manifest.optimizer");
+    const std::string hw = "manifest.optimizer.hyper_parameters";
+    if (!hp.is_object()) rd.bad(hw, "expected a JSON object, found " + rd.brief(hp));
+    if (hp.size() > max_hyper_parameters) rd.bad(hw, "more than " + std::to_string(max_hyper_parameters) + " members");
+    for (const auto& [key, v] : hp.items()) {
+      // Settings are scalars: nothing a manifest keeps (and copies into every load_result) can be large.
+      if (key.size() > 256 ||
+          !(v.is_number() || v.is_boolean() || (v.is_string() && v.get_ref<const std::string&>().size() <= 256)))
+        rd.bad(hw + "." + printable(key, 64), "expected a number, a boolean or a string of at most 256 bytes, found " +
+                                                  rd.brief(v));
+      m.hyper_parameters[key] = json(v);
+    }
 
-    const json& ts = rd.member(j, "training_state", "manifest");
+    const parsed_json& ts = rd.member(j, "training_state", "manifest");
     const std::string tw = "manifest.training_state";
     m.state.step = rd.u64(ts, "step", tw);
     const double ls = rd.number(rd.member(ts, "loss_scale", tw), tw + ".loss_scale");
@@ -327,7 +405,7 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     m.state.hysteresis_left = static_cast<int>(hl);
     m.state.skipped_steps = rd.u64(ts, "skipped_steps", tw);
 
-    const json& slots = rd.array(j, "slots", "manifest");
+    const parsed_json& slots = rd.array(j, "slots", "manifest");
     if (slots.empty() || slots.size() > max_slots) rd.bad("manifest.slots", "expected 1 to 64 slot names");
     for (std::size_t k = 0; k < slots.size(); ++k) {
       m.slots.push_back(rd.str(slots[k], "manifest.slots[" + std::to_string(k) + "]"));
@@ -337,15 +415,15 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     if (std::set<std::string>(m.slots.begin(), m.slots.end()).size() != m.slots.size())
       rd.bad("manifest.slots", "slot names repeat");
 
-    const json& files = rd.array(j, "files", "manifest");
+    const parsed_json& files = rd.array(j, "files", "manifest");
     std::set<std::string> file_names;
     for (std::size_t i = 0; i < files.size(); ++i) {
       const std::string w = "manifest.files[" + std::to_string(i) + "]";
       file_entry f;
       f.name = rd.str(files[i], "name", w);
       if (!detail::plain_file_name(f.name))
-        rd.bad(w + ".name", "'" + f.name + "' is not a plain file name inside the checkpoint");
-      if (!file_names.insert(f.name).second) rd.bad(w + ".name", "'" + f.name + "' is listed twice");
+        rd.bad(w + ".name", quote_name(f.name) + " is not a plain file name inside the checkpoint");
+      if (!file_names.insert(f.name).second) rd.bad(w + ".name", quote_name(f.name) + " is listed twice");
       f.bytes = rd.u64(files[i], "bytes", w);
       const auto h = from_hex(rd.str(files[i], "xxh64", w));
       if (!h) rd.bad(w + ".xxh64", "expected 16 lowercase hex digits");
@@ -353,8 +431,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
       m.files.push_back(std::move(f));
     }
 
-    const json& model = rd.member(j, "model", "manifest");
-    const json& units = rd.array(model, "units", "manifest.model");
+    const parsed_json& model = rd.member(j, "model", "manifest");
+    const parsed_json& units = rd.array(model, "units", "manifest.model");
     if (units.empty()) rd.bad("manifest.model.units", "the model has no units");
     std::set<std::string> unit_names;
     for (std::size_t u = 0; u < units.size(); ++u) {
@@ -362,7 +440,7 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
       unit_entry ue;
       ue.name = rd.str(units[u], "name", uw);
       if (ue.name.empty() || !unit_names.insert(ue.name).second) rd.bad(uw + ".name", "empty or repeated unit name");
-      const json& tensors = rd.array(units[u], "tensors", uw);
+      const parsed_json& tensors = rd.array(units[u], "tensors", uw);
       if (tensors.empty()) rd.bad(uw + ".tensors", "the unit has no tensors");
       std::set<std::string> tensor_names;
       for (std::size_t t = 0; t < tensors.size(); ++t) {
@@ -371,8 +449,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
         te.name = rd.str(tensors[t], "name", tw2);
         if (te.name.empty() || !tensor_names.insert(te.name).second)
           rd.bad(tw2 + ".name", "empty or repeated tensor name");
-        const std::string tn = "tensor '" + ue.name + "." + te.name + "'";
-        const json& shape = rd.array(tensors[t], "shape", tw2);
+        const std::string tn = "tensor " + quote_name(ue.name + "." + te.name);
+        const parsed_json& shape = rd.array(tensors[t], "shape", tw2);
         if (shape.empty() || shape.size() > 64) rd.bad(tw2 + ".shape", "expected 1 to 64 dimensions");
         te.numel = 1;
         for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -383,8 +461,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
         }
         te.dtype = rd.str(tensors[t], "dtype", tw2);
         if (te.dtype != stored_dtype)
-          rd.bad(tw2 + ".dtype", tn + " has dtype '" + te.dtype + "'; format version 1 stores F32 only");
-        const json& segs = rd.array(tensors[t], "segments", tw2);
+          rd.bad(tw2 + ".dtype", tn + " has dtype " + quote_name(te.dtype) + "; format version 1 stores F32 only");
+        const parsed_json& segs = rd.array(tensors[t], "segments", tw2);
         std::uint64_t covered = 0;
         for (std::size_t s = 0; s < segs.size(); ++s) {
           const std::string sw = tw2 + ".segments[" + std::to_string(s) + "]";
@@ -398,14 +476,14 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
           if (sg.end <= sg.begin || sg.end > te.numel) rd.bad(sw, tn + ": segment end out of range");
           if (fi >= m.files.size()) rd.bad(sw + ".file", tn + ": file index " + std::to_string(fi) + " out of range");
           sg.file = static_cast<std::size_t>(fi);
-          const json& offs = rd.array(segs[s], "offsets", sw);
+          const parsed_json& offs = rd.array(segs[s], "offsets", sw);
           if (offs.size() != m.slots.size()) rd.bad(sw + ".offsets", "expected one offset per slot");
           const std::uint64_t len = (sg.end - sg.begin) * 4;
           for (std::size_t k = 0; k < offs.size(); ++k) {
             const std::uint64_t o = rd.u64(offs[k], sw + ".offsets");
             if (o > m.files[sg.file].bytes || len > m.files[sg.file].bytes - o)
-              rd.bad(sw + ".offsets", tn + ": slot '" + m.slots[k] + "' lies beyond the end of '" +
-                                          m.files[sg.file].name + "'");
+              rd.bad(sw + ".offsets", tn + ": slot " + quote_name(m.slots[k]) + " lies beyond the end of " +
+                                          quote_name(m.files[sg.file].name));
             sg.offsets.push_back(o);
           }
           covered = sg.end;
@@ -418,10 +496,11 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
       }
       m.units.push_back(std::move(ue));
     }
+    detail::check_file_tiling(m, rd);
     return m;
-  } catch (const json::exception& e) {
+  } catch (const nlohmann::json::exception& e) {
     // A member of an unexpected type that slipped past the checks above: still a damaged manifest.
-    fail(error_kind::corrupt, "checkpoint: '", source, "': unexpected content: ", e.what());
+    fail(error_kind::corrupt, "checkpoint: '", source, "': unexpected content: ", printable(e.what(), 160));
   }
 }
 
@@ -435,19 +514,20 @@ inline void check_model(const manifest& m, const model_spec& spec, const std::st
   for (std::size_t u = 0; u < m.units.size(); ++u) {
     const unit_entry& a = m.units[u];
     const unit_spec& b = spec.units()[u];
-    if (a.name != b.name) refuse("unit ", u, " is '", a.name, "' in the checkpoint but '", b.name, "' in the model");
+    if (a.name != b.name)
+      refuse("unit ", u, " is ", quote_name(a.name), " in the checkpoint but ", quote_name(b.name), " in the model");
     if (a.tensors.size() != b.tensors.size())
-      refuse("unit '", a.name, "' has ", a.tensors.size(), " tensors in the checkpoint but ", b.tensors.size(),
+      refuse("unit ", quote_name(a.name), " has ", a.tensors.size(), " tensors in the checkpoint but ", b.tensors.size(),
              " in the model");
     for (std::size_t t = 0; t < a.tensors.size(); ++t) {
       const tensor_entry& x = a.tensors[t];
       const tensor_spec& y = b.tensors[t];
       if (x.name != y.name)
-        refuse("tensor ", t, " of unit '", a.name, "' is '", x.name, "' in the checkpoint but '", y.name,
-               "' in the model");
+        refuse("tensor ", t, " of unit ", quote_name(a.name), " is ", quote_name(x.name), " in the checkpoint but ",
+               quote_name(y.name), " in the model");
       if (x.shape != y.shape)
-        refuse("tensor '", a.name, ".", x.name, "' has shape ", detail::shape_text(x.shape), " in the checkpoint but ",
-               detail::shape_text(y.shape), " in the model");
+        refuse("tensor ", quote_name(a.name + "." + x.name), " has shape ", detail::shape_text(x.shape),
+               " in the checkpoint but ", detail::shape_text(y.shape), " in the model");
     }
   }
 }
@@ -455,8 +535,8 @@ inline void check_model(const manifest& m, const model_spec& spec, const std::st
 // Refuses state slots of another optimizer.
 template <class Opt>
 void check_optimizer(const manifest& m, const std::string& source) {
-  ZERO_CHECK(m.optimizer == Opt::name, corrupt, "checkpoint: '", source, "' was saved with optimizer '", m.optimizer,
-             "', the engine uses '", Opt::name, "'");
+  ZERO_CHECK(m.optimizer == Opt::name, corrupt, "checkpoint: '", source, "' was saved with optimizer ",
+             quote_name(m.optimizer), ", the engine uses '", Opt::name, "'");
   ZERO_CHECK(m.slots.size() == 1 + static_cast<std::size_t>(Opt::slots), corrupt, "checkpoint: '", source, "' has ",
              m.slots.size() - 1, " optimizer slots, optimizer '", Opt::name, "' has ", Opt::slots);
 }
@@ -516,6 +596,7 @@ inline std::string version_name(std::uint64_t v) {
   return buf;
 }
 inline std::optional<std::uint64_t> parse_version_name(std::string_view n) {
+  // At most 18 digits (max_version): every such number fits in 64 bits without overflow.
   if (n.size() < 3 || n.size() > 20 || n.substr(0, 2) != "v-") return std::nullopt;
   std::uint64_t v = 0;
   for (char c : n.substr(2)) {
@@ -526,6 +607,12 @@ inline std::optional<std::uint64_t> parse_version_name(std::string_view n) {
   if (version_name(v) != n) return std::nullopt;
   return v;
 }
+// "v-" and more digits than a reader accepts, without a leading zero: a version written by
+// something else that this library cannot number, so it must not be passed over as if absent.
+inline bool too_wide_version_name(std::string_view n) {
+  if (n.size() <= 20 || n.substr(0, 2) != "v-" || n[2] == '0') return false;
+  return std::all_of(n.begin() + 2, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 inline std::string data_file_name(int rank, int world) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "rank-%05d-of-%05d.bin", rank, world);
@@ -533,12 +620,16 @@ inline std::string data_file_name(int rank, int world) {
 }
 
 struct version_entry {
-  std::uint64_t number = 0;
+  std::uint64_t number = 0;  // for a name too wide to number: the largest uint64
   fs::path path;
-  bool committed = false;  // has a manifest.json
+  bool committed = false;    // holds an entry named manifest.json
+  // Why this version cannot be read, when it cannot: a symbolic link or a file rather than a
+  // directory (never followed, never removed), a directory that cannot be searched, a number too
+  // wide. Empty for a real directory whose state is known.
+  std::string problem;
 };
 
-// The version directories under dir, oldest first.
+// Everything under dir named like a version, oldest first, looked at without following links.
 inline std::vector<version_entry> list_versions(const fs::path& dir) {
   std::vector<version_entry> out;
   std::error_code ec;
@@ -546,9 +637,32 @@ inline std::vector<version_entry> list_versions(const fs::path& dir) {
   ZERO_CHECK(!ec, io, "checkpoint: cannot list '", dir.string(), "': ", ec.message());
   for (; it != end; it.increment(ec)) {
     if (ec) break;
-    const auto v = parse_version_name(it->path().filename().string());
-    if (!v || !it->is_directory(ec)) continue;
-    out.push_back({*v, it->path(), fs::is_regular_file(it->path() / manifest_name, ec)});
+    const std::string name = it->path().filename().string();
+    version_entry v;
+    v.path = it->path();
+    if (const auto n = parse_version_name(name)) {
+      v.number = *n;
+    } else if (too_wide_version_name(name)) {
+      v.number = std::numeric_limits<std::uint64_t>::max();
+      v.problem = "has a number wider than the 18 digits this library reads";
+      out.push_back(std::move(v));
+      continue;
+    } else {
+      continue;
+    }
+    struct stat st {};
+    if (::lstat(v.path.c_str(), &st) != 0) {
+      const int e = errno;
+      if (e == ENOENT) continue;  // removed while listing
+      v.problem = "cannot be inspected: " + detail::errno_text(e);
+    } else if (!S_ISDIR(st.st_mode)) {
+      v.problem = std::string("is ") + detail::type_name(st.st_mode) + ", not a directory (not followed)";
+    } else if (::lstat((v.path / manifest_name).c_str(), &st) == 0) {
+      v.committed = true;
+    } else if (const int e = errno; e != ENOENT) {
+      v.problem = "cannot be inspected: " + detail::errno_text(e);
+    }
+    out.push_back(std::move(v));
   }
   ZERO_CHECK(!ec, io, "checkpoint: cannot list '", dir.string(), "': ", ec.message());
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.number < b.number; });
@@ -556,26 +670,42 @@ inline std::vector<version_entry> list_versions(const fs::path& dir) {
 }
 
 // The version directory `dir` names: dir itself when it holds a manifest.json (one version, passed
-// directly), else its newest committed version.
+// directly), else its newest committed version. Never an older one when something newer exists
+// that cannot be read: that is reported, not passed over (a version that merely lacks its
+// manifest is an interrupted save, and is passed over).
 inline fs::path resolve(const fs::path& dir) {
   std::error_code ec;
   ZERO_CHECK(fs::is_directory(dir, ec), io, "checkpoint: '", dir.string(), "' does not exist or is not a directory");
-  if (fs::exists(dir / manifest_name, ec)) return dir;
+  struct stat st {};
+  if (::lstat((dir / manifest_name).c_str(), &st) == 0) return dir;
+  if (const int e = errno; e != ENOENT)
+    fail(error_kind::io, "checkpoint: cannot inspect '", (dir / manifest_name).string(), "': ", detail::errno_text(e));
   const auto versions = list_versions(dir);
-  for (auto it = versions.rbegin(); it != versions.rend(); ++it)
+  for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
+    if (!it->problem.empty())
+      fail(error_kind::io, "checkpoint: '", dir.string(), "': the newest version ", quote_name(it->path.filename().string()),
+           " ", it->problem, "; not falling back to an older version (name an older version directory to load it)");
     if (it->committed) return it->path;
+  }
   fail(error_kind::io, "checkpoint: '", dir.string(), "' holds no committed checkpoint (no v-*/", manifest_name,
        versions.empty() ? ")" : "; the versions there are incomplete saves)");
 }
 
 namespace detail {
 
-// Opens a data file and checks its size and checksum against the manifest before anything in it is used.
-inline file open_verified(const fs::path& vdir, const file_entry& f) {
+// Opens a data file and checks its size against the manifest.
+inline file open_sized(const fs::path& vdir, const file_entry& f) {
   file fd = file::open_read(vdir / f.name);
   const std::uint64_t size = fd.size();
   ZERO_CHECK(size == f.bytes, corrupt, "checkpoint: '", fd.path().string(), "' has ", size, " bytes, the manifest says ",
              f.bytes, size < f.bytes ? " (truncated)" : " (extended)");
+  return fd;
+}
+
+// Opens a data file and checks its size and checksum against the manifest before anything in it is used.
+inline file open_verified(const fs::path& vdir, const file_entry& f) {
+  file fd = open_sized(vdir, f);
+  const std::uint64_t size = f.bytes;
   const std::uint64_t h = hash_file(fd, size);
   ZERO_CHECK(h == f.xxh64, corrupt, "checkpoint: '", fd.path().string(), "': checksum mismatch (the manifest says ",
              to_hex(f.xxh64), ", the file hashes to ", to_hex(h), "): the file is damaged");
@@ -607,6 +737,17 @@ class data_files {
     return open_.emplace(i, std::move(fd)).first->second;
   }
   void verify(std::size_t i) { (void)get(i); }
+  // Verifies the files `which` lists: first every size (a stat each), then every checksum, so a
+  // file of the wrong size is reported at once rather than after hashing all the others.
+  void verify(const std::vector<std::size_t>& which) {
+    for (std::size_t i : which) (void)open_sized(vdir_, (*entries_)[i]);
+    for (std::size_t i : which) verify(i);
+  }
+  void verify_all() {
+    std::vector<std::size_t> all(entries_->size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    verify(all);
+  }
 
  private:
   fs::path vdir_;

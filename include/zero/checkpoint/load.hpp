@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "zero/checkpoint/collective.hpp"
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/shared_manifest.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/error.hpp"
@@ -97,18 +99,27 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
   std::vector<range> held(units);
   std::vector<std::vector<detail::planned_read>> plan;
   std::optional<detail::data_files> files;
+  // Parsed once per process, however many thread-ranks load at once: each rank holds the shared
+  // parse until every rank has it (the agreement below), so none parses it again.
+  std::shared_ptr<const manifest> shared;
   const detail::outcome checked = detail::attempt([&] {
     const fs::path mp = vdir / manifest_name;
-    result.info = parse_manifest(read_small_file(mp, max_manifest_bytes), mp.string());
+    shared = read_manifest_shared(mp);
+    result.info = *shared;
     check_model(result.info, e.spec(), mp.string());
     check_optimizer<Opt>(result.info, mp.string());
     for (std::size_t u = 0; u < units; ++u) held[u] = e.held_range(unit_id{u});
     plan = detail::plan_reads(result.info, held);
     files.emplace(vdir, result.info.files);
+    std::vector<bool> used(result.info.files.size(), false);
+    std::vector<std::size_t> which;
     for (const auto& reads : plan)
-      for (const auto& pr : reads) files->verify(pr.file);
+      for (const auto& pr : reads)
+        if (!used[pr.file]) used[pr.file] = true, which.push_back(pr.file);
+    files->verify(which);
   });
   detail::agree(comm, checked, "load (checking the manifest and data files)");
+  shared.reset();
 
   // 3. Read and store, one unit at a time so the staging buffer stays one unit's held range.
   const detail::outcome stored = detail::attempt([&] {
@@ -132,14 +143,15 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
   return result;
 }
 
-// Checks the checkpoint `dir` names without loading it: the manifest, then the size and checksum of
-// every data file. Returns the manifest; throws zero::error (corrupt or io) at the first problem.
+// Checks the checkpoint `dir` names without loading it: the manifest, then the size of every data
+// file, then every checksum. Returns the manifest; throws zero::error (corrupt or io) at the first
+// problem.
 inline manifest verify(const fs::path& dir) {
   const fs::path vdir = resolve(dir);
   const fs::path mp = vdir / manifest_name;
-  manifest m = parse_manifest(read_small_file(mp, max_manifest_bytes), mp.string());
+  manifest m = *read_manifest_shared(mp);
   detail::data_files files(vdir, m.files);
-  for (std::size_t i = 0; i < m.files.size(); ++i) files.verify(i);
+  files.verify_all();
   return m;
 }
 

@@ -11,11 +11,14 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <set>
 #include <string_view>
 #include <vector>
 
+#include "zero/checkpoint/bounded_json.hpp"
 #include "zero/checkpoint/checksum.hpp"
 #include "zero/checkpoint/file_io.hpp"
+#include "zero/checkpoint/printable.hpp"
 #include "zero/error.hpp"
 
 namespace zero::checkpoint::safetensors {
@@ -51,33 +54,55 @@ inline std::optional<std::uint64_t> dtype_size(std::string_view d) {
 }
 
 // The header text for tensors laid out back to back in the given order: __metadata__ first, then
-// each tensor; padded with spaces so the data buffer starts at a multiple of 8 bytes.
+// each tensor; padded with spaces so the data buffer starts at a multiple of 8 bytes. Refused
+// (before it grows further) when it would be longer than max_header_bytes: a file this library
+// writes is always one its own reader, and the reference implementation, accept.
 struct planned_tensor {
   std::string name;
   std::vector<std::uint64_t> shape;
 };
 inline std::string make_header(const std::vector<planned_tensor>& tensors,
                                const std::vector<std::pair<std::string, std::string>>& metadata) {
-  nlohmann::ordered_json h;
-  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : metadata) meta[k] = v;
-  if (!meta.empty()) h["__metadata__"] = std::move(meta);
+  using ojson = nlohmann::ordered_json;
+  auto dump = [](const ojson& v) {
+    try {
+      return v.dump(-1, ' ', false, ojson::error_handler_t::strict);
+    } catch (const nlohmann::json::exception& e) {
+      fail(error_kind::invalid_argument, "safetensors: the header cannot be written as JSON (", e.what(),
+           "); tensor names must be valid UTF-8");
+    }
+  };
+  // The names alone may already be too long: refused before anything is built.
+  std::uint64_t names = 0;
+  for (const auto& t : tensors) names += t.name.size();
+  ZERO_CHECK(names <= max_header_bytes, invalid_argument, "safetensors: the names of ", tensors.size(),
+             " tensors take ", names, " bytes, more than the ", max_header_bytes, " bytes of header a reader accepts");
+  std::string text = "{";
+  auto append = [&](const std::string& member) {
+    // 7: the closing brace and at most 6 spaces of padding.
+    if (text.size() + 1 + member.size() + 7 > max_header_bytes)
+      fail(error_kind::invalid_argument, "safetensors: the header of ", tensors.size(), " tensors would exceed the ",
+           max_header_bytes, " bytes a reader accepts (names too long or too many tensors)");
+    if (text.size() > 1) text += ',';
+    text += member;
+  };
+  if (!metadata.empty()) {
+    ojson meta = ojson::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    append("\"__metadata__\":" + dump(meta));
+  }
+  std::set<std::string_view> seen;
   std::uint64_t at = 0;
   for (const auto& t : tensors) {
-    ZERO_CHECK(t.name != "__metadata__" && !h.contains(t.name), invalid_argument, "safetensors: tensor name '", t.name,
-               "' is reserved or not unique");
+    ZERO_CHECK(t.name != "__metadata__" && seen.insert(t.name).second, invalid_argument, "safetensors: tensor name '",
+               printable(t.name), "' is reserved or not unique");
     std::uint64_t n = 1;
     for (auto d : t.shape) n *= d;
-    h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + 4 * n}}};
+    append(dump(ojson(t.name)) + ":" +
+           dump(ojson{{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + 4 * n}}}));
     at += 4 * n;
   }
-  std::string text;
-  try {
-    text = h.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
-  } catch (const nlohmann::json::exception& e) {
-    fail(error_kind::invalid_argument, "safetensors: the header cannot be written as JSON (", e.what(),
-         "); tensor names must be valid UTF-8");
-  }
+  text += '}';
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
   return text;
 }
@@ -95,12 +120,9 @@ inline header parse_header(std::string_view bytes, std::uint64_t file_size, cons
   if (bytes.size() < 8 + n) bad("the header is incomplete");
   const std::string_view text = bytes.substr(8, static_cast<std::size_t>(n));
   if (text[0] != '{') bad("the header does not start with '{'");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::exception& e) {
-    bad("the header is not valid JSON: ", e.what());
-  }
+  json_limits limits;
+  limits.max_bytes = max_header_bytes;
+  parsed_json j = parse_json(text, limits, "safetensors: '" + source + "': the header");
   header h;
   h.data_start = 8 + n;
   h.data_bytes = file_size - h.data_start;
@@ -110,41 +132,41 @@ inline header parse_header(std::string_view bytes, std::uint64_t file_size, cons
       if (name == "__metadata__") {
         if (!v.is_object()) bad("__metadata__ is not an object");
         for (const auto& [k, s] : v.items()) {
-          if (!s.is_string()) bad("__metadata__ member '", k, "' is not a string");
+          if (!s.is_string()) bad("__metadata__ member '", printable(k), "' is not a string");
           h.metadata[k] = s.get<std::string>();
         }
         continue;
       }
       if (!v.is_object() || v.size() != 3 || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-        bad("tensor '", name, "' must have exactly the members dtype, shape and data_offsets");
+        bad("tensor '", printable(name), "' must have exactly the members dtype, shape and data_offsets");
       tensor_info t;
       t.name = name;
-      if (!v["dtype"].is_string()) bad("tensor '", name, "': dtype is not a string");
+      if (!v["dtype"].is_string()) bad("tensor '", printable(name), "': dtype is not a string");
       t.dtype = v["dtype"].get<std::string>();
       const auto size = dtype_size(t.dtype);
-      if (!size) bad("tensor '", name, "': unknown dtype '", t.dtype, "'");
+      if (!size) bad("tensor '", printable(name), "': unknown dtype '", printable(t.dtype), "'");
       const auto& shape = v["shape"];
-      if (!shape.is_array() || shape.size() > 64) bad("tensor '", name, "': shape is not an array of at most 64 dimensions");
+      if (!shape.is_array() || shape.size() > 64) bad("tensor '", printable(name), "': shape is not an array of at most 64 dimensions");
       std::uint64_t numel = 1;
       for (const auto& d : shape) {
-        if (!d.is_number_unsigned()) bad("tensor '", name, "': a dimension is not a non-negative integer");
+        if (!d.is_number_unsigned()) bad("tensor '", printable(name), "': a dimension is not a non-negative integer");
         const std::uint64_t dim = d.get<std::uint64_t>();
-        if (dim != 0 && numel > (std::uint64_t{1} << 60) / dim) bad("tensor '", name, "': the shape is too large");
+        if (dim != 0 && numel > (std::uint64_t{1} << 60) / dim) bad("tensor '", printable(name), "': the shape is too large");
         numel *= dim;
         t.shape.push_back(dim);
       }
       const auto& off = v["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        bad("tensor '", name, "': data_offsets is not a pair of non-negative integers");
+        bad("tensor '", printable(name), "': data_offsets is not a pair of non-negative integers");
       t.begin = off[0].get<std::uint64_t>();
       t.end = off[1].get<std::uint64_t>();
       if (t.end < t.begin || t.end - t.begin != numel * *size)
-        bad("tensor '", name, "': data_offsets [", t.begin, ", ", t.end, ") do not match ", numel, " elements of ",
+        bad("tensor '", printable(name), "': data_offsets [", t.begin, ", ", t.end, ") do not match ", numel, " elements of ",
             t.dtype);
       h.tensors.push_back(std::move(t));
     }
   } catch (const nlohmann::json::exception& e) {
-    bad("unexpected header content: ", e.what());
+    bad("unexpected header content: ", printable(e.what(), 160));
   }
   std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
@@ -152,7 +174,7 @@ inline header parse_header(std::string_view bytes, std::uint64_t file_size, cons
   // As in the reference implementation: the tensors fill the data buffer exactly, without holes or overlaps.
   std::uint64_t at = 0;
   for (const auto& t : h.tensors) {
-    if (t.begin != at) bad("tensor '", t.name, "' starts at byte ", t.begin, " of the data, expected ", at);
+    if (t.begin != at) bad("tensor '", printable(t.name), "' starts at byte ", t.begin, " of the data, expected ", at);
     at = t.end;
   }
   if (at != h.data_bytes) bad("the tensors cover ", at, " bytes of a data buffer of ", h.data_bytes);
@@ -161,7 +183,7 @@ inline header parse_header(std::string_view bytes, std::uint64_t file_size, cons
 
 // Reads and validates the header of a safetensors file.
 inline header read_header(const fs::path& path) {
-  file f = file::open_read(path);
+  file f = file::open_read(path, symlinks::follow);
   const std::uint64_t size = f.size();
   ZERO_CHECK(size >= 8, corrupt, "safetensors: '", path.string(), "' is shorter than the 8-byte header length");
   std::string bytes(8, '\0');
@@ -177,9 +199,9 @@ inline header read_header(const fs::path& path) {
 
 // One F32 tensor's values.
 inline std::vector<float> read_f32(const fs::path& path, const header& h, const tensor_info& t) {
-  ZERO_CHECK(t.dtype == "F32", invalid_argument, "safetensors: '", path.string(), "': tensor '", t.name, "' is ", t.dtype,
-             ", not F32");
-  file f = file::open_read(path);
+  ZERO_CHECK(t.dtype == "F32", invalid_argument, "safetensors: '", path.string(), "': tensor '", printable(t.name), "' is ",
+             printable(t.dtype), ", not F32");
+  file f = file::open_read(path, symlinks::follow);
   std::vector<float> v(static_cast<std::size_t>((t.end - t.begin) / 4));
   f.pread_exact(v.data(), v.size() * sizeof(float), h.data_start + t.begin);
   return v;
@@ -192,7 +214,7 @@ inline bool verify_data(const fs::path& path, const header& h) {
   const auto want = from_hex(it->second);
   ZERO_CHECK(want.has_value(), corrupt, "safetensors: '", path.string(), "': ", data_checksum_key,
              " is not 16 lowercase hex digits");
-  file f = file::open_read(path);
+  file f = file::open_read(path, symlinks::follow);
   xxh64_stream hs;
   std::vector<unsigned char> chunk(std::size_t{1} << 20);
   for (std::uint64_t at = 0; at < h.data_bytes;) {

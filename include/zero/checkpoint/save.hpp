@@ -1,12 +1,16 @@
 // checkpoint::save: every rank writes the global ranges it is responsible for; rank 0 commits a manifest last.
 #pragma once
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -35,8 +39,12 @@ struct save_options {
   // Committed versions left in the directory after the save, the new one included (at least 1).
   std::size_t keep = 1;
   // Called on each rank at each phase it reaches; an exception it throws fails the save like any
-  // other error (every rank throws, the previous checkpoint stays the current one).
+  // other error (every rank throws, the previous checkpoint stays the current one) except at
+  // `cleaned`, when the older versions are already gone and the new one stays.
   std::function<void(save_phase, int rank)> on_phase;
+  // `dir` must not exist yet: the save creates it, exclusively, and fails if anything is already
+  // there. For a temporary checkpoint that nothing else may share (see remove_checkpoint()).
+  bool new_directory = false;
 };
 
 struct save_result {
@@ -82,29 +90,65 @@ inline void sync_directory_quietly(const fs::path& dir) noexcept {
   }
 }
 
+// Removes the version directory `name` of `dir` with everything in it, its manifest first, never
+// following a symbolic link (see remove_tree_at). Best effort; returns whether it is gone.
+inline bool remove_version(const fs::path& dir, const std::string& name) noexcept {
+  try {
+    const file d = file::open_directory(dir);
+    const bool gone = remove_tree_at(d.fd(), name, manifest_name.data());
+    ::fsync(d.fd());
+    return gone;
+  } catch (...) {
+    return false;
+  }
+}
+
 // Rank 0, before any data is written: the directory of versions, and in it a new, empty version.
-inline std::uint64_t create_version(const fs::path& dir) {
+inline std::uint64_t create_version(const fs::path& dir, bool new_directory) {
   std::error_code ec;
-  const bool created = fs::create_directories(dir, ec);
-  ZERO_CHECK(!ec, io, "checkpoint: cannot create directory '", dir.string(), "': ", ec.message());
+  bool created = false;
+  if (new_directory) {
+    created = fs::create_directory(dir, ec);
+    ZERO_CHECK(!ec && created, io, "checkpoint: cannot create the new directory '", dir.string(), "'",
+               ec ? ": " + ec.message() : std::string(": something exists under that name (it is left alone)"));
+  } else {
+    created = fs::create_directories(dir, ec);
+    ZERO_CHECK(!ec, io, "checkpoint: cannot create directory '", dir.string(), "': ", ec.message());
+  }
   ZERO_CHECK(fs::is_directory(dir, ec), io, "checkpoint: '", dir.string(), "' is not a directory");
   if (created) sync_directory(parent_of(dir));
-  ZERO_CHECK(!fs::exists(dir / manifest_name, ec), invalid_argument, "checkpoint: '", dir.string(),
+  struct stat st {};
+  ZERO_CHECK(::lstat((dir / manifest_name).c_str(), &st) != 0, invalid_argument, "checkpoint: '", dir.string(),
              "' is one checkpoint version (it holds a ", manifest_name,
              "); save into a directory of versions (for example its parent)");
-  const auto versions = list_versions(dir);
-  const std::uint64_t next = versions.empty() ? 1 : versions.back().number + 1;
+  // One above every name that looks like a version, whatever it is (a link, a file, a directory
+  // that cannot be read): a new version never collides with, or hides behind, an existing name.
+  std::uint64_t highest = 0;
+  std::string highest_name;
+  for (const auto& v : list_versions(dir))
+    if (v.number >= highest) highest = v.number, highest_name = v.path.filename().string();
+  ZERO_CHECK(highest < max_version, io, "checkpoint: '", dir.string(), "' holds version ", quote_name(highest_name),
+             ": a newer one would need a number wider than the 18 digits readers accept (max ", max_version,
+             "); save into a new directory");
+  const std::uint64_t next = highest + 1;
   const fs::path vdir = dir / version_name(next);
   const bool made = fs::create_directory(vdir, ec);
   ZERO_CHECK(!ec && made, io, "checkpoint: cannot create '", vdir.string(), "'",
              ec ? ": " + ec.message() : std::string(" (it exists: is another save running?)"));
-  sync_directory(dir);
+  try {
+    sync_directory(dir);
+  } catch (...) {
+    ::rmdir(vdir.c_str());
+    throw;
+  }
   return next;
 }
 
 // After the commit: removes versions beyond `keep` and incomplete older ones. Best effort, since
 // the new checkpoint is already safe; each manifest goes first, so a version half-removed by a
-// crash is merely incomplete, never a damaged checkpoint that looks committed.
+// crash is merely incomplete, never a damaged checkpoint that looks committed. Only real
+// directories are removed, through descriptors that never follow a link: an entry that is a
+// symbolic link (say, to a checkpoint kept elsewhere) is neither followed nor removed.
 inline void remove_old_versions(const fs::path& dir, std::uint64_t current, std::size_t keep) {
   std::vector<version_entry> versions;
   try {
@@ -114,17 +158,12 @@ inline void remove_old_versions(const fs::path& dir, std::uint64_t current, std:
   }
   std::size_t kept = 0;
   for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
-    if (it->number > current) continue;  // not ours to judge
+    if (it->number > current || !it->problem.empty()) continue;  // not ours to judge
     if (it->committed && kept < keep) {
       ++kept;
       continue;
     }
-    std::error_code ec;
-    if (it->committed) {
-      fs::remove(it->path / manifest_name, ec);
-      sync_directory_quietly(it->path);
-    }
-    fs::remove_all(it->path, ec);
+    remove_version(dir, it->path.filename().string());
   }
   sync_directory_quietly(dir);
 }
@@ -155,13 +194,23 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
   std::vector<double> head(sd + 2, 0.0);
   std::uint64_t version = 0;
   detail::outcome prepared;
-  if (rank == 0) prepared = detail::attempt([&] { version = detail::create_version(dir); });
+  if (rank == 0) prepared = detail::attempt([&] { version = detail::create_version(dir, options.new_directory); });
   detail::encode(prepared, head.data());
   detail::put_u64(head, sd, version);
   detail::broadcast(comm, head, 0);
   detail::settle(prepared, head, head.size(), "save (creating the version directory)");
   version = detail::get_u64(head, sd);
   const fs::path vdir = dir / version_name(version);
+  const fs::path my_file = vdir / data_file_name(rank, world);
+
+  // A save that fails removes what it wrote: each rank its own data file (on a file system that
+  // is not shared, nobody else can), rank 0 the whole version directory. Called only after an
+  // agreement, when every rank has stopped writing.
+  bool wrote_mine = false;
+  auto abandon = [&] {
+    if (wrote_mine) ::unlink(my_file.c_str());
+    if (rank == 0) detail::remove_version(dir, version_name(version));
+  };
 
   // 2. Every rank writes its ranges, one unit at a time so the staging buffer stays one unit's slice.
   const std::size_t stride = sd + 4 + 2 * units;  // status, checksum, bytes, ranges
@@ -172,7 +221,7 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     for (std::size_t u = 0; u < units; ++u) ranges[u] = e.canonical_range(unit_id{u});
     std::uint64_t bytes = 0;
     const auto plan = detail::plan_data_file(spec, ranges, nslots, bytes);
-    durable_writer w(vdir / data_file_name(rank, world));
+    durable_writer w(my_file, existing_file::refuse);
     std::vector<float> buf;
     std::size_t p = 0;
     for (std::size_t u = 0; u < units; ++u) {
@@ -195,6 +244,7 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     ZERO_CHECK(w.bytes() == bytes, invalid_argument, "checkpoint save: rank ", rank, " wrote ", w.bytes(),
                " bytes, its plan has ", bytes);
     w.commit();
+    wrote_mine = true;
     detail::put_u64(mine, sd, w.checksum());
     detail::put_u64(mine, sd + 2, w.bytes());
     for (std::size_t u = 0; u < units; ++u) {
@@ -205,10 +255,16 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
   });
   detail::encode(wrote, mine.data());
   const std::vector<double> all = detail::all_gather(comm, mine);
-  detail::settle(wrote, all, stride, "save (writing the data files)");
+  try {
+    detail::settle(wrote, all, stride, "save (writing the data files)");
+  } catch (...) {
+    abandon();
+    throw;
+  }
 
   // 3. Rank 0 writes the manifest, last: until it is in place the new version does not exist.
   std::uint64_t total_bytes = 0;
+  bool cleanup_began = false;  // the older versions may be going: the new one must then stay
   const detail::outcome committed = rank != 0 ? detail::outcome{} : detail::attempt([&] {
     manifest m;
     m.library = detail::library_name();
@@ -242,11 +298,14 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
       ZERO_CHECK(f.bytes == planned, invalid_argument, "checkpoint save: rank ", r, " reports ", f.bytes,
                  " bytes, its ranges need ", planned);
       // Every file must be visible here: on a file system that is not shared by all ranks it is not.
-      std::error_code ec;
-      const auto on_disk = fs::file_size(vdir / f.name, ec);
-      ZERO_CHECK(!ec && on_disk == f.bytes, io, "checkpoint save: rank 0 sees '", (vdir / f.name).string(), "' ",
-                 ec ? "missing (" + ec.message() + "): is the directory on a file system all ranks share?"
-                    : "with " + std::to_string(on_disk) + " bytes, not " + std::to_string(f.bytes));
+      struct stat st {};
+      const bool seen = ::lstat((vdir / f.name).c_str(), &st) == 0;
+      const int e = errno;
+      ZERO_CHECK(seen && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == f.bytes, io,
+                 "checkpoint save: rank 0 sees '", (vdir / f.name).string(), "' ",
+                 !seen ? "missing (" + detail::errno_text(e) + "): is the directory on a file system all ranks share?"
+                 : !S_ISREG(st.st_mode) ? std::string("as ") + detail::type_name(st.st_mode)
+                                        : "with " + std::to_string(st.st_size) + " bytes, not " + std::to_string(f.bytes));
       total_bytes += f.bytes;
       m.files.push_back(std::move(f));
     }
@@ -256,20 +315,43 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     const std::string text = serialize_manifest(m);
     // The reader checks what the writer wrote: ranges that fail to tile a tensor never get committed.
     (void)parse_manifest(text, (vdir / manifest_name).string());
-    durable_writer w(vdir / manifest_name);
+    durable_writer w(vdir / manifest_name, existing_file::refuse);
     w.write(text.data(), text.size());
     phase(save_phase::manifest_staged);
     w.commit();
     phase(save_phase::committed);
+    cleanup_began = true;
     detail::remove_old_versions(dir, version, options.keep);
     phase(save_phase::cleaned);
   });
-  std::vector<double> verdict(sd + 2, 0.0);
+  std::vector<double> verdict(sd + 3, 0.0);
   detail::encode(committed, verdict.data());
   detail::put_u64(verdict, sd, total_bytes);
+  verdict[sd + 2] = cleanup_began ? 1.0 : 0.0;
   detail::broadcast(comm, verdict, 0);
-  detail::settle(committed, verdict, verdict.size(), "save (committing the manifest)");
+  try {
+    detail::settle(committed, verdict, verdict.size(), "save (committing the manifest)");
+  } catch (...) {
+    // Until the clean-up began, the previous checkpoint is intact: the new version goes, so that
+    // a failed save leaves the directory as it found it.
+    if (verdict[sd + 2] == 0.0) abandon();
+    throw;
+  }
   return save_result{vdir, version, detail::get_u64(verdict, sd)};
+}
+
+// Removes a checkpoint directory this program made (a temporary one, say): its version
+// directories, each through descriptors that never follow a symbolic link, then `dir` itself if
+// nothing else is left in it. Anything it does not recognise as its own stays. Returns whether
+// `dir` is gone.
+inline bool remove_checkpoint(const fs::path& dir) noexcept {
+  try {
+    for (const auto& v : list_versions(dir))
+      if (v.problem.empty()) detail::remove_version(dir, v.path.filename().string());
+  } catch (...) {
+    return false;
+  }
+  return ::rmdir(dir.c_str()) == 0;
 }
 
 }  // namespace zero::checkpoint
