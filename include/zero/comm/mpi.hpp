@@ -505,14 +505,21 @@ class mpi {
   // fails, so the error says which rank stopped answering and where the others are.
   template <class Blocking, class Nonblocking>
   void collective(const char* call, Blocking blocking, Nonblocking nonblocking) {
-    if (opt_.timeout.count() <= 0) return check(blocking(), call, operation());
+    // A timed-out collective is still pending: a new one could match its messages.
+    if (stuck_)
+      fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", w_->rec.last().call.str(),
+           ": the communicator is unusable after an earlier collective timed out");
+    auto ok = [&](int rc) {
+      if (rc != MPI_SUCCESS) check(rc, call, operation());
+    };
+    if (opt_.timeout.count() <= 0) return ok(blocking());
     MPI_Request req = MPI_REQUEST_NULL;
-    check(nonblocking(&req), call, operation());
+    ok(nonblocking(&req));
     const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
     backoff wait(opt_.spin, opt_.max_sleep);
     for (unsigned polls = 0;; ++polls) {
       int done = 0;
-      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call, operation());
+      ok(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
       if (wait.sleeping() || polls % 256 == 0) w_->serve_probes();
       if (std::chrono::steady_clock::now() > deadline) break;
