@@ -117,7 +117,10 @@ wait_job() {
 # 2. A rank in the second namespace is SIGKILLed mid-training: mpirun ends the job within seconds and
 # names the rank. (The survivors' own reports, printed on mpirun's SIGTERM, are checked by
 # rank_failure.sh; here they are shown when they made it out within Open MPI's 1 s grace.)
-if start_long_run -- --comm-timeout 30; then
+# Open MPI 4.1's mpirun itself sometimes crashes (SIGSEGV in its ORTE/PMIx code) while it tears such a
+# job down; that is not the behaviour under test, so it is reported and the scenario runs once more.
+kill_scenario() {
+  start_long_run -- --comm-timeout 30 || return 0
   victim=
   for pid in $(ip netns pids "$ns_b"); do
     [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = train_mlp ] && victim=$pid && break
@@ -125,6 +128,14 @@ if start_long_run -- --comm-timeout 30; then
   t0=$(now)
   kill -9 "$victim"
   wait_job 20 "$t0"
+  if [ "$rc" -eq 139 ] && grep -q "Signal: Segmentation fault" "$work/run.log" &&
+    grep -Eq "libopen-rte|libpmix|mca_rml" "$work/run.log" && [ "${1:-}" != again ]; then
+    echo "note: mpirun crashed inside Open MPI while ending the job (exit 139); running the scenario again"
+    for pid in $(ip netns pids "$ns_a") $(ip netns pids "$ns_b"); do kill -9 "$pid" 2>/dev/null; done
+    sleep 1
+    kill_scenario again
+    return
+  fi
   if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
     bad "after SIGKILL of pid $victim in $ns_b the job exited $rc after ${elapsed}s"
   elif [ "$(echo "$elapsed > 10" | bc)" -eq 1 ]; then
@@ -137,7 +148,8 @@ if start_long_run -- --comm-timeout 30; then
       "$(grep -Eo "process rank [23] with PID [0-9]+ on node .* exited on signal 9" "$work/run.log" | head -1)"
     grep -E "rank [23] \\(pid $victim, this machine\\): exited" "$work/run.log" | head -1 | sed 's/^/     /'
   fi
-fi
+}
+kill_scenario
 
 # 3. The link goes down for longer than --comm-timeout 2: the ranks in the first namespace fail
 # within timeout + 5 s naming ranks 2 and 3 as unreachable (they do not answer a probe). The link

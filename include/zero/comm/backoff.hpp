@@ -26,6 +26,14 @@ class backoff {
     sleep_ = std::min(sleep_ * 2, max_sleep_);
   }
   bool sleeping() const { return sleeping_; }
+  // The poll did work (it took long enough to have moved data): spin again, as at the start. A
+  // transfer that needs this rank's polls to progress (MPI's copy-in/copy-out fragments) then runs
+  // at full speed once the late peer has arrived.
+  void progressed(std::chrono::microseconds spin) {
+    spin_until_ = std::chrono::steady_clock::now() + spin;
+    sleeping_ = false;
+    sleep_ = std::chrono::microseconds(20);
+  }
 
  private:
   std::chrono::steady_clock::time_point spin_until_;
