@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -107,9 +108,19 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "threads: ranks as threads of this process; mpi: one rank per MPI process")
       ->check(CLI::IsMember({"threads", "mpi"}))
       ->capture_default_str();
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "seconds a rank waits in a collective for its peers before the run fails with an error naming "
+                 "the call and the ranks that did not arrive")
+      ->check(CLI::Range(0.001, 7 * 86400.0))
+      ->capture_default_str();
   trainer::add_common_flags(app, o);
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
+  // Checked as parsed (CLI11's range lets nan through) and as used: whole milliseconds, at least 1.
+  if (!(o.comm_timeout >= 0.001 && o.comm_timeout <= 7 * 86400.0))
+    return usage_error("--comm-timeout " + std::to_string(o.comm_timeout) +
+                       ": the timeout must be a number of seconds in [0.001, 604800]");
+  const auto comm_timeout = std::chrono::milliseconds(std::llround(o.comm_timeout * 1000.0));
   const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
   if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
 
@@ -133,7 +144,9 @@ int main(int argc, char** argv) {
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
-    zero::comm::mpi::run([&](zero::comm::mpi& comm) { dispatch(comm, o, s); });
+    zero::comm::mpi_options mpi_opt;
+    mpi_opt.timeout = comm_timeout;
+    zero::comm::mpi::run([&](zero::comm::mpi& comm) { dispatch(comm, o, s); }, mpi_opt);
     if (rank != 0) return 0;  // every rank holds the reduced summary; rank 0 reports it
 #else
     return usage_error("--backend mpi: this train_mlp was built without MPI (configure with -Dmpi=enabled)");
@@ -143,11 +156,16 @@ int main(int argc, char** argv) {
       return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " +
                          std::to_string(o.accum));
     try {
-      zero::comm::threads::launch(o.ranks, [&](zero::comm::threads& comm) {
-        summary local;
-        dispatch(comm, o, local);
-        if (comm.rank() == 0) s = local;
-      });
+      zero::comm::threads::options threads_opt;
+      threads_opt.timeout = comm_timeout;
+      zero::comm::threads::launch(
+          o.ranks,
+          [&](zero::comm::threads& comm) {
+            summary local;
+            dispatch(comm, o, local);
+            if (comm.rank() == 0) s = local;
+          },
+          threads_opt);
     } catch (...) {
       std::cerr << "train_mlp: " << trainer::printable_failure(std::current_exception()) << "\n";
       return 1;

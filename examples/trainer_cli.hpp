@@ -30,6 +30,7 @@ struct options {
   int accum = 1;      // micro-batches per step, each reduced on its own
   std::string save, resume, export_file;
   int save_every = 0;  // 0: save only at the end
+  double comm_timeout = 300;  // seconds a rank waits in a collective before the run fails
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).

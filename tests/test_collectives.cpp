@@ -1,5 +1,7 @@
-// Collective tests: conformance of comm::threads and counted<threads>, bus-byte counting, thread-backend faults.
+// Collective tests: conformance of comm::threads and counted<threads>, bus-byte counting, thread-backend faults and waiting.
 #include <doctest/doctest.h>
+
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "collective_conformance.hpp"
+#include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/threads.hpp"
 #include "zero/error.hpp"
@@ -289,6 +292,10 @@ TEST_CASE("threads: a rank that throws fails the others' pending collectives, we
     CHECK(o.failed);
     CHECK(o.kind == zero::error_kind::comm);
     CHECK(o.what.find("rank 2 failed: injected failure") != std::string::npos);
+    // The call, by its fingerprint, and where every rank stood: rank 2 never reached a collective.
+    CHECK(o.what.find("rank " + std::to_string(r) + ": #0 all_reduce(float x 100, sum) aborted") != std::string::npos);
+    CHECK(o.what.find("rank 2: no collective yet, then threw") != std::string::npos);
+    CHECK(o.what.find("rank 1: in #0 all_reduce(float x 100, sum) since +") != std::string::npos);
     CHECK(o.waited < 2.0);
   }
   CHECK(total < 5.0);
@@ -305,6 +312,8 @@ TEST_CASE("threads: a rank that returns while the others wait in a collective fa
     threads::launch(
         n,
         [&](threads& c) {
+          std::vector<double> x(3, 1.0);
+          c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
           if (c.rank() == 0) return;  // forgets the barrier
           record(seen[static_cast<std::size_t>(c.rank())], [&] { c.barrier(); });
         },
@@ -313,12 +322,16 @@ TEST_CASE("threads: a rank that returns while the others wait in a collective fa
     first = e.what();
     CHECK(e.kind() == zero::error_kind::comm);
   }
-  CHECK(first.find("rank 0 returned while rank") != std::string::npos);
+  CHECK(first.find("rank 0 returned after 1 collective(s) while rank") != std::string::npos);
   for (int r : {1, 2}) {
     CAPTURE(r);
     const auto& o = seen[static_cast<std::size_t>(r)];
     CHECK(o.failed);
     CHECK(o.kind == zero::error_kind::comm);
+    CHECK(o.what.find("rank " + std::to_string(r) + ": #1 barrier aborted: rank 0 returned after 1 collective(s)") !=
+          std::string::npos);
+    CHECK(o.what.find("rank 0: not in a collective since +") != std::string::npos);
+    CHECK(o.what.find("(last: #0 all_reduce(double x 3, sum)), then returned") != std::string::npos);
     CHECK(o.waited < 2.0);
   }
   CHECK(seconds_since(t0) < 5.0);
@@ -356,7 +369,8 @@ TEST_CASE("threads: a collective that waits longer than the timeout fails on eve
     const auto& o = seen[static_cast<std::size_t>(r)];
     CHECK(o.failed);
     CHECK(o.kind == zero::error_kind::comm);
-    CHECK(o.what.find("waited 200 ms in barrier") != std::string::npos);
+    CHECK(o.what.find("waited 200 ms in #0 barrier but only 2 of 3 ranks arrived (missing: rank 0)") !=
+          std::string::npos);
     if (r > 0) {
       CHECK(o.waited >= 0.19);
       CHECK(o.waited < 2.0);
@@ -364,42 +378,71 @@ TEST_CASE("threads: a collective that waits longer than the timeout fails on eve
   }
 }
 
-TEST_CASE("threads: ranks that disagree on a collective all get an error") {
+TEST_CASE("threads: ranks that disagree on a collective all get an error naming both calls") {
   constexpr int n = 3;
-  // Rank 1 deviates from the others in one respect per case.
+  // Rank 1 deviates from the others in one respect per case; `names` is the part of the message that
+  // must name both fingerprints and the field that differs.
   struct deviation {
     const char* name;
     void (*call)(threads&, bool deviate);
+    const char* names;
   };
   const deviation cases[] = {
       {"count",
        [](threads& c, bool dev) {
          std::vector<float> x(8, 1.0f);
          c.all_reduce(x.data(), x.data(), dev ? 5 : 4, zero::reduce_op::sum);
-       }},
+       },
+       "rank 0 calls #0 all_reduce(float x 4, sum), rank 1 calls #0 all_reduce(float x 5, sum) (they differ in the "
+       "count)"},
       {"op",
        [](threads& c, bool dev) {
          std::vector<float> x(8, 1.0f);
          c.all_reduce(x.data(), x.data(), 4, dev ? zero::reduce_op::max : zero::reduce_op::sum);
-       }},
+       },
+       "rank 1 calls #0 all_reduce(float x 4, max) (they differ in the reduction op)"},
       {"collective",
        [](threads& c, bool dev) {
          std::vector<float> x(32, 1.0f);
          if (dev) c.all_gather(x.data(), x.data() + 8, 4);
          else c.all_reduce(x.data(), x.data(), 4, zero::reduce_op::sum);
-       }},
-      {"element type",
+       },
+       "rank 0 calls #0 all_reduce(float x 4, sum), rank 1 calls #0 all_gather(float x 4) (they differ in the "
+       "operation)"},
+      {"element type of the same size",
        [](threads& c, bool dev) {
          std::vector<float> f(8, 1.0f);
-         std::vector<double> d(8, 1.0);
-         if (dev) c.all_reduce(d.data(), d.data(), 4, zero::reduce_op::sum);
+         std::vector<std::int32_t> i(8, 1);
+         if (dev) c.all_reduce(i.data(), i.data(), 4, zero::reduce_op::sum);
          else c.all_reduce(f.data(), f.data(), 4, zero::reduce_op::sum);
-       }},
+       },
+       "rank 1 calls #0 all_reduce(int32 x 4, sum) (they differ in the element type)"},
       {"root",
        [](threads& c, bool dev) {
          std::vector<float> x(8, 1.0f);
          c.broadcast(x.data(), x.data(), 4, dev ? 1 : 0);
-       }},
+       },
+       "rank 0 calls #0 broadcast(float x 4, root 0), rank 1 calls #0 broadcast(float x 4, root 1)"},
+      // Issue 9, case 11: calls of equal shape for different units exchanged the wrong data silently.
+      {"label",
+       [](threads& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         const zero::comm::scoped_label l(c, "reduce", dev ? "fc1" : "fc2");
+         c.all_reduce(x.data(), x.data(), 4, zero::reduce_op::sum);
+       },
+       "rank 0 calls #0 all_reduce(float x 4, sum) for reduce unit 'fc2', rank 1 calls #0 all_reduce(float x 4, sum) "
+       "for reduce unit 'fc1' (they differ in the label)"},
+      // A rank that skips a collective meets its peers in the next one: the sequence numbers agree (each
+      // rank counts its own calls) but the calls do not.
+      {"skipped collective",
+       [](threads& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         c.all_reduce(x.data(), x.data(), 4, zero::reduce_op::sum);
+         if (!dev) c.all_reduce(x.data(), x.data(), 8, zero::reduce_op::sum);
+         c.barrier();
+       },
+       "rank 0 calls #1 all_reduce(float x 8, sum), rank 1 calls #1 barrier (they differ in the operation, the element "
+       "type and the count)"},
   };
   for (const auto& d : cases) {
     CAPTURE(d.name);
@@ -416,9 +459,126 @@ TEST_CASE("threads: ranks that disagree on a collective all get an error") {
       const auto& o = seen[static_cast<std::size_t>(r)];
       CHECK(o.failed);
       CHECK(o.kind == zero::error_kind::comm);
-      CHECK(o.what.find("ranks disagree on the collective") != std::string::npos);
+      CHECK(o.what.find("comm::threads rank " + std::to_string(r) + ": ranks disagree on the collective: ") !=
+            std::string::npos);
+      CHECK(o.what.find(d.names) != std::string::npos);
+      CHECK(o.what.find("last collectives of rank " + std::to_string(r)) != std::string::npos);
     }
   }
+}
+
+TEST_CASE("threads: a rank that skips the last collective fails the others naming it and their call") {
+  constexpr int n = 3;
+  std::vector<outcome> seen(n);
+  try {
+    threads::launch(n, [&](threads& c) {
+      std::vector<float> x(16, 1.0f);
+      c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
+      if (c.rank() == 2) return;  // skips the all_gather below
+      record(seen[static_cast<std::size_t>(c.rank())], [&] { c.all_gather(x.data(), x.data(), 4); });
+    });
+  } catch (const zero::error&) {
+  }
+  for (int r : {0, 1}) {
+    CAPTURE(r);
+    const auto& o = seen[static_cast<std::size_t>(r)];
+    CHECK(o.failed);
+    CHECK(o.what.find("rank 2 returned after 1 collective(s) while rank ") != std::string::npos);
+    CHECK(o.what.find(" waits in #1 all_gather(float x 4)") != std::string::npos);
+    CHECK(o.waited < 2.0);
+  }
+}
+
+TEST_CASE("threads: the flight recorder keeps the last K collectives with start and end times") {
+  threads::options opt;
+  opt.timeout = std::chrono::milliseconds(300);
+  opt.flight_recorder = 3;
+  std::vector<std::string> what(2);
+  std::atomic<bool> done{false};
+  try {
+    threads::launch(
+        2,
+        [&](threads& c) {
+          std::vector<double> x(6, 1.0);
+          for (int i = 0; i < 5; ++i) c.all_reduce(x.data(), x.data(), 1 + static_cast<std::size_t>(i), zero::reduce_op::sum);
+          CHECK(c.recorder().recorded() == 5);
+          CHECK(c.recorder().last().call.count == 5);
+          CHECK(c.recorder().last().end_ns >= c.recorder().last().start_ns);
+          if (c.rank() == 0) {
+            try {
+              c.broadcast(x.data(), x.data(), 2, 0);  // rank 1 stalls: a timeout
+            } catch (const zero::error& e) {
+              what[0] = e.what();
+              done = true;
+              throw;
+            }
+          } else {
+            const auto t0 = clock_type::now();
+            while (!done && seconds_since(t0) < 10.0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        },
+        opt);
+  } catch (const zero::error&) {
+  }
+  const std::string& w = what[0];
+  CAPTURE(w);
+  CHECK(w.find("#5 broadcast(double x 2, root 0) aborted: rank 0 waited 300 ms in #5 broadcast") != std::string::npos);
+  CHECK(w.find("ranks arrived (missing: rank 1)") != std::string::npos);
+  CHECK(w.find("rank 1: not in a collective since +") != std::string::npos);
+  CHECK(w.find("(last: #4 all_reduce(double x 5, sum))\n") != std::string::npos);
+  // Three entries, oldest first; the failed one never ended.
+  const auto at3 = w.find("  #3 all_reduce(double x 4, sum): +");
+  const auto at4 = w.find("  #4 all_reduce(double x 5, sum): +");
+  const auto at5 = w.find("  #5 broadcast(double x 2, root 0): +");
+  CHECK(w.find("  #2 all_reduce") == std::string::npos);
+  CHECK(at3 != std::string::npos);
+  CHECK(at4 > at3);
+  CHECK(at5 > at4);
+  CHECK(at4 != std::string::npos);
+  CHECK(at5 != std::string::npos);
+  CHECK(w.find(" s, not ended", at5) != std::string::npos);
+  CHECK(w.find(" to +", at3) < at4);
+}
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
+
+// Issue 9, case 12 (threads side): a rank that waits for a slow peer parks after a short spin.
+TEST_CASE("threads: a rank waiting 2 s for a slow peer uses almost no CPU") {
+  double waited = 0, thread_cpu = 0, process_cpu = 0;
+  threads::launch(2, [&](threads& c) {
+    std::vector<float> x(256, 1.0f);
+    c.barrier();
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));  // sleeping costs no CPU either
+    } else {
+      const double p0 = process_cpu_seconds(), t0 = thread_cpu_seconds();
+      const auto w0 = clock_type::now();
+      c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
+      waited = seconds_since(w0);
+      thread_cpu = thread_cpu_seconds() - t0;
+      process_cpu = process_cpu_seconds() - p0;
+      return;
+    }
+    c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
+  });
+  MESSAGE("waited ", waited, " s; CPU of the waiting rank ", thread_cpu * 1e3, " ms, of the process ", process_cpu * 1e3,
+          " ms");
+  CHECK(waited > 1.9);
+  CHECK(thread_cpu < 0.02 * waited);  // spinning through the wait would be ~100%
+  CHECK(process_cpu < 0.05 * waited);
 }
 
 TEST_CASE("threads: launch needs at least one rank") {

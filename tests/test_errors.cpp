@@ -2,7 +2,10 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <span>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "toy_model.hpp"
 
@@ -144,6 +147,48 @@ TEST_CASE_TEMPLATE("a rank that throws mid-step ends the run with an error on ev
       CAPTURE(r);
       CHECK(seen[static_cast<std::size_t>(r)].find("aborted: rank " + std::to_string(n - 1) +
                                                    " failed: injected failure in backward") != std::string::npos);
+    }
+  }
+}
+
+// Issue 9, case 11: ranks that reduce different units of equal size in different orders used to
+// exchange each other's gradients silently (kind, count and type agreed). The engine labels its calls,
+// so the fingerprints differ and every rank gets an error naming both calls.
+TEST_CASE_TEMPLATE("ranks that reduce equal-size units in different orders get an error naming both calls", Stage,
+                   zero::stage0, zero::stage1, zero::stage2, zero::stage3) {
+  zero::model_spec spec;
+  spec.unit("a").tensor("w", {64});
+  spec.unit("b").tensor("w", {64});
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    std::vector<std::string> seen(static_cast<std::size_t>(n));
+    zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
+      engine<Stage> e(comm, spec);
+      e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, std::span<float> v) {
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i);
+      });
+      for (std::size_t u : {0, 1}) e.gather(zero::unit_id{u}).release();
+      // Rank 1 goes backwards in the other order.
+      const std::size_t order[2][2] = {{1, 0}, {0, 1}};
+      try {
+        for (std::size_t u : order[comm.rank() == 1 ? 1 : 0]) {
+          auto g = e.grads(zero::unit_id{u});
+          for (std::size_t i = 0; i < 64; ++i) g["w"].data()[i] = static_cast<float>(comm.rank() + 1);
+          e.reduce(zero::unit_id{u});
+        }
+        e.step();
+      } catch (const zero::error& err) {
+        CHECK(err.kind() == zero::error_kind::comm);
+        seen[static_cast<std::size_t>(comm.rank())] = err.what();
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const std::string& w = seen[static_cast<std::size_t>(r)];
+      CAPTURE(w);
+      CHECK(w.find("ranks disagree on the collective: rank 0 calls #") != std::string::npos);
+      CHECK(w.find("for reduce unit 'b', rank 1 calls #") != std::string::npos);
+      CHECK(w.find("for reduce unit 'a' (they differ in the label)") != std::string::npos);
     }
   }
 }

@@ -27,6 +27,10 @@ expect 2 'save' --save-every 5
 expect 2 'resume|[Dd]irectory' --resume /nonexistent/checkpoint
 expect 2 'times --accum 3' --accum 3 --batch 64
 expect 2 'clip' --clip -1
+expect 2 'comm-timeout' --comm-timeout 0
+expect 2 'comm-timeout' --comm-timeout nan
+expect 2 'comm-timeout' --comm-timeout -5
+expect 0 'loss' --steps 3 --hidden 16 --layers 2 --comm-timeout 0.5
 expect 0 'Usage' --help
 expect 0 'loss' --steps 3 --hidden 16 --layers 2
 [ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -169,20 +170,22 @@ TEST_CASE("comm::mpi: the deterministic mode is bit-identical to comm::threads w
   }
 }
 
-TEST_CASE("comm::mpi: the verified mode turns a mismatched call into an error on every rank") {
+TEST_CASE("comm::mpi: the verified mode turns a mismatched call into an error on every rank naming both calls") {
   REQUIRE(world_size() >= 2);
-  // Rank 1 deviates from the others in one respect per case.
+  // Rank 1 deviates from the others in one respect per case; `names` must appear in the message.
   struct deviation {
     const char* name;
     const char* field;
     void (*call)(mpi&, bool deviate);
+    const char* names = "";
   };
   const deviation cases[] = {
       {"count", "the count",
        [](mpi& c, bool dev) {
          std::vector<float> x(8, 1.0f);
          c.all_reduce(x.data(), x.data(), dev ? 5 : 4, zero::reduce_op::sum);
-       }},
+       },
+       "calls #0 all_reduce(float x 4, sum), rank 1 calls #0 all_reduce(float x 5, sum) (they differ in the count)"},
       {"op", "the reduction op",
        [](mpi& c, bool dev) {
          std::vector<float> x(8, 1.0f);
@@ -194,22 +197,40 @@ TEST_CASE("comm::mpi: the verified mode turns a mismatched call into an error on
          if (dev) c.all_gather(x.data(), x.data(), 4);
          else c.all_reduce(x.data(), x.data(), 4, zero::reduce_op::sum);
        }},
-      {"element type", "the element size",
+      {"element type", "the element type",
        [](mpi& c, bool dev) {
          std::vector<float> f(8, 1.0f);
          std::vector<double> d(8, 1.0);
          if (dev) c.all_reduce(d.data(), d.data(), 4, zero::reduce_op::sum);
          else c.all_reduce(f.data(), f.data(), 4, zero::reduce_op::sum);
        }},
+      {"element type of the same size", "the element type",
+       [](mpi& c, bool dev) {
+         std::vector<float> f(8, 1.0f);
+         std::vector<std::int32_t> i(8, 1);
+         if (dev) c.all_reduce(i.data(), i.data(), 4, zero::reduce_op::sum);
+         else c.all_reduce(f.data(), f.data(), 4, zero::reduce_op::sum);
+       },
+       "rank 1 calls #0 all_reduce(int32 x 4, sum)"},
+      // Issue 9, case 11 on MPI: calls of equal shape for different units.
+      {"label", "the label",
+       [](mpi& c, bool dev) {
+         std::vector<float> x(8, 1.0f);
+         const zero::comm::scoped_label l(c, "reduce", dev ? "fc1" : "fc2");
+         c.all_reduce(x.data(), x.data(), 4, zero::reduce_op::sum);
+       },
+       "calls #0 all_reduce(float x 4, sum) for reduce unit 'fc2', rank 1 calls #0 all_reduce(float x 4, sum) for "
+       "reduce unit 'fc1' (they differ in the label)"},
       {"root", "the root",
        [](mpi& c, bool dev) {
          std::vector<float> x(8, 1.0f);
          c.broadcast(x.data(), x.data(), 4, dev ? 1 : 0);
        }},
   };
-  mpi c(MPI_COMM_WORLD, {.verify = true});
   for (const auto& d : cases) {
     CAPTURE(d.name);
+    // A fresh communicator per case: every case starts at sequence number 0.
+    mpi c(MPI_COMM_WORLD, {.verify = true});
     std::string what;
     bool comm_kind = false;
     try {
@@ -218,15 +239,49 @@ TEST_CASE("comm::mpi: the verified mode turns a mismatched call into an error on
       what = e.what();
       comm_kind = e.kind() == zero::error_kind::comm;
     }
+    CAPTURE(what);
     CHECK(comm_kind);
-    CHECK(what.find("ranks disagree on the collective") != std::string::npos);
+    CHECK(what.find("ranks disagree on the collective: rank 0 calls #0 ") != std::string::npos);
     CHECK(what.find(d.field) != std::string::npos);
+    CHECK(what.find(d.names) != std::string::npos);
+    CHECK(what.find("last collectives of rank " + std::to_string(c.rank())) != std::string::npos);
     CHECK(all_ranks(comm_kind));
   }
+  mpi c(MPI_COMM_WORLD, {.verify = true});
   // The communicator is still usable: the check refused the call before any data moved.
   std::vector<double> x(3, 1.0);
   c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
   CHECK(x[2] == static_cast<double>(c.size()));
+}
+
+// Issue 9, case 11 on MPI: ranks that reduce equal-size units in different orders. The engine labels
+// its calls; in verify mode the mismatch is an error on every rank naming both, before any data moves.
+TEST_CASE("comm::mpi: in verify mode, reducing equal-size units in different orders is an error naming both") {
+  REQUIRE(world_size() >= 2);
+  zero::model_spec spec;
+  spec.unit("a").tensor("w", {64});
+  spec.unit("b").tensor("w", {64});
+  mpi c(MPI_COMM_WORLD, {.verify = true});
+  zero::engine<zero::stage2, mpi, zero::optim::sgd> e(c, spec);
+  e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, std::span<float> v) {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.5f;
+  });
+  std::string what;
+  try {
+    const std::size_t first = c.rank() == 1 ? 0 : 1;
+    for (std::size_t u : {first, 1 - first}) {
+      auto g = e.grads(zero::unit_id{u});
+      for (std::size_t i = 0; i < 64; ++i) g["w"].data()[i] = 1.0f;
+      e.reduce(zero::unit_id{u});
+    }
+  } catch (const zero::error& err) {
+    what = err.what();
+  }
+  CAPTURE(what);
+  CHECK(what.find("ranks disagree on the collective: rank 0 calls #0 reduce_scatter(float x ") != std::string::npos);
+  CHECK(what.find(", sum) for reduce unit 'b', rank 1 calls #0 reduce_scatter(float x ") != std::string::npos);
+  CHECK(what.find(", sum) for reduce unit 'a' (they differ in the label)") != std::string::npos);
+  CHECK(all_ranks(!what.empty()));
 }
 
 TEST_CASE("comm::mpi: an MPI failure becomes zero::error with MPI's text, the operation and the rank") {

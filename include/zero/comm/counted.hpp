@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zero/comm/call_label.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/comm/threads.hpp"
 
@@ -84,6 +85,12 @@ class counted {
   C& inner() const { return *inner_; }
   const comm_stats& stats() const { return stats_; }
   void reset() { stats_ = {}; }
+  // Forwards call labels where the wrapped backend takes them.
+  call_label set_call_label(call_label l)
+    requires labels_calls<C>
+  {
+    return inner_->set_call_label(l);
+  }
 
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {

@@ -77,6 +77,8 @@ class cuda_threads {
 
   int rank() const { return rank_; }
   int size() const { return s_->world.size(); }
+  // Names the following collectives in their fingerprints, as comm::threads does.
+  call_label set_call_label(call_label l) { return world().set_label(rank_, l); }
 
   // The rank's context: its compute stream is where user kernels run.
   gpu::context& context() const { return *s_->contexts[static_cast<std::size_t>(rank_)]; }
@@ -152,13 +154,14 @@ class cuda_threads {
   // Host and device: no rank returns before all have arrived, and work any rank enqueued before the
   // barrier precedes work every rank enqueues after it.
   void barrier() {
-    world().slot(rank_) = detail::announcement{};
+    world().announce_barrier(rank_);
     context().record_compute_ready();
     world().arrive_and_wait(rank_, detail::coll_kind::barrier);
     detail::check_agreement(world(), rank_);
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).compute_ready_event(), 0));
     world().arrive_and_wait(rank_, detail::coll_kind::barrier);
+    world().finish(rank_);
   }
 
  private:
@@ -185,7 +188,7 @@ class cuda_threads {
   void enter(detail::coll_kind kind, const T* send, T* recv, std::size_t count, reduce_op op, int root) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T>,
                   "comm::cuda_threads collectives take float, double, zero::bf16 and zero::fp16");
-    world().slot(rank_) = detail::announcement{kind, count, sizeof(T), op, root, send, recv};
+    world().announce(rank_, kind, send, recv, count, op, root);
     context().record_compute_ready();
     world().arrive_and_wait(rank_, kind);
     detail::check_agreement(world(), rank_);
@@ -196,6 +199,7 @@ class cuda_threads {
   void leave(detail::coll_kind kind) {
     context().record_comm_done();
     world().arrive_and_wait(rank_, kind);
+    world().finish(rank_);
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).comm_done_event(), 0));
   }

@@ -1,6 +1,9 @@
 // comm::mpi: ranks as MPI processes; by default the sums are rank-ordered and bit-identical to comm::threads.
 #pragma once
 
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -8,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -18,8 +22,14 @@
 #include <utility>
 #include <vector>
 
+#include "zero/comm/backoff.hpp"
+#include "zero/comm/call_label.hpp"
+#include "zero/comm/fingerprint.hpp"
+#include "zero/comm/flight_recorder.hpp"
 #include "zero/comm/mpi_session.hpp"  // <mpi.h> without the deprecated C++ bindings
+#include "zero/comm/peer_process.hpp"
 #include "zero/comm/reduce_op.hpp"
+#include "zero/comm/termination_report.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/comm/threads.hpp"  // detail::combine: the one definition of a rank-ordered step
 #include "zero/concepts/comm_backend.hpp"
@@ -83,11 +93,23 @@ struct mpi_options {
   // timeout uses the nonblocking collectives (MPI_Iallgather, ...) polled against a deadline;
   // zero uses the blocking ones and waits forever. After a timeout the communicator is unusable
   // (the collective is still pending): end the job, as comm::mpi::run does.
+  // A rank that times out first probes its peers (for up to a quarter of the timeout, at most 2 s):
+  // the error then says which ranks did not answer and where the others are.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Before each collective, one small MPI_Allreduce compares (operation, count, element size, op,
-  // root) over ranks, so a mismatched call fails with zero::error on every rank instead of
-  // truncating a message or hanging. Costs one latency-bound round per collective.
+  // Before each collective, one small MPI_Allreduce compares the calls' fingerprints (sequence
+  // number, operation, element type, count, op, root, and the engine's label such as "reduce unit
+  // 'fc2'") over ranks, so a mismatched call fails with zero::error on every rank, naming both
+  // calls, instead of truncating a message, hanging or exchanging the wrong data. Costs one
+  // latency-bound round per collective.
   bool verify = false;
+  // How a waiting rank polls its nonblocking collective (positive timeout): MPI_Test in a loop for
+  // `spin`, then with sleeps growing from 20 us to `max_sleep` between polls, so a slow, stopped or
+  // unreachable peer costs almost no CPU. A collective whose peers arrive after the spin completes
+  // up to max_sleep later than it could.
+  std::chrono::microseconds spin{1000};
+  std::chrono::microseconds max_sleep{1000};
+  // Collectives each rank's flight recorder keeps (printed in every comm error and on SIGTERM).
+  std::size_t flight_recorder = 8;
 };
 
 namespace detail {
@@ -109,6 +131,110 @@ inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::siz
   const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
   return a_bytes && b_bytes && x < y + b_bytes && y < x + a_bytes;
 }
+
+// What a rank answers when a peer that timed out probes it: the collective it is in (or was in last)
+// and for how long. Travels as bytes between ranks of one program.
+struct rank_status {
+  std::int32_t in_collective = 0;
+  std::int32_t answered = 0;
+  std::int64_t for_ns = 0;
+  std::uint64_t recorded = 0;
+  fingerprint call;
+};
+
+// Per-communicator diagnostics, on the heap so that their address never changes: MPI writes into the
+// probe buffers, and the SIGTERM report reads the recorder. Tags of the side communicator, which
+// carries nothing but probes so that they cannot match a collective's messages.
+struct mpi_watch {
+  static constexpr int tag_probe = 1, tag_answer = 2;
+
+  mpi_watch(int r, int n, std::size_t capacity) : rank(r), size(n), rec(capacity) {}
+
+  int rank, size;
+  flight_recorder rec;
+  call_label label;
+  std::uint64_t seq = 0;
+  process_id self;
+  std::vector<process_id> peers;
+  MPI_Comm side = MPI_COMM_NULL;
+  int token_in = 0, token_out = 0;
+  MPI_Request incoming = MPI_REQUEST_NULL;              // a probe from any peer, always posted
+  std::deque<std::pair<rank_status, MPI_Request>> replies;  // answers in flight (deque: stable addresses)
+  std::vector<rank_status> answers;                     // this rank's own probe round
+  std::vector<MPI_Request> answer_reqs, probe_reqs;
+  int report_slot = -1;
+
+  rank_status status() const {
+    rank_status s;
+    const auto last = rec.last();
+    s.recorded = rec.recorded();
+    s.call = last.call;
+    s.in_collective = s.recorded > 0 && last.end_ns < 0;
+    s.for_ns = rec.now() - (s.recorded == 0 ? 0 : s.in_collective ? last.start_ns : last.end_ns);
+    return s;
+  }
+
+  bool same_machine(int k) const {
+    return self.machine != 0 && peers.size() > static_cast<std::size_t>(k) &&
+           peers[static_cast<std::size_t>(k)].machine == self.machine;
+  }
+
+  // Answers the probes that have arrived (while this rank waits in a collective); errors are ignored:
+  // diagnostics must never turn into a failure of their own.
+  void serve_probes() {
+    for (int flag = 1; incoming != MPI_REQUEST_NULL && flag;) {
+      MPI_Status st;
+      flag = 0;
+      if (MPI_Test(&incoming, &flag, &st) != MPI_SUCCESS || !flag) break;
+      replies.emplace_back(status(), MPI_REQUEST_NULL);
+      replies.back().first.answered = 1;
+      MPI_Isend(&replies.back().first, sizeof(rank_status), MPI_BYTE, st.MPI_SOURCE, tag_answer, side,
+                &replies.back().second);
+      if (MPI_Irecv(&token_in, 1, MPI_INT, MPI_ANY_SOURCE, tag_probe, side, &incoming) != MPI_SUCCESS)
+        incoming = MPI_REQUEST_NULL;
+    }
+    while (!replies.empty()) {
+      int flag = 0;
+      if (MPI_Test(&replies.front().second, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) break;
+      replies.pop_front();
+    }
+  }
+
+  // The SIGTERM report (termination_report.hpp): async-signal-safe, unlocked reads.
+  static void write_report(const void* context, int fd, int sig) {
+    const auto& w = *static_cast<const mpi_watch*>(context);
+    static char buf[16384];
+    fixed_text t(buf, sizeof buf);
+    t << "rank " << w.rank << " of " << w.size << " (pid " << w.self.pid << "): terminated by signal " << sig
+      << "; ";
+    w.rec.format_status_unlocked(t);
+    t << ", now +";
+    t.seconds(w.rec.now(), 6) << " s\n";
+    int alive = 0, elsewhere = 0;
+    for (int k = 0; k < w.size; ++k) {
+      if (k == w.rank) continue;
+      if (!w.same_machine(k)) {
+        ++elsewhere;
+        continue;
+      }
+      const process_state st = state_of(w.peers[static_cast<std::size_t>(k)].pid);
+      if (st == process_state::alive) {
+        ++alive;
+        continue;
+      }
+      t << "  rank " << k << " (pid " << w.peers[static_cast<std::size_t>(k)].pid << ", this machine): " << to_string(st)
+        << '\n';
+    }
+    t << "  other peers: " << alive << " alive on this machine, " << elsewhere << " on other machines\n";
+    t << "  last collectives of rank " << w.rank << ", oldest first:\n";
+    w.rec.format_unlocked(t, "    ");
+    for (std::size_t done = 0; done < t.size();) {
+      const ssize_t n = ::write(fd, t.c_str() + done, t.size() - done);
+      if (n <= 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+  }
+};
 
 }  // namespace detail
 
@@ -149,25 +275,51 @@ class mpi {
     detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup", "construction", rank_, size_);
     detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "construction",
                       rank_, size_);
+    // Diagnostics: every rank's process and machine (a peer on this machine can be looked up in
+    // /proc when it stops answering), and a side communicator on which waiting ranks answer probes.
+    w_ = std::make_unique<detail::mpi_watch>(rank_, size_, opt_.flight_recorder);
+    w_->self = this_process();
+    w_->peers.resize(static_cast<std::size_t>(size_));
+    check(MPI_Allgather(&w_->self, sizeof(process_id), MPI_BYTE, w_->peers.data(), sizeof(process_id), MPI_BYTE, comm_),
+          "MPI_Allgather", "construction");
+    if (opt_.timeout.count() > 0 && size_ > 1) {
+      check(MPI_Comm_dup(comm_, &w_->side), "MPI_Comm_dup", "construction");
+      check(MPI_Comm_set_errhandler(w_->side, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "construction");
+      check(MPI_Irecv(&w_->token_in, 1, MPI_INT, MPI_ANY_SOURCE, detail::mpi_watch::tag_probe, w_->side,
+                      &w_->incoming),
+            "MPI_Irecv", "construction");
+    }
+    w_->report_slot = termination::add(&detail::mpi_watch::write_report, w_.get());
   }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
   mpi(mpi&& o) noexcept
       : opt_(o.opt_), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
-        stuck_(o.stuck_), scratch_(std::move(o.scratch_)), scratch_bytes_(std::exchange(o.scratch_bytes_, 0)) {}
+        stuck_(o.stuck_), w_(std::move(o.w_)), scratch_(std::move(o.scratch_)),
+        scratch_bytes_(std::exchange(o.scratch_bytes_, 0)) {}
   mpi& operator=(mpi&&) = delete;
   ~mpi() {
+    if (w_) termination::remove(w_->report_slot);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    // A timed-out collective is still pending on the communicator; freeing it would be erroneous.
-    if (comm_ != MPI_COMM_NULL && !finalized && !stuck_) MPI_Comm_free(&comm_);
+    // A timed-out collective is still pending on the communicator; freeing it would be erroneous,
+    // and MPI may still write into the probe buffers: both are left alone (the job is ending).
+    if (stuck_ || finalized) {
+      (void)w_.release();
+      return;
+    }
+    if (w_ && w_->side != MPI_COMM_NULL && !close_side()) (void)w_.release();
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
   // Runs fn(comm) on this process's rank of `comm` and returns what fn returns. If fn throws, it
   // prints "rank R failed: <what>" and ends the job with MPI_Abort: the other ranks may be waiting
   // in a collective this rank will never enter, and ending the job is the only way not to hang.
+  // While it runs, a SIGTERM (what mpirun sends the survivors when a rank dies) makes the rank print
+  // where it stood before it dies, unless the program handles SIGTERM itself.
   template <class Fn>
   static decltype(auto) run(Fn&& fn, options opt = options{}, MPI_Comm comm = MPI_COMM_WORLD) {
+    const termination::guard report_on_sigterm;
     std::optional<mpi> c;  // outside the try: the communicator stays intact until MPI_Abort
     try {
       c.emplace(comm, opt);
@@ -183,6 +335,26 @@ class mpi {
   int size() const { return size_; }
   MPI_Comm handle() const { return comm_; }
   const options& opts() const { return opt_; }
+
+  // Names the following collectives in their fingerprints (the engine labels its calls, e.g. "reduce
+  // unit 'fc2'"); returns the previous label. See zero::comm::scoped_label.
+  call_label set_call_label(call_label l) {
+    const call_label previous = w_->label;
+    w_->label = l;
+    return previous;
+  }
+  // This rank's last collectives, with start and end times.
+  const flight_recorder& recorder() const { return w_->rec; }
+  // This rank's last collectives as text, as printed in comm errors.
+  std::string report() const {
+    std::vector<char> buf(256 + w_->rec.capacity() * 256);
+    fixed_text t(buf.data(), buf.size());
+    t << "last collectives of rank " << rank_ << ", oldest first:\n";
+    w_->rec.format(t, "  ");
+    std::string s = t.str();
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
   // Bytes held by the exchange buffer of the deterministic mode: the largest full buffer so far.
   std::size_t scratch_bytes() const { return scratch_bytes_; }
   void release_scratch() {
@@ -192,14 +364,14 @@ class mpi {
 
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
-    verify(what::all_reduce, count, sizeof(T), op, 0);
+    const call_scope scope(*this, make<T>(coll_kind::all_reduce, count, op, 0));
     const MPI_Datatype type = mpi_datatype<T>::get();
     const int n = checked_count(count, "all_reduce");
     if (opt_.mode == mpi_mode::fast && !is_half_v<T>) {
       const void* in = send == recv ? MPI_IN_PLACE : send;
       const MPI_Op mop = detail::mpi_op(op);
       collective(
-          "all_reduce", "MPI_Allreduce", [&] { return MPI_Allreduce(in, recv, n, type, mop, comm_); },
+          "MPI_Allreduce", [&] { return MPI_Allreduce(in, recv, n, type, mop, comm_); },
           [&](MPI_Request* r) { return MPI_Iallreduce(in, recv, n, type, mop, comm_, r); });
       return;
     }
@@ -220,13 +392,13 @@ class mpi {
     T* slices = scratch<T>(N * mine);
     const int *sc = counts_.data(), *sd = displs_.data(), *rc = from_counts_.data(), *rd = from_displs_.data();
     collective(
-        "all_reduce", "MPI_Alltoallv",
+        "MPI_Alltoallv",
         [&] { return MPI_Alltoallv(send, sc, sd, type, slices, rc, rd, type, comm_); },
         [&](MPI_Request* r) { return MPI_Ialltoallv(send, sc, sd, type, slices, rc, rd, type, comm_, r); });
     // send has been read entirely, so writing recv is safe even when it is send.
     sum_in_rank_order(slices, mine, recv + displs_[static_cast<std::size_t>(rank_)], op);
     collective(
-        "all_reduce", "MPI_Allgatherv",
+        "MPI_Allgatherv",
         [&] { return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc, sd, type, comm_); },
         [&](MPI_Request* r) {
           return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc, sd, type, comm_, r);
@@ -235,7 +407,7 @@ class mpi {
 
   template <class T>
   void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
-    verify(what::reduce_scatter, count, sizeof(T), op, 0);
+    const call_scope scope(*this, make<T>(coll_kind::reduce_scatter, count, op, 0));
     const MPI_Datatype type = mpi_datatype<T>::get();
     const int n = checked_count(count, "reduce_scatter");
     const auto N = static_cast<std::size_t>(size_);
@@ -245,7 +417,7 @@ class mpi {
       T* out = aliased ? scratch<T>(count) : recv;
       const MPI_Op mop = detail::mpi_op(op);
       collective(
-          "reduce_scatter", "MPI_Reduce_scatter_block",
+          "MPI_Reduce_scatter_block",
           [&] { return MPI_Reduce_scatter_block(send, out, n, type, mop, comm_); },
           [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, out, n, type, mop, comm_, r); });
       if (aliased) system::copy(recv, out, count * sizeof(T));
@@ -256,14 +428,14 @@ class mpi {
     // the buffer on the wire, as in a ring, but the sum is then done here in rank order.
     T* slices = scratch<T>(N * count);
     collective(
-        "reduce_scatter", "MPI_Alltoall", [&] { return MPI_Alltoall(send, n, type, slices, n, type, comm_); },
+        "MPI_Alltoall", [&] { return MPI_Alltoall(send, n, type, slices, n, type, comm_); },
         [&](MPI_Request* r) { return MPI_Ialltoall(send, n, type, slices, n, type, comm_, r); });
     sum_in_rank_order(slices, count, recv, op);
   }
 
   template <class T>
   void all_gather(const T* send, T* recv, std::size_t count) {
-    verify(what::all_gather, count, sizeof(T), reduce_op::sum, 0);
+    const call_scope scope(*this, make<T>(coll_kind::all_gather, count, reduce_op::sum, 0));
     const MPI_Datatype type = mpi_datatype<T>::get();
     const int n = checked_count(count, "all_gather");
     // NCCL's in-place rule (send is this rank's slot of recv) is MPI_IN_PLACE for MPI.
@@ -272,7 +444,7 @@ class mpi {
     const int in_count = in_place ? 0 : n;
     const MPI_Datatype in_type = in_place ? MPI_DATATYPE_NULL : type;
     collective(
-        "all_gather", "MPI_Allgather", [&] { return MPI_Allgather(in, in_count, in_type, recv, n, type, comm_); },
+        "MPI_Allgather", [&] { return MPI_Allgather(in, in_count, in_type, recv, n, type, comm_); },
         [&](MPI_Request* r) { return MPI_Iallgather(in, in_count, in_type, recv, n, type, comm_, r); });
   }
 
@@ -280,58 +452,183 @@ class mpi {
   void broadcast(const T* send, T* recv, std::size_t count, int root) {
     ZERO_CHECK(root >= 0 && root < size_, invalid_argument, "comm::mpi rank ", rank_, ": broadcast root ", root,
                " is not in [0, ", size_, ")");
-    verify(what::broadcast, count, sizeof(T), reduce_op::sum, root);
+    const call_scope scope(*this, make<T>(coll_kind::broadcast, count, reduce_op::sum, root));
     const int n = checked_count(count, "broadcast");
     if (rank_ == root) system::copy(recv, send, count * sizeof(T));
     const MPI_Datatype type = mpi_datatype<T>::get();
     collective(
-        "broadcast", "MPI_Bcast", [&] { return MPI_Bcast(recv, n, type, root, comm_); },
+        "MPI_Bcast", [&] { return MPI_Bcast(recv, n, type, root, comm_); },
         [&](MPI_Request* r) { return MPI_Ibcast(recv, n, type, root, comm_, r); });
   }
 
   void barrier() {
-    verify(what::barrier, 0, 0, reduce_op::sum, 0);
+    const call_scope scope(*this, fingerprint::make_barrier(w_->seq++, w_->label));
     collective(
-        "barrier", "MPI_Barrier", [&] { return MPI_Barrier(comm_); },
+        "MPI_Barrier", [&] { return MPI_Barrier(comm_); },
         [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
  private:
-  enum class what : int { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
-  static const char* to_string(what w) {
-    switch (w) {
-      case what::all_reduce: return "all_reduce";
-      case what::reduce_scatter: return "reduce_scatter";
-      case what::all_gather: return "all_gather";
-      case what::broadcast: return "broadcast";
-      case what::barrier: return "barrier";
-    }
-    return "?";
+  template <class T>
+  fingerprint make(coll_kind kind, std::size_t count, reduce_op op, int root) {
+    return fingerprint::make<T>(w_->seq++, kind, count, op, root, w_->label);
   }
+
+  // One public collective in the flight recorder: started (and verified) on construction, ended on
+  // a normal return. A collective that throws stays "not ended", which is where this rank stopped.
+  class call_scope {
+   public:
+    call_scope(mpi& m, const fingerprint& f) : m_(m), uncaught_(std::uncaught_exceptions()) {
+      m_.w_->rec.begin(f);
+      m_.verify(f);
+    }
+    ~call_scope() {
+      if (std::uncaught_exceptions() == uncaught_) m_.w_->rec.end();
+    }
+    call_scope(const call_scope&) = delete;
+    call_scope& operator=(const call_scope&) = delete;
+
+   private:
+    mpi& m_;
+    int uncaught_;
+  };
 
   void check(int rc, const char* call, const char* operation) const {
     detail::mpi_check(rc, call, operation, rank_, size_);
   }
+  // The collective in progress, by name, for MPI's own errors.
+  const char* operation() const { return to_string(w_->rec.last().call.kind); }
 
   // Runs one MPI collective: the blocking call when there is no timeout, else the nonblocking one
-  // polled until it completes or the deadline passes. MPI_Test drives MPI's progress engine (and
-  // yields the core when Open MPI runs oversubscribed), as MPI_Wait would.
+  // polled until it completes or the deadline passes. The poll spins for opt_.spin and then sleeps
+  // between polls (backoff), so a slow or stopped peer does not cost a core; MPI_Test also drives
+  // MPI's progress engine, as MPI_Wait would. A rank that times out probes its peers before it
+  // fails, so the error says which rank stopped answering and where the others are.
   template <class Blocking, class Nonblocking>
-  void collective(const char* operation, const char* call, Blocking blocking, Nonblocking nonblocking) {
-    if (opt_.timeout.count() <= 0) return check(blocking(), call, operation);
+  void collective(const char* call, Blocking blocking, Nonblocking nonblocking) {
+    // A timed-out collective is still pending: a new one could match its messages.
+    if (stuck_)
+      fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", w_->rec.last().call.str(),
+           ": the communicator is unusable after an earlier collective timed out");
+    auto ok = [&](int rc) {
+      if (rc != MPI_SUCCESS) check(rc, call, operation());
+    };
+    if (opt_.timeout.count() <= 0) return ok(blocking());
     MPI_Request req = MPI_REQUEST_NULL;
-    check(nonblocking(&req), call, operation);
-    const auto start = std::chrono::steady_clock::now();
-    for (int done = 0;;) {
-      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call, operation);
+    ok(nonblocking(&req));
+    const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
+    backoff wait(opt_.spin, opt_.max_sleep);
+    for (unsigned polls = 0;; ++polls) {
+      int done = 0;
+      const std::int64_t before = wait.sleeping() ? thread_cpu_ns() : 0;
+      ok(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
-      if (std::chrono::steady_clock::now() - start > opt_.timeout) {
-        stuck_ = true;
-        fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", operation, " waited ",
-             opt_.timeout.count(), " ms in ", call,
-             " without completing: a peer failed, returned without calling it, or called another collective");
-      }
+      // An idle MPI_Test costs about a microsecond of CPU; one that copied data cost more. (CPU time,
+      // not wall time: a poll that was merely preempted did no work.)
+      if (wait.sleeping() && thread_cpu_ns() - before > 20000) wait.progressed(opt_.spin);
+      if (wait.sleeping() || polls % 256 == 0) w_->serve_probes();
+      if (std::chrono::steady_clock::now() > deadline) break;
+      wait.pause();
     }
+    stuck_ = true;
+    const std::string peers = probe_peers();
+    fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", w_->rec.last().call.str(), " waited ",
+         opt_.timeout.count(), " ms in ", call,
+         " without completing: a peer failed, stopped, is unreachable, returned without calling it, or called "
+         "another collective\n",
+         peers, report());
+  }
+
+  // Asks every peer, on the side communicator, where it is, and waits up to a quarter of the timeout
+  // (at most 2 s) for the answers. A peer answers while it waits in a comm::mpi collective; one that
+  // does not answer is stopped, dead, unreachable, or busy outside comm::mpi (returned, computing).
+  // The requests and buffers stay with the watch, which outlives a timed-out communicator.
+  std::string probe_peers() {
+    detail::mpi_watch& w = *w_;
+    if (w.side == MPI_COMM_NULL) return "";
+    const auto window = std::clamp(opt_.timeout / 4, std::chrono::milliseconds(1), std::chrono::milliseconds(2000));
+    const auto N = static_cast<std::size_t>(size_);
+    w.answers.assign(N, detail::rank_status{});
+    w.answer_reqs.assign(N, MPI_REQUEST_NULL);
+    w.probe_reqs.assign(N, MPI_REQUEST_NULL);
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_) continue;
+      const auto K = static_cast<std::size_t>(k);
+      MPI_Irecv(&w.answers[K], sizeof(detail::rank_status), MPI_BYTE, k, detail::mpi_watch::tag_answer, w.side,
+                &w.answer_reqs[K]);
+      MPI_Isend(&w.token_out, 1, MPI_INT, k, detail::mpi_watch::tag_probe, w.side, &w.probe_reqs[K]);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + window;
+    backoff wait(std::chrono::microseconds(0), opt_.max_sleep);
+    for (;;) {
+      bool all = true;
+      for (auto& r : w.answer_reqs) {
+        int done = 1;
+        if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 0;
+        all = all && done;
+      }
+      w.serve_probes();  // peers that time out at the same moment probe this rank too
+      if (all || std::chrono::steady_clock::now() > deadline) break;
+      wait.pause();
+    }
+    const fingerprint& mine = w.rec.last().call;
+    std::string silent, lines;
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_) continue;
+      const detail::rank_status& a = w.answers[static_cast<std::size_t>(k)];
+      char buf[512];
+      fixed_text t(buf, sizeof buf);
+      t << "  rank " << k << ": ";
+      if (!a.answered) {
+        if (!silent.empty()) silent += ", ";
+        silent += std::to_string(k);
+        t << "no answer";
+        if (w.same_machine(k)) {
+          const auto pid = w.peers[static_cast<std::size_t>(k)].pid;
+          t << " (pid " << pid << " on this machine: " << to_string(state_of(pid)) << ')';
+        }
+      } else if (a.recorded == 0) {
+        t << "answered: no collective yet";
+      } else if (a.in_collective) {
+        t << "answered: in ";
+        a.call.format(t);
+        t << " for ";
+        t.seconds(a.for_ns, 3) << " s";
+        if (a.call.differences(mine)) t << " (not this rank's call)";
+      } else {
+        t << "answered: not in a collective for ";
+        t.seconds(a.for_ns, 3) << " s (last: ";
+        a.call.format(t);
+        t << ')';
+      }
+      lines += t.str();
+      lines += '\n';
+    }
+    std::string head = zero::detail::concat("probes of the peers (", window.count(), " ms): ");
+    head += silent.empty() ? std::string("every peer answered") : "no answer from rank " + silent +
+                                                                   " (stopped, dead, unreachable, or outside comm::mpi)";
+    return head + "\n" + lines;
+  }
+
+  // Cancels the standing probe receive and frees the side communicator; false if answers this rank
+  // sent are still in flight after a grace period (the watch must then outlive the communicator).
+  bool close_side() {
+    detail::mpi_watch& w = *w_;
+    if (w.incoming != MPI_REQUEST_NULL) {
+      MPI_Cancel(&w.incoming);
+      MPI_Wait(&w.incoming, MPI_STATUS_IGNORE);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (!w.replies.empty() && std::chrono::steady_clock::now() < until) w.serve_probes();
+    if (!w.replies.empty()) return false;
+    MPI_Comm_free(&w.side);
+    return true;
+  }
+
+  static std::int64_t thread_cpu_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   }
 
   // MPI-3 counts are int; a larger message would need derived datatypes, which no caller needs yet.
@@ -341,32 +638,48 @@ class mpi {
     return static_cast<int>(count);
   }
 
-  // One allreduce of (x, -x) with MAX yields the maximum and minus the minimum of every field: the
-  // calls agree exactly when the two coincide.
-  void verify(what w, std::size_t count, std::size_t elem_size, reduce_op op, int root) {
+  // One allreduce of (x, -x) with MAX yields the maximum and minus the minimum of every field of the
+  // fingerprint: the calls agree exactly when the two coincide. On a mismatch (every rank sees the
+  // same result) the ranks gather each other's fingerprints to name both calls.
+  void verify(const fingerprint& f) {
     if (!opt_.verify || size_ == 1) return;
-    constexpr int fields = 5;
-    const long long mine[fields] = {static_cast<long long>(w), static_cast<long long>(count),
-                                    static_cast<long long>(elem_size), static_cast<long long>(op), root};
+    constexpr int fields = 8;
+    const long long mine[fields] = {static_cast<long long>(f.seq),
+                                    static_cast<long long>(f.kind),
+                                    static_cast<long long>(f.type),
+                                    static_cast<long long>(f.count),
+                                    static_cast<long long>(f.op),
+                                    f.root,
+                                    static_cast<long long>(f.label_hash >> 32),
+                                    static_cast<long long>(f.label_hash & 0xffffffffu)};
     long long v[2 * fields];
     for (int i = 0; i < fields; ++i) {
       v[i] = mine[i];
       v[fields + i] = -mine[i];
     }
     collective(
-        to_string(w), "MPI_Allreduce (verify)",
+        "MPI_Allreduce (verify)",
         [&] { return MPI_Allreduce(MPI_IN_PLACE, v, 2 * fields, MPI_LONG_LONG, MPI_MAX, comm_); },
         [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, v, 2 * fields, MPI_LONG_LONG, MPI_MAX, comm_, r); });
-    for (int i = 0; i < fields; ++i)
-      if (v[i] != -v[fields + i])
-        fail(error_kind::comm, "comm::mpi rank ", rank_, ": ranks disagree on the collective: this rank calls ",
-             to_string(w), "(count ", count, ", ", elem_size, "-byte elements, op ", zero::to_string(op), ", root ",
-             root, "), and over the ranks ", field_name(i), " ranges from ", -v[fields + i], " to ", v[i]);
-  }
-  static const char* field_name(int i) {
-    static const char* const names[] = {"the operation", "the count", "the element size", "the reduction op",
-                                        "the root"};
-    return names[i];
+    bool agree = true;
+    for (int i = 0; i < fields; ++i) agree = agree && v[i] == -v[fields + i];
+    if (agree) return;
+    std::vector<fingerprint> all(static_cast<std::size_t>(size_));
+    collective(
+        "MPI_Allgather (verify)",
+        [&] {
+          return MPI_Allgather(&f, sizeof(fingerprint), MPI_BYTE, all.data(), sizeof(fingerprint), MPI_BYTE, comm_);
+        },
+        [&](MPI_Request* r) {
+          return MPI_Iallgather(&f, sizeof(fingerprint), MPI_BYTE, all.data(), sizeof(fingerprint), MPI_BYTE, comm_, r);
+        });
+    int k = 1;
+    while (k < size_ && all[static_cast<std::size_t>(k)].same_call(all[0])) ++k;
+    if (k == size_) k = 1;  // cannot happen: the fields differ somewhere
+    const fingerprint& other = all[static_cast<std::size_t>(k)];
+    fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ranks disagree on the collective: rank 0 calls ",
+         all[0].str(), ", rank ", k, " calls ", other.str(), " (they differ in ",
+         fingerprint::describe(other.differences(all[0])), ")\n", report());
   }
 
   // out[i] = slice_0[i]; out[i] op= slice_1[i]; ... slice_{N-1}[i], a cache-sized block at a time
@@ -413,6 +726,7 @@ class mpi {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = -1, size_ = 0;
   bool stuck_ = false;  // a collective timed out and is still pending
+  std::unique_ptr<detail::mpi_watch> w_;
   std::unique_ptr<std::byte, host_free> scratch_;
   std::size_t scratch_bytes_ = 0;
   std::vector<int> counts_, displs_, from_counts_, from_displs_;  // reused by all_reduce

@@ -23,6 +23,11 @@ namespace zero {
 // return before the data has moved, and the engine waits through the system before it reads.
 // A deterministic backend sums in rank order 0, 1, ..., N-1 (acc = x0; acc += x1; ...), and no
 // collective waits forever: a failed or departed peer ends it with zero::error (kind comm).
+//
+// Optional (detected, not required): `call_label c.set_call_label(call_label)` (comm/call_label.hpp).
+// The engine labels the collectives it issues ("reduce unit 'fc2'") through it, and a backend that
+// takes labels puts them in each call's fingerprint, so ranks that issue calls of equal shape for
+// different units get an error instead of each other's data. A backend without it works unchanged.
 template <class C>
 concept CommBackend = requires(C& c, const float* sf, float* rf, const double* sd, double* rd, std::size_t n,
                                int root, reduce_op op) {

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/concepts/optimizer_state.hpp"
@@ -94,6 +95,7 @@ class engine {
         host.assign(ts.numel, 0.0f);
         if (source == init_source::every_rank || rank_ == 0) fn(us, ts, std::span<float>(host));
         if (source == init_source::broadcast_from_rank0) {
+          const auto l = label("init", unit_id{u});
           buffer<float, system> wire(ts.numel, mem_category::transient, acct_);
           sys_.copy_from_host(wire.data(), host.data(), ts.numel * sizeof(float));
           other_comm_.broadcast(wire.data(), wire.data(), ts.numel, 0);
@@ -113,6 +115,7 @@ class engine {
     const unit_layout& ul = layout_.unit(u);
     if constexpr (P::shards_parameters) {
       s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
+      const auto l = label("gather", u);
       comm_.all_gather(params_.data() + ul.shard_offset, s.full_params.data(), ul.shard);
     }
     s.gathered = true;
@@ -146,6 +149,7 @@ class engine {
                reduce_count_text(s.reduces));
     const unit_layout& ul = layout_.unit(u);
     const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
+    const auto l = label("reduce", u);
     if (!uses_bucket()) {
       // The full gradient is persistent: reduce it in place.
       grad_type* g = grads_.data() + ul.offset;
@@ -195,6 +199,7 @@ class engine {
         for (std::size_t u = 0; u < units_.size(); ++u) {
           const unit_layout& ul = layout_.unit(unit_id{u});
           param_type* p = params_.data() + ul.offset;
+          const auto l = label("step", unit_id{u});
           comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
         }
     } else {
@@ -228,6 +233,7 @@ class engine {
       out.resize(at + ul.numel);
       if constexpr (P::shards_optimizer_states) {
         buffer<float, system> full(ul.padded, mem_category::transient, acct_);
+        const auto l = label("full_params", unit_id{u});
         other_comm_.all_gather(master_shard(ul), full.data(), ul.shard);
         sys_.copy_to_host(out.data() + at, full.data(), ul.numel * sizeof(float));
       } else {
@@ -295,6 +301,7 @@ class engine {
       for (std::size_t u = 0; u < units_.size(); ++u) {
         const unit_layout& ul = layout_.unit(unit_id{u});
         param_type* p = params_.data() + ul.offset;
+        const auto l = label("finish_load", unit_id{u});
         other_comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
       }
   }
@@ -401,6 +408,12 @@ class engine {
     else return system{};
   }
 
+  // Names the collectives issued while the returned guard lives ("reduce unit 'fc2'") for backends
+  // that put labels in their fingerprints (comm::threads, comm::mpi); a no-op for the others.
+  comm::scoped_label<Comm> label(const char* phase, unit_id u) {
+    return comm::scoped_label<Comm>(comm_.inner(), phase, spec_.units()[u.index].name);
+  }
+
   std::string where(unit_id u) const {
     return detail::concat("rank ", rank_, ", unit '", spec_.units()[u.index].name, "': ");
   }
@@ -498,6 +511,7 @@ class engine {
       // Through the system's memory: a device backend cannot read a host variable in a collective.
       buffer<double, system> wire(1, mem_category::transient, acct_);
       sys_.copy_from_host(wire.data(), &total, sizeof total);
+      const comm::scoped_label<Comm> l(comm_.inner(), "grad norm");
       control_comm_.all_reduce(wire.data(), wire.data(), 1, reduce_op::sum);
       sys_.copy_to_host(&total, wire.data(), sizeof total);
       return total;
