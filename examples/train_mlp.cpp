@@ -22,6 +22,7 @@ namespace {
 
 using trainer::options;
 using trainer::summary;
+static_assert(zero::checkpoint::manifest_name == trainer::checkpoint_manifest);
 
 template <class Comm>
 double global_sum(Comm& comm, double v) {

@@ -4,13 +4,21 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 
 #include "mlp.hpp"
@@ -44,6 +52,104 @@ struct summary {
   std::string device;  // empty on the host
 };
 
+// ---- flag values, checked after their conversion ---------------------------------------------
+// CLI11 (2.1) converts a float through long double and an unsigned through strtoull without a range
+// check, so 1e39 became inf, 1e-50 became 0 and -1 became 2^64 - 1 after its checks had passed. These
+// flags are converted here instead, exactly (std::from_chars), and what is checked is the value the
+// program then uses. A refusal is a CLI::ValidationError: exit code 2 and the usage.
+
+// A decimal float as the 32-bit float the optimizer gets: finite, and > 0 (or >= 0 with zero_ok).
+inline float float_flag(const std::string& flag, const std::string& text, bool zero_ok) {
+  const char* first = text.data();
+  const char* last = first + text.size();
+  if (first != last && *first == '+') ++first;  // from_chars takes no plus sign
+  float v = 0.0f;
+  const auto [end, ec] = std::from_chars(first, last, v);
+  if (ec == std::errc::result_out_of_range)  // it would round to infinity or to 0
+    throw CLI::ValidationError(flag,
+                               "'" + text + "' is outside the range of a 32-bit float (magnitude 1.4e-45 to 3.4e+38)");
+  if (ec != std::errc() || end != last || first == last)
+    throw CLI::ValidationError(flag, "'" + text + "' is not a number");
+  if (!std::isfinite(v)) throw CLI::ValidationError(flag, "'" + text + "' is not a finite number");
+  if (zero_ok ? !(v >= 0.0f) : !(v > 0.0f))
+    throw CLI::ValidationError(flag, "must be " + std::string(zero_ok ? ">= 0" : "> 0") + ", got " + text);
+  return v;
+}
+
+// A decimal integer in [0, 2^64 - 1]: no sign, no wrap-around.
+inline std::uint64_t uint64_flag(const std::string& flag, const std::string& text) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    throw CLI::ValidationError(flag, "'" + text + "' is not a decimal integer in [0, 18446744073709551615]");
+  return v;
+}
+
+// ---- output targets, checked before training ------------------------------------------------
+
+// Why `dir` (an existing directory) cannot receive new entries, or "".
+inline std::string unwritable(const std::filesystem::path& dir) {
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return "'" + dir.string() + "' is not writable (" + std::strerror(errno) + ")";
+  return "";
+}
+
+// The nearest existing ancestor of a path that does not exist ("." for a relative one).
+inline std::filesystem::path nearest_existing(std::filesystem::path p) {
+  std::error_code ec;
+  while (true) {
+    p = p.has_relative_path() ? p.parent_path() : p;
+    if (p.empty()) return ".";
+    if (std::filesystem::exists(std::filesystem::symlink_status(p, ec))) return p;
+    if (!p.has_relative_path()) return p;  // the root
+  }
+}
+
+// The name of a version's manifest (zero::checkpoint::manifest_name, which train_mlp checks equal):
+// spelled out here because train_mlp_cuda builds without the checkpoint headers.
+inline constexpr std::string_view checkpoint_manifest = "manifest.json";
+
+// --save DIR: a directory of checkpoint versions (created, with its parents, by the first save).
+inline std::string save_target_problem(const std::string& text) {
+  namespace fs = std::filesystem;
+  if (text.empty()) return "an empty path; give the directory to save checkpoints into";
+  const fs::path p = text;
+  std::error_code ec;
+  const auto st = fs::status(p, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st)) return "'" + text + "' exists and is not a directory";
+    if (fs::exists(p / checkpoint_manifest, ec))
+      return "'" + text + "' is one checkpoint version (it holds " + std::string(checkpoint_manifest) +
+             "); save into a directory of versions (for example its parent)";
+    return unwritable(p);
+  }
+  if (fs::exists(fs::symlink_status(p, ec))) return "'" + text + "' is a symbolic link to nothing";
+  const fs::path base = nearest_existing(p);
+  if (!fs::is_directory(base, ec)) return "'" + base.string() + "' is not a directory";
+  return unwritable(base);
+}
+
+// --export FILE: a file written into an existing directory (beside it, a temporary checkpoint).
+inline std::string export_target_problem(const std::string& text) {
+  namespace fs = std::filesystem;
+  if (text.empty()) return "an empty path; give the .safetensors file to write";
+  const fs::path p = text;
+  std::error_code ec;
+  const auto st = fs::status(p, ec);
+  if (fs::is_directory(st) || !p.has_filename()) return "'" + text + "' is a directory; give a file name";
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    return "'" + text + "' exists and is not a regular file (it would be replaced)";
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const auto pst = fs::status(parent, ec);
+  if (!fs::exists(pst)) return "the directory '" + parent.string() + "' does not exist";
+  if (!fs::is_directory(pst)) return "'" + parent.string() + "' is not a directory";
+  return unwritable(parent);
+}
+
+inline CLI::Validator checked_target(std::string (*problem)(const std::string&), const char* name) {
+  return CLI::Validator([problem](std::string& text) { return problem(text); }, "PATH", name);
+}
+
 // The flags every trainer takes (--ranks and --backend are the trainer's own: their meaning depends
 // on the backends it offers).
 inline void add_common_flags(CLI::App& app, options& o) {
@@ -61,24 +167,35 @@ inline void add_common_flags(CLI::App& app, options& o) {
   app.add_option("--optimizer", o.optimizer, "optimizer")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
-  app.add_option("--lr", o.lr, "learning rate (default: 1e-3 for adamw, 0.05 for sgd)")->check(CLI::PositiveNumber);
-  app.add_option("--seed", o.model.seed, "seed of the data and the initial weights")->capture_default_str();
+  app.add_option_function<std::string>(
+         "--lr", [&o](const std::string& v) { o.lr = float_flag("--lr", v, false); },
+         "learning rate, finite and > 0 as a 32-bit float (default: 1e-3 for adamw, 0.05 for sgd)")
+      ->type_name("FLOAT");
+  app.add_option_function<std::string>(
+         "--seed", [&o](const std::string& v) { o.model.seed = uint64_flag("--seed", v); },
+         "seed of the data and the initial weights, a decimal integer in [0, 2^64 - 1]")
+      ->type_name("UINT")
+      ->default_str(std::to_string(o.model.seed));
   app.add_option("--precision", o.precision, "parameter and gradient precision (bf16/fp16 keep fp32 master weights)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  app.add_option("--clip", o.clip, "clip the global gradient norm to this value (0: off)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--clip", [&o](const std::string& v) { o.clip = float_flag("--clip", v, true); },
+         "clip the global gradient norm to this value (0: off), finite and >= 0")
+      ->type_name("FLOAT")
+      ->default_str("0");
   app.add_option("--accum", o.accum, "micro-batches per step, each reduced on its own")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  auto* save_flag = app.add_option("--save", o.save, "save a checkpoint into this directory at the end");
+  auto* save_flag = app.add_option("--save", o.save, "save a checkpoint into this directory at the end")
+                        ->check(checked_target(save_target_problem, "save target"));
   app.add_option("--save-every", o.save_every, "also save every K steps (needs --save)")
       ->check(CLI::Range(1, 1 << 30))
       ->needs(save_flag);
   app.add_option("--resume", o.resume, "continue from the checkpoint in this directory (any world size or stage)")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file");
+  app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file")
+      ->check(checked_target(export_target_problem, "export target"));
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
 }
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Shared set-up of demo.sh and test.sh: installs the Debian packages that are missing, then configures
-# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR).
+# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only.
 set -eu
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZERO_BUILD_DIR:-$root/build}
 
 packages=(meson ninja-build g++ pkg-config cmake python3 doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
-          libopenmpi-dev openmpi-bin bc iproute2)
+          libopenmpi-dev openmpi-bin bc iproute2 clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
+[ "${1:-}" != --no-build ] || exit 0
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$root" >&2
 fi

@@ -4,8 +4,10 @@
 set -u
 train_mlp=$1
 failures=0
-expect() {  # expect CODE PATTERN ARGS...
-  local want=$1 pattern=$2; shift 2
+expect() {  # expect CODE [--] PATTERN ARGS...  (-- lets a pattern start with a dash)
+  local want=$1; shift
+  [ "$1" = -- ] && shift
+  local pattern=$1; shift
   out=$("$train_mlp" "$@" 2>&1); rc=$?
   if [ $rc -ne "$want" ] || ! grep -Eq -- "$pattern" <<<"$out"; then
     echo "FAIL: train_mlp $* -> exit $rc (want $want), output lacks /$pattern/:"; echo "$out" | head -5
@@ -31,6 +33,45 @@ expect 2 'comm-timeout' --comm-timeout 0
 expect 2 'comm-timeout' --comm-timeout nan
 expect 2 'comm-timeout' --comm-timeout -5
 expect 0 'loss' --steps 3 --hidden 16 --layers 2 --comm-timeout 0.5
+expect 2 'steps 0 only makes sense with --resume' --steps 0
+# Values are checked as the program uses them, after conversion to float or uint64 (issue 9, case 10).
+expect 2 -- '--lr.*outside the range of a 32-bit float' --lr 1e39            # would become inf
+expect 2 -- '--lr.*outside the range of a 32-bit float' --lr 1e-50           # would become 0 (the default)
+expect 2 -- '--lr.*not a finite number' --lr nan
+expect 2 -- '--lr.*not a finite number' --lr inf
+expect 2 -- '--lr.*must be > 0' --lr 0
+expect 2 -- '--clip.*not a finite number' --clip nan
+expect 2 -- '--clip.*outside the range' --clip 1e39
+expect 2 -- '--seed.*not a decimal integer' --seed -1
+expect 2 -- '--seed.*not a decimal integer' --seed 18446744073709551616  # 2^64
+expect 0 '"param_hash"' --seed 18446744073709551615 --lr 1e-3 --clip 0 --steps 1 --hidden 16 --layers 2 --json
+# Output targets are refused before training, not after it.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+touch "$tmp/file"
+mkfifo "$tmp/fifo"
+mkdir -p "$tmp/version" && echo '{}' >"$tmp/version/manifest.json"
+expect 2 -- '--save: an empty path' --save ''
+expect 2 -- '--export: an empty path' --export ''
+expect 2 -- "--save: '$tmp/file' exists and is not a directory" --save "$tmp/file"
+expect 2 -- "--save: '$tmp/file' is not a directory" --save "$tmp/file/sub/dir"
+expect 2 -- "--save: '$tmp/version' is one checkpoint version" --save "$tmp/version"
+expect 2 -- "--export: '$tmp' is a directory" --export "$tmp"
+expect 2 -- "--export: the directory '$tmp/missing' does not exist" --export "$tmp/missing/w.safetensors"
+expect 2 -- "--export: '$tmp/file' is not a directory" --export "$tmp/file/w.safetensors"
+expect 2 -- "--export: '$tmp/fifo' exists and is not a regular file" --export "$tmp/fifo"
+if [ "$(id -u)" -ne 0 ]; then  # root may write anywhere: the permission cases need another user
+  mkdir "$tmp/ro" && chmod 555 "$tmp/ro"
+  expect 2 -- "--save: '$tmp/ro' is not writable" --save "$tmp/ro/ckpt"
+  expect 2 -- "--export: '$tmp/ro' is not writable" --export "$tmp/ro/w.safetensors"
+else
+  echo "skip unwritable --save/--export targets (running as root)"
+fi
+# A --save directory that does not exist yet is created, parents included, by the save.
+expect 0 'loss' --save "$tmp/new/nested/ckpt" --export "$tmp/w.safetensors" --steps 1 --hidden 16 --layers 2
+manifests=("$tmp"/new/nested/ckpt/v-*/manifest.json)
+[ -f "${manifests[0]}" ] && [ -s "$tmp/w.safetensors" ] ||
+  { echo "FAIL: --save/--export into new paths wrote nothing"; failures=$((failures + 1)); }
 expect 0 'Usage' --help
 expect 0 'loss' --steps 3 --hidden 16 --layers 2
 [ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }

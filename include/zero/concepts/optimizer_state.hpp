@@ -17,6 +17,13 @@ namespace zero {
 //                               averaged gradient g (float) and the element's state s (float[slots])
 // The rule is applied to the owned, unpadded elements only; it must use zero::fp operations so
 // every backend performs the same floating-point operations.
+//
+// Optional:
+//   o.validate()                checks the hyper-parameters and throws zero::error (invalid_argument)
+//                               naming the field and its valid range. The engine calls it once, at
+//                               construction, where it exists (detected with `requires`, see
+//                               validate_optimizer below), so an optimizer written without one still
+//                               works; it is not part of the concept for that reason.
 template <class O>
 concept OptimizerState = requires(const O& o, std::uint64_t t, float& w, float g, float* s,
                                   const typename O::step_constants& c) {
@@ -25,5 +32,11 @@ concept OptimizerState = requires(const O& o, std::uint64_t t, float& w, float g
   { o.constants(t) } -> std::same_as<typename O::step_constants>;
   O::update(c, w, g, s);
 } && (O::slots >= 0);
+
+// Calls o.validate() where the optimizer has one; nothing otherwise.
+template <OptimizerState O>
+void validate_optimizer(const O& o) {
+  if constexpr (requires { o.validate(); }) o.validate();
+}
 
 }  // namespace zero

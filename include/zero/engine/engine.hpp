@@ -22,6 +22,7 @@
 #include "zero/core/layout.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/core/value_checks.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/tensor_view.hpp"
@@ -63,12 +64,11 @@ class engine {
         control_comm_(comm),
         spec_(spec),
         layout_(layout::make<P>(spec, comm.size())),
-        opt_(opt),
-        options_(options),
+        opt_(validated(opt, comm.rank())),
+        options_(validated(options, comm.rank())),
         scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
         rank_(comm.rank()),
         units_(spec.num_units()) {
-    validate_options();
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
     params_ = buffer<param_type, system>(P::shards_parameters ? shard : full, mem_category::params, acct_);
     const std::size_t grad_elems = P::shards_gradients ? shard : full;
@@ -434,17 +434,39 @@ class engine {
 
   // ---- gradient accumulation and norms ----
 
-  void validate_options() const {
-    const engine_options& o = options_;
-    ZERO_CHECK(o.micro_batches >= 1, invalid_argument, "rank ", rank_, ": micro_batches must be at least 1, got ",
-               o.micro_batches);
+  // The optimizer's hyper-parameters (its validate(), where it has one) and the options, checked
+  // before anything is allocated or the loss scaler is built; errors name the rank.
+  static Opt validated(const Opt& opt, int rank) {
+    with_rank(rank, [&] { validate_optimizer(opt); });
+    return opt;
+  }
+  static engine_options validated(const engine_options& o, int rank) {
+    ZERO_CHECK(o.micro_batches >= 1, invalid_argument, "rank ", rank,
+               ": engine_options: micro_batches must be >= 1, got ", o.micro_batches);
+    ZERO_CHECK(o.accumulate == accumulation::reduce_each_micro_batch || o.accumulate == accumulation::local_then_reduce,
+               invalid_argument, "rank ", rank, ": engine_options: accumulate is not an accumulation value (",
+               static_cast<int>(o.accumulate), ")");
     ZERO_CHECK(o.accumulate != accumulation::local_then_reduce || !P::shards_gradients, invalid_argument, "rank ",
-               rank_, ": local_then_reduce accumulation keeps every unit's full gradient until its single reduce; ZeRO "
+               rank, ": local_then_reduce accumulation keeps every unit's full gradient until its single reduce; ZeRO "
                "stage ", P::stage, " shards gradients, so use reduce_each_micro_batch");
-    ZERO_CHECK(!o.fp32_grad_accumulation || P::shards_gradients, invalid_argument, "rank ", rank_,
+    ZERO_CHECK(!o.fp32_grad_accumulation || P::shards_gradients, invalid_argument, "rank ", rank,
                ": fp32_grad_accumulation applies to the gradient shard of stages 2 and 3; stage ", P::stage,
                " keeps full gradients in the precision's gradient type");
-    ZERO_CHECK(o.clip_norm >= 0.0f, invalid_argument, "rank ", rank_, ": clip_norm must be >= 0, got ", o.clip_norm);
+    with_rank(rank, [&] {
+      detail::require_non_negative("engine_options", "clip_norm", o.clip_norm);
+      // Checked whether or not the precision scales the loss: a bad value is a mistake either way.
+      validate(o.loss_scale);
+    });
+    return o;
+  }
+  // Runs f, prefixing "rank R: " to the message of a zero::error it throws.
+  template <class F>
+  static void with_rank(int rank, F f) {
+    try {
+      f();
+    } catch (const error& e) {
+      throw error(e.kind(), detail::concat("rank ", rank, ": ", e.what()));
+    }
   }
   int reduces_per_step() const {
     return options_.accumulate == accumulation::reduce_each_micro_batch ? options_.micro_batches : 1;

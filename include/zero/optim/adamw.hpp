@@ -8,6 +8,7 @@
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/config.hpp"
 #include "zero/core/fp.hpp"
+#include "zero/core/value_checks.hpp"
 
 namespace zero::optim {
 
@@ -33,6 +34,17 @@ struct adamw {
             weight_decay,
             static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), td)),
             static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), td))};
+  }
+
+  // Called by the engine at construction. lr 0 is allowed (a schedule may hold the weights still
+  // for some steps; the moments still advance). A beta of 1 makes the bias correction 1 - beta^t
+  // zero, a division by zero; eps 0 divides by zero where a gradient has been 0 so far.
+  void validate() const {
+    detail::require_non_negative("optim::adamw", "lr", lr);
+    detail::require_unit_interval("optim::adamw", "beta1", beta1);
+    detail::require_unit_interval("optim::adamw", "beta2", beta2);
+    detail::require_positive("optim::adamw", "eps", eps);
+    detail::require_non_negative("optim::adamw", "weight_decay", weight_decay);
   }
 
   // w <- w - lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)

@@ -7,6 +7,8 @@
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/config.hpp"
 #include "zero/core/fp.hpp"
+#include "zero/core/value_checks.hpp"
+#include "zero/error.hpp"
 
 namespace zero::optim {
 
@@ -24,6 +26,17 @@ struct sgd {
   };
 
   step_constants constants(std::uint64_t t) const { return {lr, momentum, weight_decay, nesterov, t == 1}; }
+
+  // Called by the engine at construction. lr 0 is allowed (a schedule may hold the weights still
+  // for some steps; the momentum buffer still advances); momentum 1 or more would never decay.
+  void validate() const {
+    detail::require_non_negative("optim::sgd", "lr", lr);
+    detail::require_unit_interval("optim::sgd", "momentum", momentum);
+    detail::require_non_negative("optim::sgd", "weight_decay", weight_decay);
+    // As PyTorch: Nesterov's look-ahead is the momentum term; without momentum it is a silent no-op.
+    ZERO_CHECK(!nesterov || momentum > 0.0f, invalid_argument, "optim::sgd: nesterov needs momentum > 0, got momentum ",
+               detail::show(momentum));
+  }
 
   // g' = g + wd*w; buf = mu*buf + g' (buf = g' on the first step); d = nesterov ? g' + mu*buf : buf;
   // w <- w - lr*d

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
+#include "zero/core/value_checks.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -16,6 +18,21 @@ struct loss_scale_options {
   float max_scale = 16777216.0f;       // 2^24
 };
 
+// Throws zero::error (invalid_argument) naming the field and its range. The scales are powers of two
+// so that halving and doubling are exact and the engine's one division by N x scale is exact too.
+inline void validate(const loss_scale_options& o) {
+  constexpr std::string_view owner = "loss_scale_options";
+  detail::require_power_of_two(owner, "initial", o.initial);
+  detail::require_power_of_two(owner, "min_scale", o.min_scale);
+  detail::require_power_of_two(owner, "max_scale", o.max_scale);
+  ZERO_CHECK(o.min_scale <= o.initial && o.initial <= o.max_scale, invalid_argument,
+             "loss_scale_options: need min_scale <= initial <= max_scale, got min_scale ", detail::show(o.min_scale),
+             ", initial ", detail::show(o.initial), ", max_scale ", detail::show(o.max_scale));
+  ZERO_CHECK(o.hysteresis >= 1, invalid_argument, "loss_scale_options: hysteresis must be >= 1, got ", o.hysteresis);
+  ZERO_CHECK(o.growth_interval >= 1, invalid_argument, "loss_scale_options: growth_interval must be >= 1, got ",
+             o.growth_interval);
+}
+
 // The rules, applied once per step after the (global) overflow check:
 //   overflow:  the step is skipped; clean_steps = 0; hysteresis_left -= 1, and when it reaches 0
 //              the scale halves (not below min_scale) and hysteresis_left = hysteresis.
@@ -26,11 +43,7 @@ class loss_scaler {
  public:
   loss_scaler() = default;
   explicit loss_scaler(const loss_scale_options& o) : o_(o), scale_(o.initial), hysteresis_left_(o.hysteresis) {
-    ZERO_CHECK(o.initial > 0 && o.min_scale > 0 && o.min_scale <= o.initial && o.initial <= o.max_scale,
-               invalid_argument, "loss_scaler: need 0 < min_scale <= initial <= max_scale, got min ", o.min_scale,
-               ", initial ", o.initial, ", max ", o.max_scale);
-    ZERO_CHECK(o.hysteresis >= 1 && o.growth_interval >= 1, invalid_argument,
-               "loss_scaler: hysteresis and growth_interval must be at least 1");
+    validate(o);
   }
 
   float scale() const { return scale_; }
