@@ -41,6 +41,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   zero::engine_options eo;
   eo.clip_norm = o.clip;
   eo.micro_batches = o.accum;
+  const auto setup_start = std::chrono::steady_clock::now();
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
   // whatever world size and stage saved it.
@@ -51,6 +52,8 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   } else {
     e.initialize(mlp::initializer(o.model));
   }
+  out.setup_seconds =
+      global_max(comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
   const int rank = comm.rank(), ranks = comm.size();
   const auto start = std::chrono::steady_clock::now();
   auto last_print = start;

@@ -35,6 +35,7 @@ struct options {
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).
 struct summary {
   double loss_first = 0, loss_last = 0, accuracy_last = 0, seconds = 0;
+  double setup_seconds = 0;  // engine construction and initialization (or resume), max over ranks
   std::uint64_t param_hash = 0, padded = 0, numel = 0;
   double model_state_bytes = 0, model_state_formula = 0, comm_bytes = 0, comm_formula = 0;
   double by_category[zero::mem_category_count] = {}, transient_peak = 0;
@@ -180,6 +181,7 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
       {"loss_last", s.loss_last},
       {"accuracy_last", s.accuracy_last},
       {"seconds", s.seconds},
+      {"setup_seconds", s.setup_seconds},
       {"param_hash", hex(s.param_hash)},
       {"model_state_bytes_per_rank", static_cast<std::uint64_t>(s.model_state_bytes)},
       {"model_state_formula_bytes", static_cast<std::uint64_t>(s.model_state_formula)},
