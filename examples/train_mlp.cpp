@@ -41,6 +41,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   zero::engine_options eo;
   eo.clip_norm = o.clip;
   eo.micro_batches = o.accum;
+  eo.memory_limit_bytes = o.memory_limit;
   const auto setup_start = std::chrono::steady_clock::now();
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
@@ -82,8 +83,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
     }
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto params = e.full_params();
-  out.param_hash = zero::fnv1a64(params.data(), params.size() * sizeof(float));
+  out.param_hash = mlp::param_hash(e);
   out.padded = e.layout().padded();
   out.numel = e.layout().numel();
   const auto& mem = e.memory();

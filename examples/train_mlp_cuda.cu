@@ -268,6 +268,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   const zero::model_spec spec = mlp::make_spec(o.model);
   zero::engine_options eo;
   eo.clip_norm = o.clip;
+  eo.memory_limit_bytes = o.memory_limit;
   const auto setup_start = std::chrono::steady_clock::now();
   zero::engine<Stage, Comm, Opt> e(comm, spec, opt, eo);
   e.initialize(mlp::initializer(o.model));
@@ -303,8 +304,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   out.loss_last = losses.back() / ranks;
   out.accuracy_last = hits.back() / o.model.batch;
 
-  const auto params = e.full_params();
-  out.param_hash = zero::fnv1a64(params.data(), params.size() * sizeof(float));
+  out.param_hash = mlp::param_hash(e);
   out.padded = e.layout().padded();
   out.numel = e.layout().numel();
   const auto& mem = e.memory();

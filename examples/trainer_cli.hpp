@@ -30,6 +30,7 @@ struct options {
   int accum = 1;      // micro-batches per step, each reduced on its own
   std::string save, resume, export_file;
   int save_every = 0;  // 0: save only at the end
+  std::uint64_t memory_limit = 0;  // engine_options::memory_limit_bytes: bytes per rank, 0: no budget
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).
@@ -77,6 +78,10 @@ inline void add_common_flags(CLI::App& app, options& o) {
   app.add_option("--resume", o.resume, "continue from the checkpoint in this directory (any world size or stage)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file");
+  app.add_option("--memory-limit", o.memory_limit,
+                 "bytes each rank's engine may hold (model states are checked before allocation; 0: no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
 }
 
