@@ -3,7 +3,6 @@
 
 #include <cstring>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -11,19 +10,6 @@
 #include "toy_model.hpp"
 
 namespace {
-
-// The toy model's values as a range initializer: element i of a tensor is toy::initial(base + i),
-// base being the tensor's unpadded global offset, exactly as toy::initializer() fills whole tensors.
-std::size_t tensor_base(const zero::unit_spec& u, const zero::tensor_spec& t) {
-  static const zero::model_spec s = toy::spec();
-  std::size_t base = 0;
-  for (const auto& unit : s.units())
-    for (const auto& ts : unit.tensors) {
-      if (unit.name == u.name && ts.name == t.name) return base;
-      base += ts.numel;
-    }
-  throw std::logic_error("unknown tensor " + u.name + "." + t.name);
-}
 
 // One call of a range initializer, as it was made.
 struct call {
@@ -85,13 +71,13 @@ snapshot run(int n, mode m, std::size_t chunk, std::vector<call>* calls = nullpt
     o.init_chunk_elements = chunk;
     zero::engine<Stage, zero::comm::threads, zero::optim::adamw, Prec> e(comm, toy::spec(), {}, o);
     const int rank = comm.rank();
+    const zero::init_range_fn values = toy::range_initializer();
     auto fn = [&](const zero::unit_spec& u, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
       if (calls) {
         const std::lock_guard<std::mutex> lock(calls_mutex);
         calls->push_back({rank, u.name + "." + t.name, r, v.size()});
       }
-      const std::size_t base = tensor_base(u, t);
-      for (std::size_t j = 0; j < v.size(); ++j) v[j] = toy::initial(base + r.begin + j);
+      values(u, t, r, v);
     };
     if (m == mode::full) e.initialize(toy::initializer());
     else e.initialize(zero::init_range_fn(fn), m == mode::ranges ? zero::init_source::every_rank
