@@ -43,6 +43,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   eo.micro_batches = o.accum;
   eo.memory_limit_bytes = o.memory_limit;
   const auto setup_start = std::chrono::steady_clock::now();
+  const double setup_cpu_start = trainer::thread_cpu_seconds();
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
   // whatever world size and stage saved it.
@@ -53,8 +54,10 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   } else {
     e.initialize(mlp::initializer(o.model));
   }
+  const double setup_cpu = trainer::thread_cpu_seconds() - setup_cpu_start;
   out.setup_seconds =
       global_max(comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
+  out.setup_cpu_seconds = global_max(comm, setup_cpu);
   const int rank = comm.rank(), ranks = comm.size();
   const auto start = std::chrono::steady_clock::now();
   auto last_print = start;
