@@ -1,4 +1,4 @@
-// Initialization by element ranges: each rank fills only what it keeps, and the result equals whole-tensor initialization bit for bit.
+// Range initialization: each rank fills only what it keeps, bit for bit what whole-tensor initialization gives.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -79,9 +79,11 @@ snapshot run(int n, mode m, std::size_t chunk, std::vector<call>* calls = nullpt
       }
       values(u, t, r, v);
     };
-    if (m == mode::full) e.initialize(toy::initializer());
-    else e.initialize(zero::init_range_fn(fn), m == mode::ranges ? zero::init_source::every_rank
-                                                                  : zero::init_source::broadcast_from_rank0);
+    if (m == mode::full)
+      e.initialize(toy::initializer());
+    else
+      e.initialize(zero::init_range_fn(fn),
+                   m == mode::ranges ? zero::init_source::every_rank : zero::init_source::broadcast_from_rank0);
     const auto r = static_cast<std::size_t>(rank);
     s.transient_peak[r] = e.memory().peak_bytes(zero::mem_category::transient);
     for (int t = 0; t < train_steps; ++t) toy::train_step(e, rank, static_cast<std::uint64_t>(t));
@@ -137,7 +139,8 @@ std::vector<std::vector<int>> coverage(const std::vector<call>& calls, int n) {
       for (const auto& t : u.tensors) {
         if (u.name + "." + t.name == c.tensor) {
           REQUIRE(c.elements.end <= t.numel);
-          for (std::size_t i = c.elements.begin; i < c.elements.end; ++i) ++counts[static_cast<std::size_t>(c.rank)][base + i];
+          for (std::size_t i = c.elements.begin; i < c.elements.end; ++i)
+            ++counts[static_cast<std::size_t>(c.rank)][base + i];
           found = true;
         }
         if (!found) base += t.numel;

@@ -1,4 +1,4 @@
-// Out of memory, explained: refusals before allocation (budget, reported free memory) and failed allocations name rank, category and bytes.
+// Out of memory, explained: refusals before allocation and failed allocations name rank, category and bytes.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -17,7 +17,7 @@ using zero::mem_category;
 // allocation, or for every allocation of at least some size. It counts the allocations made.
 struct failing_host : zero::sys::host {
   static inline thread_local int calls = 0;
-  static inline thread_local int fail_at = 0;                // 1-based; 0: never
+  static inline thread_local int fail_at = 0;                  // 1-based; 0: never
   static inline thread_local std::size_t fail_from_bytes = 0;  // 0: never
   static void* allocate(std::size_t bytes) {
     ++calls;
@@ -47,13 +47,21 @@ class on_system {
   int rank() const { return inner_->rank(); }
   int size() const { return inner_->size(); }
   template <class T>
-  void all_reduce(const T* s, T* r, std::size_t n, zero::reduce_op op) { inner_->all_reduce(s, r, n, op); }
+  void all_reduce(const T* s, T* r, std::size_t n, zero::reduce_op op) {
+    inner_->all_reduce(s, r, n, op);
+  }
   template <class T>
-  void reduce_scatter(const T* s, T* r, std::size_t n, zero::reduce_op op) { inner_->reduce_scatter(s, r, n, op); }
+  void reduce_scatter(const T* s, T* r, std::size_t n, zero::reduce_op op) {
+    inner_->reduce_scatter(s, r, n, op);
+  }
   template <class T>
-  void all_gather(const T* s, T* r, std::size_t n) { inner_->all_gather(s, r, n); }
+  void all_gather(const T* s, T* r, std::size_t n) {
+    inner_->all_gather(s, r, n);
+  }
   template <class T>
-  void broadcast(const T* s, T* r, std::size_t n, int root) { inner_->broadcast(s, r, n, root); }
+  void broadcast(const T* s, T* r, std::size_t n, int root) {
+    inner_->broadcast(s, r, n, root);
+  }
   void barrier() { inner_->barrier(); }
 
  private:
@@ -106,10 +114,10 @@ void check_budget_refusal() {
   for (int s = 0; s < 4; ++s) per_stage[static_cast<std::size_t>(s)] = expected<Prec>(s, psi, n, 2);
   const categories need = per_stage[Stage::stage];
   // The formulas of zero::formula say the same.
-  CHECK(need.total() == zero::formula::model_state_bytes(Stage::stage, psi, n,
-                                                          {sizeof(typename Prec::param_type),
-                                                           sizeof(typename Prec::grad_type),
-                                                           (Prec::separate_master ? 4u : 0u) + 8u}));
+  CHECK(need.total() ==
+        zero::formula::model_state_bytes(Stage::stage, psi, n,
+                                         {sizeof(typename Prec::param_type), sizeof(typename Prec::grad_type),
+                                          (Prec::separate_master ? 4u : 0u) + 8u}));
   zero::engine_options o;
   o.memory_limit_bytes = need.total() - 1;
   const auto what = construct<Stage, Prec, failing_host>(n, o);
@@ -121,7 +129,8 @@ void check_budget_refusal() {
     CHECK(has(w, "ZeRO stage " + std::to_string(Stage::stage) + " at N = 4 need " + std::to_string(need.total()) +
                      " bytes on this rank"));
     CHECK(has(w, "(params " + std::to_string(need.params) + ", grads " + std::to_string(need.grads) + ", master " +
-                     std::to_string(need.master) + ", optimizer_states " + std::to_string(need.optimizer_states) + ")"));
+                     std::to_string(need.master) + ", optimizer_states " + std::to_string(need.optimizer_states) +
+                     ")"));
     CHECK(has(w, "memory_limit_bytes budget of " + std::to_string(o.memory_limit_bytes) + " bytes"));
     CHECK(has(w, "nothing was allocated"));
     for (int s = 0; s < 4; ++s) {
@@ -168,9 +177,10 @@ TEST_CASE("a memory that a system reports is shared by its ranks: N x the model 
     const std::string& w = what[static_cast<std::size_t>(r)];
     CAPTURE(w);
     CHECK(has(w, "rank " + std::to_string(r) + ": out of memory"));
-    CHECK(has(w, "test memory has " + std::to_string(n * stage3) + " bytes free of 1000000 total, shared by 4 ranks "
-                 "of this process that need 4 x " + std::to_string(stage1) + " = " + std::to_string(4 * stage1) +
-                 " bytes"));
+    CHECK(has(w, "test memory has " + std::to_string(n * stage3) +
+                     " bytes free of 1000000 total, shared by 4 ranks "
+                     "of this process that need 4 x " +
+                     std::to_string(stage1) + " = " + std::to_string(4 * stage1) + " bytes"));
     CHECK(has(w, "would fit at N = 4: stage 3 (" + std::to_string(stage3) + " bytes)"));
     CHECK_FALSE(has(w, "stage 2 ("));
   }
@@ -180,7 +190,7 @@ TEST_CASE("a memory that a system reports is shared by its ranks: N x the model 
   for (const auto& w : construct<zero::stage3, zero::precision::fp32, reporting_host>(n, {})) {
     CAPTURE(w);
     CHECK(has(w, "none (stage 3 needs " + std::to_string(stage3) +
-                 " bytes per rank; more ranks, each on a memory of its own, would divide it)"));
+                     " bytes per rank; more ranks, each on a memory of its own, would divide it)"));
   }
   // Alone on the memory, a rank needs only its own model states free.
   reporting_host::info = zero::memory_info{stage1, 1000000, 1, "test memory"};
@@ -214,8 +224,8 @@ TEST_CASE("a transient buffer over the budget names the rank, the category and t
     const std::string& w = what[static_cast<std::size_t>(r)];
     CAPTURE(w);
     CHECK(has(w, "rank " + std::to_string(r) + ": out of memory: allocating " + std::to_string(unit0) +
-                 " bytes of transient would hold " + std::to_string(states3 + unit0) +
-                 " bytes, over the memory_limit_bytes budget of " + std::to_string(states3) + " bytes"));
+                     " bytes of transient would hold " + std::to_string(states3 + unit0) +
+                     " bytes, over the memory_limit_bytes budget of " + std::to_string(states3) + " bytes"));
     CHECK(has(w, "held now: " + std::to_string(states3) + " bytes (params "));
   }
 }
@@ -260,7 +270,7 @@ TEST_CASE("a system whose allocation fails: transient buffers name rank, categor
     for (const std::string& w : {gather_error[static_cast<std::size_t>(r)], grads_error[static_cast<std::size_t>(r)]}) {
       CAPTURE(w);
       CHECK(has(w, "rank " + std::to_string(r) + ": out of memory: allocating " + std::to_string(unit0) +
-                   " bytes of transient failed (std::bad_alloc)"));
+                       " bytes of transient failed (std::bad_alloc)"));
       CHECK(has(w, held_text));
     }
   }
@@ -291,9 +301,9 @@ TEST_CASE("a model-state allocation that fails names its category and what was a
     const std::string& w = what[static_cast<std::size_t>(r)];
     CAPTURE(w);
     CHECK(has(w, "rank " + std::to_string(r) + ": out of memory: allocating " + std::to_string(shard) +
-                 " bytes of optimizer_states failed (std::bad_alloc); held now: " + std::to_string(2 * shard) +
-                 " bytes (params " + std::to_string(shard) + ", grads " + std::to_string(shard) +
-                 ", master 0, optimizer_states 0, transient 0)"));
+                     " bytes of optimizer_states failed (std::bad_alloc); held now: " + std::to_string(2 * shard) +
+                     " bytes (params " + std::to_string(shard) + ", grads " + std::to_string(shard) +
+                     ", master 0, optimizer_states 0, transient 0)"));
   }
 }
 

@@ -87,7 +87,9 @@ class memory_accounting {
   const memory_report& report() const { return r_; }
 
  private:
-  std::string who() const { return rank_ >= 0 ? detail::concat("rank ", rank_, ": out of memory: ") : "out of memory: "; }
+  std::string who() const {
+    return rank_ >= 0 ? detail::concat("rank ", rank_, ": out of memory: ") : std::string("out of memory: ");
+  }
   std::string held() const {
     std::string s = std::to_string(total()) + " bytes (";
     for (int i = 0; i < mem_category_count; ++i)

@@ -65,6 +65,7 @@ class engine {
         rank_(comm.rank()),
         units_(spec.num_units()) {
     validate_options();
+    acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
     const std::size_t param_elems = P::shards_parameters ? shard : full;
     const std::size_t grad_elems = P::shards_gradients ? shard : full;
@@ -130,7 +131,8 @@ class engine {
           host.resize(std::max(host.size(), c.size()));
           if (!broadcast || rank_ == 0) fn(us, us.tensors[t], local, std::span<float>(host.data(), c.size()));
           if (broadcast) {
-            if (wire.empty()) wire = buffer<float, system>(std::min(chunk, largest_tensor()), mem_category::transient, acct_);
+            if (wire.empty())
+              wire = buffer<float, system>(std::min(chunk, largest_tensor()), mem_category::transient, acct_);
             sys_.copy_from_host(wire.data(), host.data(), c.size() * sizeof(float));
             other_comm_.broadcast(wire.data(), wire.data(), c.size(), 0);
             sys_.copy_to_host(host.data(), wire.data(), c.size() * sizeof(float));
@@ -647,7 +649,6 @@ class engine {
   // that reports its free memory (sys::cuda) is read by every rank before any rank allocates (the
   // barrier), so ranks sharing one device see the same free bytes, not their peers' model states.
   void check_memory(const model_state_plan& need) {
-    acct_.configure(rank_, options_.memory_limit_bytes);
     std::optional<memory_info> m;
     if constexpr (requires(const system& s) { { s.available() } -> std::convertible_to<memory_info>; }) {
       const std::uint64_t free = sys_.available().free;

@@ -25,8 +25,8 @@ using init_fn = std::function<void(const unit_spec& unit, const tensor_spec& ten
 // falls with N. The values must depend on the element's index only, never on the range it arrives in
 // (a counter-based generator, keyed by tensor and index, does this): then every N, stage and chunk
 // size gives the same parameters. A function cannot write outside its range: it only gets the span.
-using init_range_fn = std::function<void(const unit_spec& unit, const tensor_spec& tensor, range elements,
-                                         std::span<float> values)>;
+using init_range_fn =
+    std::function<void(const unit_spec& unit, const tensor_spec& tensor, range elements, std::span<float> values)>;
 
 // Calls f(piece) for consecutive pieces of r, each at most `chunk` elements (chunk > 0), in order.
 template <class F>

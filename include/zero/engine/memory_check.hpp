@@ -31,7 +31,8 @@ inline bool model_states_fit(std::uint64_t bytes, std::uint64_t budget, const st
 // system's free memory, naming the rank, each category's bytes, the memory, and the stages that would
 // fit at this N: stage_bytes[s] is what stage s would need per rank (zero::formula).
 inline void check_model_states_fit(int rank, int stage, int n, const model_state_plan& need, std::uint64_t budget,
-                                   const std::optional<memory_info>& m, const std::array<std::uint64_t, 4>& stage_bytes) {
+                                   const std::optional<memory_info>& m,
+                                   const std::array<std::uint64_t, 4>& stage_bytes) {
   if (model_states_fit(need.total(), budget, m)) return;
   std::string where;
   if (budget != 0 && need.total() > budget) {
@@ -40,8 +41,8 @@ inline void check_model_states_fit(int rank, int stage, int n, const model_state
     where = concat(m->space.empty() ? std::string("the memory") : m->space, " has ", m->free, " bytes free of ",
                    m->total, " total");
     if (m->sharers > 1)
-      where += concat(", shared by ", m->sharers, " ranks of this process that need ", m->sharers, " x ",
-                      need.total(), " = ", static_cast<std::uint64_t>(m->sharers) * need.total(), " bytes");
+      where += concat(", shared by ", m->sharers, " ranks of this process that need ", m->sharers, " x ", need.total(),
+                      " = ", static_cast<std::uint64_t>(m->sharers) * need.total(), " bytes");
   }
   std::string fits;
   for (int s = 0; s < 4; ++s)
@@ -53,9 +54,9 @@ inline void check_model_states_fit(int rank, int stage, int n, const model_state
     fits = concat("none (stage 3 needs ", stage_bytes[3], " bytes per rank; more ranks",
                   shared ? ", each on a memory of its own," : "", " would divide it)");
   }
-  fail(error_kind::out_of_memory, "rank ", rank, ": out of memory: the model states of ZeRO stage ", stage, " at N = ",
-       n, " need ", need.total(), " bytes on this rank (params ", need.params, ", grads ", need.grads, ", master ",
-       need.master, ", optimizer_states ", need.optimizer_states, "), ", where,
+  fail(error_kind::out_of_memory, "rank ", rank, ": out of memory: the model states of ZeRO stage ", stage,
+       " at N = ", n, " need ", need.total(), " bytes on this rank (params ", need.params, ", grads ", need.grads,
+       ", master ", need.master, ", optimizer_states ", need.optimizer_states, "), ", where,
        "; nothing was allocated. Stages whose model states would fit at N = ", n, ": ", fits);
 }
 

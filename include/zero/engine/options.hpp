@@ -1,4 +1,4 @@
-// engine_options: clipping, gradient norm, gradient accumulation, loss-scale, initialization and memory settings of an engine.
+// engine_options: clipping, norm, accumulation, loss-scale, initialization and memory settings of an engine.
 #pragma once
 
 #include <cstddef>
