@@ -50,17 +50,31 @@ inline zero::model_spec make_spec(const config& c) {
   return spec;
 }
 
-// He-uniform weights (limit sqrt(6 / fan_in)), zero biases; a pure function of the seed.
-inline zero::init_fn initializer(const config& c) {
-  return [c](const zero::unit_spec& u, const zero::tensor_spec& t, std::span<float> v) {
+// He-uniform weights (limit sqrt(6 / fan_in)), zero biases. Element i of a tensor is a pure function
+// of the seed, the unit and i (the counter-based generator), so a rank produces just the range the
+// engine asks for, and the values do not depend on N, the stage or how the ranges are cut.
+inline zero::init_range_fn initializer(const config& c) {
+  return [c](const zero::unit_spec& u, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
     if (t.name == "b") {
       std::fill(v.begin(), v.end(), 0.0f);
       return;
     }
     const float limit = std::sqrt(6.0f / static_cast<float>(t.shape[1]));
     const std::uint64_t unit_key = zero::fnv1a64(u.name.data(), u.name.size());
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = limit * uniform(key(c.seed, 1, unit_key, i));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = limit * uniform(key(c.seed, 1, unit_key, r.begin + i));
   };
+}
+
+// FNV-1a of the fp32 parameters, tensors in declaration order (the same value as hashing
+// e.full_params()), gathered one unit at a time so no rank ever holds the whole model on the host.
+template <class Engine>
+std::uint64_t param_hash(Engine& e) {
+  std::uint64_t h = zero::fnv1a64(nullptr, 0);
+  for (std::size_t u = 0; u < e.spec().num_units(); ++u) {
+    const std::vector<float> p = e.full_params(zero::unit_id{u});
+    h = zero::fnv1a64(p.data(), p.size() * sizeof(float), h);
+  }
+  return h;
 }
 
 // The synthetic task: each class has a prototype point; a sample is its class's prototype plus

@@ -41,10 +41,17 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   zero::engine_options eo;
   eo.clip_norm = o.clip;
   eo.micro_batches = o.accum;
+  eo.memory_limit_bytes = o.memory_limit;
+  const auto setup_start = std::chrono::steady_clock::now();
+  const double setup_cpu_start = trainer::thread_cpu_seconds();
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
   // whatever world size and stage saved it.
   const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, mlp::initializer(o.model));
+  const double setup_cpu = trainer::thread_cpu_seconds() - setup_cpu_start;
+  out.setup_seconds =
+      global_max(comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
+  out.setup_cpu_seconds = global_max(comm, setup_cpu);
   const int rank = comm.rank(), ranks = comm.size();
   const auto start = std::chrono::steady_clock::now();
   auto last_print = start;
@@ -74,8 +81,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
     }
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto params = e.full_params();
-  out.param_hash = zero::fnv1a64(params.data(), params.size() * sizeof(float));
+  out.param_hash = mlp::param_hash(e);
   out.padded = e.layout().padded();
   out.numel = e.layout().numel();
   const auto& mem = e.memory();

@@ -430,10 +430,16 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   zero::engine_options eo;
   eo.clip_norm = o.clip;
   eo.micro_batches = o.accum;
+  eo.memory_limit_bytes = o.memory_limit;
+  const auto setup_start = std::chrono::steady_clock::now();
+  const double setup_cpu_start = trainer::thread_cpu_seconds();
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
   // whichever trainer, world size and stage saved it.
   const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, mlp::initializer(o.model));
+  comm.context().wait_all();
+  const double setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+  const double setup_cpu_seconds = trainer::thread_cpu_seconds() - setup_cpu_start;
   const int rank = comm.rank(), ranks = comm.size();
   device_model<T> m(comm.context(), o.model, o.model.batch / ranks / o.accum, o.accum, o.steps);
   comm.barrier();  // every rank starts the clock with its set-up done
@@ -484,20 +490,22 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
     out.accuracy_last = hits.back() / o.model.batch;
   }
 
-  const auto params = e.full_params();
-  out.param_hash = zero::fnv1a64(params.data(), params.size() * sizeof(float));
+  out.param_hash = mlp::param_hash(e);
   out.padded = e.layout().padded();
   out.numel = e.layout().numel();
   const auto& mem = e.memory();
   std::vector<double> maxima{static_cast<double>(mem.model_state_bytes()),
                              static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]),
-                             static_cast<double>(e.comm().last_step.total_bytes())};
+                             static_cast<double>(e.comm().last_step.total_bytes()), setup_seconds,
+                             setup_cpu_seconds};
   for (int c = 0; c < zero::mem_category_count; ++c) maxima.push_back(static_cast<double>(mem.current[c]));
   maxima = reduce_over_ranks(comm, maxima, zero::reduce_op::max);
   out.model_state_bytes = maxima[0];
   out.transient_peak = maxima[1];
   out.comm_bytes = maxima[2];
-  for (int c = 0; c < zero::mem_category_count; ++c) out.by_category[c] = maxima[3 + static_cast<std::size_t>(c)];
+  out.setup_seconds = maxima[3];
+  out.setup_cpu_seconds = maxima[4];
+  for (int c = 0; c < zero::mem_category_count; ++c) out.by_category[c] = maxima[5 + static_cast<std::size_t>(c)];
   out.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   out.device = device_name(comm.context().device());

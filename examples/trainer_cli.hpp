@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <ctime>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -39,11 +40,14 @@ struct options {
   std::string save, resume, export_file;
   int save_every = 0;  // 0: save only at the end
   double comm_timeout = 300;  // seconds a rank waits in a collective before the run fails
+  std::uint64_t memory_limit = 0;  // engine_options::memory_limit_bytes: bytes per rank, 0: no budget
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).
 struct summary {
   double loss_first = 0, loss_last = 0, accuracy_last = 0, seconds = 0;
+  double setup_seconds = 0;  // engine construction and initialization (or resume), max over ranks
+  double setup_cpu_seconds = 0;  // the same in CPU time of the rank's thread: the work, whatever else runs
   std::uint64_t param_hash = 0, padded = 0, numel = 0;
   double model_state_bytes = 0, model_state_formula = 0, comm_bytes = 0, comm_formula = 0;
   double by_category[zero::mem_category_count] = {}, transient_peak = 0;
@@ -196,6 +200,10 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file")
       ->check(checked_target(export_target_problem, "export target"));
+  app.add_option("--memory-limit", o.memory_limit,
+                 "bytes each rank's engine may hold (model states are checked before allocation; 0: no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
 }
 
@@ -244,6 +252,13 @@ void dispatch(const options& o, Train&& train) {
     case 2: return with_optimizer.template operator()<zero::stage2>();
     default: return with_optimizer.template operator()<zero::stage3>();
   }
+}
+
+// CPU time of the calling thread (a rank's thread): what set-up costs a rank, whatever else shares the cores.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 inline std::string hex(std::uint64_t v) {
@@ -300,6 +315,8 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
       {"loss_last", s.loss_last},
       {"accuracy_last", s.accuracy_last},
       {"seconds", s.seconds},
+      {"setup_seconds", s.setup_seconds},
+      {"setup_cpu_seconds", s.setup_cpu_seconds},
       {"param_hash", hex(s.param_hash)},
       {"model_state_bytes_per_rank", static_cast<std::uint64_t>(s.model_state_bytes)},
       {"model_state_formula_bytes", static_cast<std::uint64_t>(s.model_state_formula)},

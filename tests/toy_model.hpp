@@ -55,6 +55,23 @@ inline zero::init_fn initializer() {
   };
 }
 
+// The same values through ranges (zero::init_range_fn): element i of a tensor is initial(base + i).
+inline zero::init_range_fn range_initializer() {
+  return [](const zero::unit_spec& u, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
+    static const zero::model_spec s = spec();
+    std::size_t base = 0;
+    for (const auto& unit : s.units()) {
+      for (const auto& ts : unit.tensors) {
+        if (unit.name == u.name && ts.name == t.name) {
+          for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial(base + r.begin + j);
+          return;
+        }
+        base += ts.numel;
+      }
+    }
+  };
+}
+
 // One step of the protocol on this rank: a forward pass over all units (gather, release) and a
 // backward pass in reverse (gather, grads, reduce, release), then step().
 template <class Engine>

@@ -73,5 +73,13 @@ manifests=("$tmp"/new/nested/ckpt/v-*/manifest.json)
 [ -f "${manifests[0]}" ] && [ -s "$tmp/w.safetensors" ] ||
   { echo "FAIL: --save/--export into new paths wrote nothing"; failures=$((failures + 1)); }
 expect 0 'Usage' --help
+# --memory-limit: model states over the budget are refused before allocation, naming every category
+# and the stages that fit; transient buffers over it fail when allocated; a budget that holds both runs.
+expect 1 'rank [0-3]: out of memory: the model states of ZeRO stage 0 at N = 4 need [0-9]+ bytes on this rank \(params [0-9]+, grads [0-9]+, master 0, optimizer_states [0-9]+\), more than the memory_limit_bytes budget of 1000000 bytes; nothing was allocated. Stages whose model states would fit at N = 4: stage 3 \([0-9]+ bytes\)' \
+  --stage 0 --steps 1 --memory-limit 1000000
+expect 1 'would fit at N = 4: none' --stage 2 --steps 1 --memory-limit 1000
+expect 1 'out of memory: allocating [0-9]+ bytes of transient would hold' --stage 3 --steps 1 --memory-limit 1000000
+expect 0 'loss' --stage 3 --steps 1 --memory-limit 2000000
+expect 2 'memory-limit' --memory-limit -5
 expect 0 'loss' --steps 3 --hidden 16 --layers 2
 [ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }

@@ -17,7 +17,8 @@ enum class error_kind {
   comm,              // a collective failed, timed out, or a peer rank failed
   io,                // a file could not be read or written
   corrupt,           // data failed validation (checksum, truncated file, wrong model)
-  device,            // a device runtime call failed (CUDA: out of memory, launch failure, no device)
+  device,            // a device runtime call failed (CUDA: launch failure, no device)
+  out_of_memory,     // model states or a buffer do not fit the memory (device, or the configured budget)
 };
 
 inline const char* to_string(error_kind k) {
@@ -28,6 +29,7 @@ inline const char* to_string(error_kind k) {
     case error_kind::io: return "io";
     case error_kind::corrupt: return "corrupt";
     case error_kind::device: return "device";
+    case error_kind::out_of_memory: return "out of memory";
   }
   return "unknown";
 }

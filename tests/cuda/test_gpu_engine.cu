@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "device_toy.cuh"
@@ -149,6 +150,61 @@ TEST_CASE_TEMPLATE("GPU: the device allocator holds exactly the engine's bytes, 
   check(device_toy::run<zero::stage1, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 1);
   check(device_toy::run<zero::stage2, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 2);
   check(device_toy::run<zero::stage3, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 3);
+}
+
+TEST_CASE("GPU: ranks sharing the device are counted, and model states N ranks cannot hold are refused up front") {
+  zero::comm::cuda_threads::launch(2, [](zero::comm::cuda_threads& comm) {
+    const zero::memory_info m = comm.make_system().available();
+    CHECK(m.sharers == 2);
+    CHECK(m.total > 0);
+    CHECK(m.free <= m.total);
+    CHECK(m.space == "CUDA device 0");
+    // One tensor sized from the free memory: stage 0 needs 16 bytes per parameter on each of the two
+    // ranks (4/3 of what is free), stage 3 a quarter of that (2/3 of it).
+    zero::model_spec big;
+    big.unit("huge").tensor("w", {static_cast<std::size_t>(m.free / 24)});
+    std::string what;
+    try {
+      zero::engine<zero::stage0, zero::comm::cuda_threads, adamw> e(comm, big);
+    } catch (const zero::error& x) {
+      CHECK(x.kind() == zero::error_kind::out_of_memory);
+      what = x.what();
+    }
+    CAPTURE(what);
+    CHECK(what.find("rank " + std::to_string(comm.rank()) + ": out of memory") != std::string::npos);
+    CHECK(what.find("CUDA device 0 has ") != std::string::npos);
+    CHECK(what.find("shared by 2 ranks of this process") != std::string::npos);
+    CHECK(what.find("stage 3 (") != std::string::npos);
+    CHECK(what.find("stage 0 (") == std::string::npos);
+    CHECK(comm.context().memory().live == 0);  // nothing was allocated
+  });
+}
+
+TEST_CASE("GPU: range initialization gives the parameters of whole-tensor initialization, bit for bit") {
+  auto run = [](auto stage, bool ranges) {
+    using Stage = decltype(stage);
+    std::vector<std::vector<unsigned char>> out(3);
+    zero::comm::cuda_threads::launch(3, [&](zero::comm::cuda_threads& comm) {
+      zero::engine_options o = toy_options();
+      o.init_chunk_elements = 7;
+      zero::engine<Stage, zero::comm::cuda_threads, adamw, zero::precision::bf16> e(comm, toy::spec(), toy_adamw(), o);
+      if (ranges) e.initialize(toy::range_initializer());
+      else e.initialize(toy::initializer());
+      auto& bytes = out[static_cast<std::size_t>(comm.rank())];
+      for (std::size_t u = 0; u < e.spec().num_units(); ++u) {  // the bf16 parameters as gathered
+        auto p = e.gather(zero::unit_id{u});
+        std::vector<unsigned char> host(p.view().size() * sizeof(zero::bf16));
+        zero::sys::cuda::copy(host.data(), p.view().data(), host.size());
+        bytes.insert(bytes.end(), host.begin(), host.end());
+      }
+      const auto full = e.full_params();  // the fp32 master weights
+      const auto* b = reinterpret_cast<const unsigned char*>(full.data());
+      bytes.insert(bytes.end(), b, b + full.size() * sizeof(float));
+    });
+    return out;
+  };
+  CHECK(run(zero::stage1{}, true) == run(zero::stage1{}, false));
+  CHECK(run(zero::stage3{}, true) == run(zero::stage3{}, false));
 }
 
 #if ZERO_WITH_NCCL

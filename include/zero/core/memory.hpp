@@ -3,7 +3,12 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <new>
+#include <string>
 #include <utility>
+
+#include "zero/error.hpp"
 
 namespace zero {
 
@@ -35,8 +40,41 @@ struct memory_report {
   }
 };
 
+// What a memory space can give, as a system reports it (System::available(), where it has one).
+struct memory_info {
+  std::uint64_t free = 0;   // bytes that can be allocated now
+  std::uint64_t total = 0;  // the space's size
+  int sharers = 1;          // ranks of this process that draw on the same memory (ranks sharing one GPU)
+  std::string space;        // what the memory is, for messages ("CUDA device 0")
+};
+
 class memory_accounting {
  public:
+  // Who holds the accounted memory (for messages) and the most bytes it may hold (0: no limit).
+  void configure(int rank, std::size_t limit_bytes) {
+    rank_ = rank;
+    limit_ = limit_bytes;
+  }
+  std::size_t limit() const { return limit_; }
+  std::size_t total() const {
+    std::size_t t = 0;
+    for (auto b : r_.current) t += b;
+    return t;
+  }
+
+  // Throws error_kind::out_of_memory when `bytes` more would exceed the limit. Called by buffer
+  // before it allocates.
+  void admit(mem_category c, std::size_t bytes) const {
+    if (limit_ == 0 || total() + bytes <= limit_) return;
+    fail(error_kind::out_of_memory, who(), "allocating ", bytes, " bytes of ", to_string(c), " would hold ",
+         total() + bytes, " bytes, over the memory_limit_bytes budget of ", limit_, " bytes; held now: ", held());
+  }
+  // Throws error_kind::out_of_memory for an allocation the system refused, naming what was asked.
+  [[noreturn]] void allocation_failed(mem_category c, std::size_t bytes, const std::string& cause) const {
+    fail(error_kind::out_of_memory, who(), "allocating ", bytes, " bytes of ", to_string(c), " failed (", cause,
+         "); held now: ", held());
+  }
+
   void add(mem_category c, std::size_t bytes) {
     auto i = static_cast<int>(c);
     r_.current[i] += bytes;
@@ -49,7 +87,19 @@ class memory_accounting {
   const memory_report& report() const { return r_; }
 
  private:
+  std::string who() const {
+    return rank_ >= 0 ? detail::concat("rank ", rank_, ": out of memory: ") : std::string("out of memory: ");
+  }
+  std::string held() const {
+    std::string s = std::to_string(total()) + " bytes (";
+    for (int i = 0; i < mem_category_count; ++i)
+      s += detail::concat(i ? ", " : "", to_string(static_cast<mem_category>(i)), " ", r_.current[i]);
+    return s + ")";
+  }
+
   memory_report r_;
+  int rank_ = -1;
+  std::size_t limit_ = 0;
 };
 
 // An owning, typed, zero-filled allocation in System's memory space, counted under one category.
@@ -58,8 +108,20 @@ template <class T, class System>
 class buffer {
  public:
   buffer() = default;
+  // An allocation the budget or the system refuses throws error_kind::out_of_memory naming the
+  // category and the bytes asked (the accounting adds the rank): std::bad_alloc from a host
+  // allocator, or an out_of_memory zero::error from a device one.
   buffer(std::size_t n, mem_category c, memory_accounting& acct) : n_(n), cat_(c), acct_(&acct) {
-    data_ = static_cast<T*>(System::allocate(n * sizeof(T)));
+    const std::size_t bytes = n * sizeof(T);
+    acct.admit(c, bytes);
+    try {
+      data_ = static_cast<T*>(System::allocate(bytes));
+    } catch (const std::bad_alloc& e) {
+      acct.allocation_failed(c, bytes, e.what());
+    } catch (const error& e) {
+      if (e.kind() != error_kind::out_of_memory) throw;
+      acct.allocation_failed(c, bytes, e.what());
+    }
     System::fill_zero(data_, n * sizeof(T));
     acct_->add(cat_, n * sizeof(T));
   }

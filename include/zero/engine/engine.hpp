@@ -1,11 +1,13 @@
 // engine: one rank's ZeRO protocol (gather, release, grads, reduce, step) over four policies.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -23,6 +25,8 @@
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
 #include "zero/core/value_checks.hpp"
+#include "zero/engine/init.hpp"
+#include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/tensor_view.hpp"
@@ -31,13 +35,6 @@
 #include "zero/precision/loss_scaler.hpp"
 
 namespace zero {
-
-// Where initial values come from: every rank runs the init function (it must be deterministic),
-// or rank 0 runs it and broadcasts.
-enum class init_source { every_rank, broadcast_from_rank0 };
-
-// Called once per tensor with the full tensor to fill, in declaration order.
-using init_fn = std::function<void(const unit_spec& unit, const tensor_spec& tensor, std::span<float> values)>;
 
 template <Partitioner P, CommBackend Comm, OptimizerState Opt, PrecisionPolicy Prec = precision::fp32>
 class engine {
@@ -69,16 +66,23 @@ class engine {
         scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
         rank_(comm.rank()),
         units_(spec.num_units()) {
+    acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
-    params_ = buffer<param_type, system>(P::shards_parameters ? shard : full, mem_category::params, acct_);
+    const std::size_t param_elems = P::shards_parameters ? shard : full;
     const std::size_t grad_elems = P::shards_gradients ? shard : full;
+    const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
+    check_memory(model_state_plan{param_elems * sizeof(param_type),
+                                  grad_elems * (options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type)),
+                                  Prec::separate_master ? state_elems * sizeof(float) : 0,
+                                  static_cast<std::size_t>(Opt::slots) * state_elems * sizeof(float)});
+    params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
     if (options_.fp32_grad_accumulation)
       grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
     else
       grads_ = buffer<grad_type, system>(grad_elems, mem_category::grads, acct_);
-    const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
     if constexpr (Prec::separate_master) master_ = buffer<float, system>(state_elems, mem_category::master, acct_);
-    for (auto& s : states_) s = buffer<float, system>(state_elems, mem_category::optimizer_states, acct_);
+    for (int k = 0; k < Opt::slots; ++k)
+      states_[k] = buffer<float, system>(state_elems, mem_category::optimizer_states, acct_);
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -101,9 +105,47 @@ class engine {
           other_comm_.broadcast(wire.data(), wire.data(), ts.numel, 0);
           sys_.copy_to_host(host.data(), wire.data(), ts.numel * sizeof(float));
         }
-        write_tensor(unit_id{u}, t, host.data());
+        store(unit_id{u}, layout_.unit(unit_id{u}).tensors[t], host.data());
       }
     }
+  }
+
+  // Fills what this rank keeps from fn, chunk by chunk (at most options().init_chunk_elements values
+  // per call, which bounds the host staging); a collective. With every_rank, each rank asks only for
+  // the elements whose master weights it holds (held_range: its owned slice where optimizer states are
+  // sharded), so the work and the staging per rank fall with N; stages 1 and 2, which replicate the
+  // parameters, then all-gather them as step() does, rather than every rank producing all of them.
+  // With broadcast_from_rank0, rank 0 produces every chunk and broadcasts it, and every rank keeps its
+  // part. Either way the result equals initialize() with the same values as whole tensors, bit for bit.
+  void initialize(const init_range_fn& fn, init_source source = init_source::every_rank) {
+    const std::size_t chunk = options_.init_chunk_elements;
+    std::vector<float> host;
+    const bool broadcast = source == init_source::broadcast_from_rank0;
+    buffer<float, system> wire;
+    for (std::size_t u = 0; u < spec_.num_units(); ++u) {
+      const unit_spec& us = spec_.units()[u];
+      const unit_layout& ul = layout_.unit(unit_id{u});
+      const range keep = broadcast ? range{0, ul.numel} : held_range(unit_id{u});
+      for (std::size_t t = 0; t < us.tensors.size(); ++t) {
+        const range tr = ul.tensors[t];
+        for_each_chunk(intersect(tr, keep), chunk, [&](range c) {
+          const range local{c.begin - tr.begin, c.end - tr.begin};  // what the init function sees
+          host.resize(std::max(host.size(), c.size()));
+          if (!broadcast || rank_ == 0) fn(us, us.tensors[t], local, std::span<float>(host.data(), c.size()));
+          if (broadcast) {
+            if (wire.empty())
+              wire = buffer<float, system>(std::min(chunk, largest_tensor()), mem_category::transient, acct_);
+            sys_.copy_from_host(wire.data(), host.data(), c.size() * sizeof(float));
+            const auto l = label("init", unit_id{u});
+            other_comm_.broadcast(wire.data(), wire.data(), c.size(), 0);
+            sys_.copy_to_host(host.data(), wire.data(), c.size() * sizeof(float));
+          }
+          store(unit_id{u}, c, host.data());
+        });
+      }
+    }
+    if constexpr (P::shards_optimizer_states && !P::shards_parameters)
+      if (!broadcast) gather_replicated_params();
   }
 
   // ---- the protocol --------------------------------------------------------------------------
@@ -225,21 +267,19 @@ class engine {
   // The fp32 (master) parameters of the whole model, unpadded, tensors in declaration order. A
   // collective in stages that shard the master weights.
   std::vector<float> full_params() {
-    std::vector<float> out;
-    out.reserve(layout_.numel());
+    std::vector<float> out(layout_.numel());
+    std::size_t at = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      const unit_layout& ul = layout_.unit(unit_id{u});
-      const std::size_t at = out.size();
-      out.resize(at + ul.numel);
-      if constexpr (P::shards_optimizer_states) {
-        buffer<float, system> full(ul.padded, mem_category::transient, acct_);
-        const auto l = label("full_params", unit_id{u});
-        other_comm_.all_gather(master_shard(ul), full.data(), ul.shard);
-        sys_.copy_to_host(out.data() + at, full.data(), ul.numel * sizeof(float));
-      } else {
-        sys_.copy_to_host(out.data() + at, master_full(ul), ul.numel * sizeof(float));
-      }
+      copy_full_params(unit_id{u}, out.data() + at);
+      at += layout_.unit(unit_id{u}).numel;
     }
+    return out;
+  }
+  // The same for one unit: host memory for one unit at a time (a streaming hash, an export).
+  std::vector<float> full_params(unit_id u) {
+    state_check(u);
+    std::vector<float> out(layout_.unit(u).numel);
+    copy_full_params(u, out.data());
     return out;
   }
 
@@ -297,13 +337,7 @@ class engine {
                              master_element(ul, r.begin), r.size());
       }
     }
-    if constexpr (P::shards_optimizer_states && !P::shards_parameters)
-      for (std::size_t u = 0; u < units_.size(); ++u) {
-        const unit_layout& ul = layout_.unit(unit_id{u});
-        param_type* p = params_.data() + ul.offset;
-        const auto l = label("finish_load", unit_id{u});
-        other_comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
-      }
+    if constexpr (P::shards_optimizer_states && !P::shards_parameters) gather_replicated_params();
   }
 
   // Everything besides the tensors that a resumed run needs to continue identically.
@@ -457,6 +491,8 @@ class engine {
       // Checked whether or not the precision scales the loss: a bad value is a mistake either way.
       validate(o.loss_scale);
     });
+    ZERO_CHECK(o.init_chunk_elements > 0, invalid_argument, "rank ", rank,
+               ": engine_options: init_chunk_elements must be > 0, got ", o.init_chunk_elements);
     return o;
   }
   // Runs f, prefixing "rank R: " to the message of a zero::error it throws.
@@ -598,23 +634,79 @@ class engine {
     });
   }
 
-  // Stores a full tensor's initial values into whatever part of params and master this rank holds.
-  void write_tensor(unit_id u, std::size_t t, const float* values) {
+  // Stores initial values of the unit-local elements r (values[i] is element r.begin + i) into
+  // whatever part of them params and master this rank holds.
+  void store(unit_id u, range r, const float* values) {
     const unit_layout& ul = layout_.unit(u);
-    const range tr = ul.tensors[t];
     const range own = layout_.owned(u, rank_);
-    std::vector<param_type> cast(tr.size());
-    for (std::size_t i = 0; i < tr.size(); ++i) cast[i] = static_cast<param_type>(values[i]);
-    auto store = [&](auto& buf, const auto* src, bool sharded) {
+    auto put = [&](auto& buf, bool sharded) {
       using T = std::remove_pointer_t<decltype(buf.data())>;
-      const range seg = sharded ? intersect(tr, own) : tr;
+      const range seg = sharded ? intersect(r, own) : r;
       if (seg.empty()) return;
       T* dst = sharded ? this->template element<T, true>(buf, ul, seg.begin)
                         : this->template element<T, false>(buf, ul, seg.begin);
-      sys_.copy_from_host(dst, src + (seg.begin - tr.begin), seg.size() * sizeof(T));
+      const float* src = values + (seg.begin - r.begin);
+      if constexpr (std::same_as<T, float>) {
+        sys_.copy_from_host(dst, src, seg.size() * sizeof(T));
+      } else {
+        std::vector<T> cast(seg.size());
+        for (std::size_t i = 0; i < seg.size(); ++i) cast[i] = static_cast<T>(src[i]);
+        sys_.copy_from_host(dst, cast.data(), seg.size() * sizeof(T));
+      }
     };
-    store(params_, cast.data(), P::shards_parameters);
-    if constexpr (Prec::separate_master) store(master_, values, P::shards_optimizer_states);
+    put(params_, P::shards_parameters);
+    if constexpr (Prec::separate_master) put(master_, P::shards_optimizer_states);
+  }
+
+  // Stages 1-2: every rank's parameter slice (written from its master weights) to every rank.
+  void gather_replicated_params() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const unit_layout& ul = layout_.unit(unit_id{u});
+      param_type* p = params_.data() + ul.offset;
+      const auto l = label("parameter refresh", unit_id{u});
+      other_comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
+    }
+  }
+
+  std::size_t largest_tensor() const {
+    std::size_t m = 0;
+    for (const auto& us : spec_.units())
+      for (const auto& ts : us.tensors) m = std::max(m, ts.numel);
+    return m;
+  }
+
+  // Unit u's master weights, unpadded, into host memory at out (all-gathered where sharded).
+  void copy_full_params(unit_id u, float* out) {
+    const unit_layout& ul = layout_.unit(u);
+    if constexpr (P::shards_optimizer_states) {
+      buffer<float, system> full(ul.padded, mem_category::transient, acct_);
+      const auto l = label("full_params", u);
+      other_comm_.all_gather(master_shard(ul), full.data(), ul.shard);
+      sys_.copy_to_host(out, full.data(), ul.numel * sizeof(float));
+    } else {
+      sys_.copy_to_host(out, master_full(ul), ul.numel * sizeof(float));
+    }
+  }
+
+  // Before anything is allocated: refuses model states that cannot fit (memory_check.hpp). A system
+  // that reports its free memory (sys::cuda) is read by every rank before any rank allocates (the
+  // barrier), so ranks sharing one device see the same free bytes, not their peers' model states.
+  void check_memory(const model_state_plan& need) {
+    std::optional<memory_info> m;
+    if constexpr (requires(const system& s) { { s.available() } -> std::convertible_to<memory_info>; }) {
+      const std::uint64_t free = sys_.available().free;
+      other_comm_.barrier();
+      // Read again for the sharers: past the barrier every rank sharing the memory exists.
+      m = sys_.available();
+      m->free = free;
+    }
+    std::array<std::uint64_t, 4> stage_bytes{};
+    for (int s = 0; s < 4; ++s) {
+      formula::state_sizes z = state_sizes();
+      if (s < 2) z.grad_bytes = sizeof(grad_type);  // fp32 gradient accumulation exists in stages 2-3 only
+      stage_bytes[static_cast<std::size_t>(s)] = formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z);
+    }
+    detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m, stage_bytes);
   }
 
   memory_accounting acct_;  // first: every buffer below reports to it and must die before it

@@ -1,5 +1,7 @@
-// engine_options: clipping, gradient norm, gradient accumulation and loss-scale settings of an engine.
+// engine_options: clipping, norm, accumulation, loss-scale, initialization and memory settings of an engine.
 #pragma once
+
+#include <cstddef>
 
 #include "zero/precision/loss_scaler.hpp"
 
@@ -22,6 +24,13 @@ struct engine_options {
   accumulation accumulate = accumulation::reduce_each_micro_batch;
   bool fp32_grad_accumulation = false;  // stages 2-3: the gradient shard is fp32 (+2 Psi/N bytes for 2-byte grads)
   loss_scale_options loss_scale{};      // used when the precision policy scales the loss
+  // initialize(init_range_fn): the most elements one call of the init function fills, which bounds
+  // the host staging (4 bytes plus one parameter per element, plus a broadcast buffer of the chunk).
+  std::size_t init_chunk_elements = std::size_t{1} << 22;
+  // The most bytes this rank's engine may hold in its system's memory; 0: no limit. The model states
+  // are checked before anything is allocated (a refusal names each category and the stages that would
+  // fit); transient buffers are checked when they are allocated.
+  std::size_t memory_limit_bytes = 0;
 };
 
 }  // namespace zero

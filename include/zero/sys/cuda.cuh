@@ -36,6 +36,7 @@ struct cuda {
 
   // ---- memory (static: buffer<T, cuda> and the checkpoint code call these) -----------------------
 
+  // Out of device memory is error_kind::out_of_memory, naming the bytes asked and the device's free memory.
   static void* allocate(std::size_t bytes) { return bound().allocate(bytes); }
   static void deallocate(void* p, std::size_t bytes) noexcept {
     if (!p) return;
@@ -50,6 +51,11 @@ struct cuda {
 
   void copy_to_host(void* dst, const void* src, std::size_t bytes) const { copy_on(context(), dst, src, bytes); }
   void copy_from_host(void* dst, const void* src, std::size_t bytes) const { copy_on(context(), dst, src, bytes); }
+  // The engine's check before it allocates its model states (zero/engine/memory_check.hpp): the device's
+  // free memory (plus the rank's pool's unused blocks), its size, and how many ranks of this process
+  // share it, since each of them allocates as much.
+  memory_info available() const { return context().available(); }
+
   // Waits for everything the rank has enqueued on its compute stream (which, through the handshake
   // events, includes every collective it has issued).
   void synchronize() const { context().wait_compute(); }

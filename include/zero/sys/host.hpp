@@ -12,6 +12,13 @@ namespace zero::sys {
 // The system interface the engine uses (sys::cuda mirrors it with device memory, kernels and a
 // stream): allocation, fills and copies within the space and to/from host memory, and the engine's
 // element-wise loops. Host memory is the host: every call completes before it returns.
+//
+// Optional: `memory_info available() const` (core/memory.hpp), the free memory the engine checks its
+// model states against before it allocates them; sys::cuda has it. sys::host has not, on purpose:
+// host memory is shared with the OS, its page cache and other processes, and Linux overcommits, so
+// no reading of "free" predicts what will fit (it would refuse runs that fit, or pass runs the OOM
+// killer ends). The host's limit is the budget the user states, engine_options::memory_limit_bytes.
+// A failed allocation (std::bad_alloc) becomes error_kind::out_of_memory in the engine's buffer.
 struct host {
   static constexpr std::size_t alignment = 64;  // a cache line; also the shard alignment in bytes
 

@@ -7,8 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <string>
 #include <thread>
 
+#include "zero/core/memory.hpp"
+#include "zero/error.hpp"
 #include "zero/sys/cuda/check.cuh"
 
 namespace zero::gpu {
@@ -59,10 +64,19 @@ class context {
   // blocks stay in the pool (release threshold: never) and are reused in stream order without any
   // host synchronisation; a block freed on one stream is reused on another only after the driver's own
   // event dependency. One pool per rank keeps each rank's usage measurable on its own.
+  // A device that cannot give the bytes is error_kind::out_of_memory (the engine's buffer adds the
+  // rank and the category); every other failure is error_kind::device.
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
-    ZERO_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool_, compute_));
+    const cudaError_t status = cudaMallocFromPoolAsync(&p, bytes, pool_, compute_);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      const memory_info m = available();
+      fail(error_kind::out_of_memory, "cudaMallocFromPoolAsync of ", bytes, " bytes on ", m.space, ": ",
+           cudaGetErrorString(status), " (", m.free, " bytes free of ", m.total, ")");
+    }
+    check(status, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
     live_ += bytes;
     if (live_ > peak_) peak_ = live_;
     return p;
@@ -74,6 +88,32 @@ class context {
     if (cudaFreeAsync(p, compute_) != cudaSuccess) (void)cudaGetLastError();  // noexcept: nothing to throw to
     live_ -= bytes;
   }
+  // What this rank can allocate on its device: the device's free memory (cudaMemGetInfo) plus what
+  // its own pool keeps unused, the device's size, and the live contexts of this process on the device
+  // (comm::cuda_threads puts every rank on one).
+  memory_info available() const {
+    int previous = 0;
+    ZERO_CUDA_CHECK(cudaGetDevice(&previous));
+    ZERO_CUDA_CHECK(cudaSetDevice(device_));  // cudaMemGetInfo reads the calling thread's current device
+    std::size_t free = 0, total = 0;
+    const cudaError_t status = cudaMemGetInfo(&free, &total);
+    ZERO_CUDA_CHECK(cudaSetDevice(previous));
+    check(status, "cudaMemGetInfo", __FILE__, __LINE__);
+    memory_info m;
+    const memory_stats pool = memory();
+    m.free = free + (pool.pool_reserved > pool.pool_used ? pool.pool_reserved - pool.pool_used : 0);
+    m.total = total;
+    m.sharers = contexts_on(device_);
+    m.space = "CUDA device " + std::to_string(device_);
+    return m;
+  }
+  // Live contexts of this process on `device`.
+  static int contexts_on(int device) {
+    const std::lock_guard<std::mutex> lock(registry_mutex());
+    const auto it = registry().find(device);
+    return it == registry().end() ? 0 : it->second;
+  }
+
   memory_stats memory() const {
     memory_stats m{live_, peak_, 0, 0};
     std::uint64_t v = 0;
@@ -186,10 +226,26 @@ class context {
     void* pinned = nullptr;
     ZERO_CUDA_CHECK(cudaMallocHost(&pinned, sizeof(double)));
     host_scalar_ = static_cast<double*>(pinned);
+    const std::lock_guard<std::mutex> lock(registry_mutex());
+    ++registry()[device_];
+    registered_ = true;
+  }
+  static std::map<int, int>& registry() {
+    static std::map<int, int> contexts;  // device -> live contexts of this process
+    return contexts;
+  }
+  static std::mutex& registry_mutex() {
+    static std::mutex m;
+    return m;
   }
   // Finishes the rank's device work, then releases everything; errors are ignored (a destructor, and
   // after a failure the device state of the rank is being discarded anyway).
   void destroy() noexcept {
+    if (registered_) {
+      const std::lock_guard<std::mutex> lock(registry_mutex());
+      --registry()[device_];
+      registered_ = false;
+    }
     if (scratch_ && compute_) (void)cudaFreeAsync(scratch_, compute_);
     if (comm_) (void)cudaStreamSynchronize(comm_);
     if (compute_) (void)cudaStreamSynchronize(compute_);
@@ -216,6 +272,7 @@ class context {
   std::size_t scratch_bytes_ = 0;
   double* host_scalar_ = nullptr;
   std::size_t live_ = 0, peak_ = 0;
+  bool registered_ = false;  // counted in registry() (create() succeeded)
   watchdog watchdog_;
 };
 

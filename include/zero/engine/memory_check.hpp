@@ -1,0 +1,64 @@
+// The check an engine makes before it allocates: do this rank's model states fit its memory, and which stages would.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "zero/core/memory.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+// The persistent bytes an engine is about to allocate on one rank, per model-state category.
+struct model_state_plan {
+  std::uint64_t params = 0, grads = 0, master = 0, optimizer_states = 0;
+  std::uint64_t total() const { return params + grads + master + optimizer_states; }
+};
+
+namespace detail {
+
+// Whether `bytes` per rank fit: within the budget (0: none) and, where the system reports its memory,
+// `sharers` times within what is free (every rank sharing the memory needs as much).
+inline bool model_states_fit(std::uint64_t bytes, std::uint64_t budget, const std::optional<memory_info>& m) {
+  if (budget != 0 && bytes > budget) return false;
+  return !m || static_cast<std::uint64_t>(m->sharers) * bytes <= m->free;
+}
+
+// Throws error_kind::out_of_memory when `need` (stage `stage`, N ranks) does not fit the budget or the
+// system's free memory, naming the rank, each category's bytes, the memory, and the stages that would
+// fit at this N: stage_bytes[s] is what stage s would need per rank (zero::formula).
+inline void check_model_states_fit(int rank, int stage, int n, const model_state_plan& need, std::uint64_t budget,
+                                   const std::optional<memory_info>& m,
+                                   const std::array<std::uint64_t, 4>& stage_bytes) {
+  if (model_states_fit(need.total(), budget, m)) return;
+  std::string where;
+  if (budget != 0 && need.total() > budget) {
+    where = concat("more than the memory_limit_bytes budget of ", budget, " bytes");
+  } else {
+    where = concat(m->space.empty() ? std::string("the memory") : m->space, " has ", m->free, " bytes free of ",
+                   m->total, " total");
+    if (m->sharers > 1)
+      where += concat(", shared by ", m->sharers, " ranks of this process that need ", m->sharers, " x ", need.total(),
+                      " = ", static_cast<std::uint64_t>(m->sharers) * need.total(), " bytes");
+  }
+  std::string fits;
+  for (int s = 0; s < 4; ++s)
+    if (model_states_fit(stage_bytes[static_cast<std::size_t>(s)], budget, m))
+      fits += concat(fits.empty() ? "" : ", ", "stage ", s, " (", stage_bytes[static_cast<std::size_t>(s)], " bytes)");
+  if (fits.empty()) {
+    // More ranks divide stage 3's bytes, but not what ranks sharing one memory need together.
+    const bool shared = !(budget != 0 && need.total() > budget) && m->sharers > 1;
+    fits = concat("none (stage 3 needs ", stage_bytes[3], " bytes per rank; more ranks",
+                  shared ? ", each on a memory of its own," : "", " would divide it)");
+  }
+  fail(error_kind::out_of_memory, "rank ", rank, ": out of memory: the model states of ZeRO stage ", stage,
+       " at N = ", n, " need ", need.total(), " bytes on this rank (params ", need.params, ", grads ", need.grads,
+       ", master ", need.master, ", optimizer_states ", need.optimizer_states, "), ", where,
+       "; nothing was allocated. Stages whose model states would fit at N = ", n, ": ", fits);
+}
+
+}  // namespace detail
+}  // namespace zero
