@@ -268,7 +268,7 @@ TEST_CASE("a chunk of zero elements is refused") {
     zero::engine_options o;
     o.init_chunk_elements = 0;
     using engine = zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw>;
-    CHECK_THROWS_WITH_AS(engine(comm, toy::spec(), {}, o), doctest::Contains("init_chunk_elements must be positive"),
+    CHECK_THROWS_WITH_AS(engine(comm, toy::spec(), {}, o), doctest::Contains("init_chunk_elements must be > 0, got 0"),
                          zero::error);
   });
 }
