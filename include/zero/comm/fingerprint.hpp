@@ -189,7 +189,7 @@ struct fingerprint {
  private:
   static void copy_truncated(char* dst, std::size_t cap, std::string_view src) {
     const std::size_t n = src.size() < cap - 1 ? src.size() : cap - 1;
-    std::memcpy(dst, src.data(), n);
+    if (n != 0) std::memcpy(dst, src.data(), n);  // an empty view may hold a null pointer
     dst[n] = '\0';
   }
   // The field as text, even if a peer sent bytes without a terminator; control characters (a
