@@ -21,7 +21,7 @@
 #include "zero/precision/bf16.hpp"
 #include "zero/precision/fp16.hpp"
 #include "zero/precision/fp32.hpp"
-#include "zero/precision/half_types.hpp"
+#include "zero/core/half_types.hpp"
 #include "zero/precision/loss_scaler.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/engine/options.hpp"

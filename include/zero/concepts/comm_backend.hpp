@@ -4,7 +4,7 @@
 #include <concepts>
 #include <cstddef>
 
-#include "zero/comm/reduce_op.hpp"
+#include "zero/core/reduce_op.hpp"
 
 namespace zero {
 

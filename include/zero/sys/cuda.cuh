@@ -7,10 +7,10 @@
 #include <utility>
 
 #include "zero/error.hpp"
-#include "zero/sys/cuda/check.cuh"
-#include "zero/sys/cuda/context.cuh"
-#include "zero/sys/cuda/kernels.cuh"
-#include "zero/sys/cuda/launch.cuh"
+#include "zero/gpu/check.cuh"
+#include "zero/gpu/context.cuh"
+#include "zero/gpu/kernels.cuh"
+#include "zero/gpu/launch.cuh"
 
 namespace zero::sys {
 

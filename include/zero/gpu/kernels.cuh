@@ -14,13 +14,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/comm/reduce_op.hpp"
+#include "zero/core/reduce_op.hpp"
 #include "zero/config.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/numeric.hpp"
-#include "zero/sys/cuda/context.cuh"
-#include "zero/sys/cuda/launch.cuh"
+#include "zero/gpu/context.cuh"
+#include "zero/gpu/launch.cuh"
 
 namespace zero::gpu {
 
