@@ -19,6 +19,7 @@
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/partitioner.hpp"
 #include "zero/concepts/precision_policy.hpp"
+#include "zero/core/elementwise.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/layout.hpp"
@@ -333,8 +334,9 @@ class engine {
       for (std::size_t u = 0; u < units_.size(); ++u) {
         const unit_layout& ul = layout_.unit(unit_id{u});
         const range r = held_range(unit_id{u});
-        sys_.cast_from_float(element<param_type, P::shards_parameters>(params_, ul, r.begin),
-                             master_element(ul, r.begin), r.size());
+        sys_.for_each(r.size(), elementwise::cast_rule{},
+                      elementwise::out(element<param_type, P::shards_parameters>(params_, ul, r.begin)),
+                      elementwise::in(static_cast<const float*>(master_element(ul, r.begin))));
       }
     }
     if constexpr (P::shards_optimizer_states && !P::shards_parameters) gather_replicated_params();
@@ -537,7 +539,10 @@ class engine {
   void accumulate(S& store, const unit_layout& ul, std::size_t from, const grad_type* src, std::size_t count,
                   bool first) {
     using T = std::remove_pointer_t<decltype(store.data())>;
-    sys_.accumulate(element<T, P::shards_gradients>(store, ul, from), src, count, first);
+    // The first micro-batch only stores: its destination is not read.
+    sys_.for_each(count, elementwise::accumulate_rule{first},
+                  elementwise::operand<T>{element<T, P::shards_gradients>(store, ul, from), !first, true},
+                  elementwise::in(src));
   }
 
   // Sum of squares of the averaged, unscaled gradient over real elements, identical on every rank
@@ -630,7 +635,7 @@ class engine {
     with_grad_store([&](const auto& store) {
       using T = std::remove_pointer_t<decltype(store.data())>;
       const T* g = element<T, P::shards_gradients>(store, ul, r.begin);
-      sys_.template apply_update<Opt>(c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
+      elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
     });
   }
 
