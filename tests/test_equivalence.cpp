@@ -60,6 +60,15 @@ TEST_CASE("SGD with Nesterov momentum: stages 0-3 are bit-identical to the refer
   check_all_stages(opt);
 }
 
+// Every optimizer of the library with its default settings: a new one is in this matrix by being in
+// zero/catalog.hpp.
+TEST_CASE_TEMPLATE_DEFINE("stages 0-3 are bit-identical to the reference (each optimizer, default settings)", Opt,
+                          equivalence_per_optimizer) {
+  CAPTURE(Opt::name);
+  check_all_stages(Opt{});
+}
+TEST_CASE_TEMPLATE_APPLY(equivalence_per_optimizer, zero::optimizers::tuple);
+
 TEST_CASE("the reference is sensitive to the summation order, so the equality above means something") {
   // Summing the same gradients in reverse rank order changes some bits after training.
   const int n = 4;

@@ -1,10 +1,12 @@
 // Optimizer hyper-parameters and engine options out of range are refused by a zero::error naming field and range.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "toy_model.hpp"
 
@@ -42,7 +44,9 @@ std::string engine_message(const Opt& opt, const zero::engine_options& options =
 struct plain_sgd {
   static constexpr int slots = 0;
   static constexpr std::string_view name = "plain_sgd";
+  static constexpr std::array<std::string_view, slots> slot_names = {};
   float lr = -1.0f;  // nonsense, but nobody checks it: the optimizer has no validate()
+  static constexpr auto hyper_parameters() { return std::tuple{zero::field("lr", &plain_sgd::lr)}; }
   struct step_constants {
     float lr;
   };

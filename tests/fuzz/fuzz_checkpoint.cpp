@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/optimizer_settings.hpp"
+#include "zero/checkpoint/versions.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 
 namespace {
