@@ -6,8 +6,9 @@
 
 #include "zero/checkpoint/manifest.hpp"
 #include "zero/checkpoint/optimizer_settings.hpp"
-#include "zero/checkpoint/versions.hpp"
 #include "zero/checkpoint/safetensors.hpp"
+#include "zero/checkpoint/versions.hpp"
+#include "zero/optim/adamw.hpp"  // the checkpoint headers name no optimizer
 
 namespace {
 
