@@ -11,6 +11,8 @@ produces (a meson test runs it so). Standard library only.
   SGD (as torch.optim.SGD, dampening 0):
       g' = g + wd w;  buf = g' at t = 1, else mu buf + g';  d = g' + mu buf if nesterov else buf
       w = w - lr d
+  Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2):
+      c = b1 m + (1 - b1) g;  w = w - lr (sign(c) + wd w);  m = b2 m + (1 - b2) g
 """
 import math
 import pathlib
@@ -67,7 +69,29 @@ def sgd(hp, w, grads):
     return out
 
 
-RULES = {"adamw": adamw, "sgd": sgd}
+# How far from zero Lion's direction c must stay: float32 and double compute c with different
+# roundings (about 1e-7 relative), and a sign that flipped between the two would make the golden
+# value wrong, not the rule. The inputs are fixed, so this is checked once, when generating.
+SIGN_MARGIN = 1e-4
+
+
+def lion(hp, w, grads):
+    lr, b1, b2, wd = hp["lr"], hp["beta1"], hp["beta2"], hp["weight_decay"]
+    m = [0.0] * len(w)
+    out = []
+    for g in grads:
+        for i in range(len(w)):
+            c = b1 * m[i] + (1 - b1) * g[i]
+            if abs(c) < SIGN_MARGIN:
+                raise SystemExit(f"lion: direction {c} too close to 0 for a float32 rule to agree; change the inputs")
+            sign = 1.0 if c > 0 else -1.0
+            w[i] = w[i] - lr * (sign + wd * w[i])
+            m[i] = b2 * m[i] + (1 - b2) * g[i]
+        out.append(list(w))
+    return out
+
+
+RULES = {"adamw": adamw, "sgd": sgd, "lion": lion}
 
 # (optimizer, label, hyper-parameters): every setting of the optimizer, by the names its
 # hyper_parameters() lists. Large rates and decays, so that a formula that drifts (coupled instead of
@@ -79,6 +103,8 @@ CASES = [
     ("sgd", "plain", dict(lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False)),
     ("sgd", "momentum and weight decay", dict(lr=0.1, momentum=0.9, weight_decay=0.05, nesterov=False)),
     ("sgd", "Nesterov momentum and weight decay", dict(lr=0.05, momentum=0.8, weight_decay=0.1, nesterov=True)),
+    ("lion", "default betas, no decay", dict(lr=0.05, beta1=0.9, beta2=0.99, weight_decay=0.0)),
+    ("lion", "other betas and decoupled decay", dict(lr=0.02, beta1=0.5, beta2=0.8, weight_decay=0.5)),
 ]
 
 

@@ -66,8 +66,11 @@ TEST_CASE("the hardware's NaNs are not canonical (so the tests below are not vac
   CHECK(std::isinf(zero::fp::canonical(-std::numeric_limits<float>::infinity())));
 }
 
-TEST_CASE_TEMPLATE("the optimizer rules store canonical NaNs in master, slots and parameter copy", Opt,
-                   zero::optim::adamw, zero::optim::sgd) {
+// Every optimizer of zero/catalog.hpp.
+TEST_CASE_TEMPLATE_DEFINE("the optimizer rules store canonical NaNs in master, slots and parameter copy", Opt,
+                          canonical_nans_per_optimizer) {
+  CAPTURE(Opt::name);
+  static_assert(Opt::slots <= 2, "the slot arrays below hold two");
   Opt opt;
   if constexpr (std::is_same_v<Opt, zero::optim::sgd>) opt.momentum = 0.9f;
   const auto c = opt.constants(1);
@@ -97,6 +100,7 @@ TEST_CASE_TEMPLATE("the optimizer rules store canonical NaNs in master, slots an
     }
   }
 }
+TEST_CASE_TEMPLATE_APPLY(canonical_nans_per_optimizer, zero::optimizers::tuple);
 
 TEST_CASE("accumulation stores canonical NaNs: Inf + -Inf in fp32, bf16 and fp16") {
   const float inf = std::numeric_limits<float>::infinity();

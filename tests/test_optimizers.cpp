@@ -117,3 +117,27 @@ TEST_CASE("the golden values discriminate: a weight decay applied as L2 instead 
   }
   CHECK(worst > 100 * tolerance);
 }
+
+TEST_CASE("the golden values discriminate: Lion's direction interpolated with beta2 instead of beta1 fails") {
+  // The paper's one subtle point: the sign is taken of b1 m + (1 - b1) g, while the momentum kept is
+  // b2 m + (1 - b2) g. A rule that updates m first and steps along sign(m) gives other weights.
+  const golden::optimizer_case* gc = nullptr;
+  for (const auto& x : golden::cases())
+    if (std::string(x.optimizer) == "lion") {
+      gc = &x;
+      break;
+    }
+  REQUIRE(gc != nullptr);
+  const auto opt = configured<zero::optim::lion>(*gc);
+  REQUIRE(opt.beta1 != opt.beta2);
+  std::vector<float> w = gc->w0, m(w.size(), 0.0f);
+  double worst = 0.0;
+  for (std::size_t t = 0; t < gc->grads.size(); ++t) {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      m[i] = opt.beta2 * m[i] + (1.0f - opt.beta2) * gc->grads[t][i];
+      w[i] = w[i] - opt.lr * (zero::optim::lion::sign(m[i]) + opt.weight_decay * w[i]);
+      worst = std::fmax(worst, std::fabs(static_cast<double>(w[i]) - gc->weights[t][i]));
+    }
+  }
+  CHECK(worst > 100 * tolerance);
+}
