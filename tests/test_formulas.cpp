@@ -10,7 +10,7 @@ namespace {
 using zero::mem_category;
 
 std::size_t max_unit_padded(int n) {
-  const auto l = zero::layout::make<zero::stage0>(toy::spec(), n);
+  const auto l = zero::layout::make(toy::spec(), n);
   std::size_t m = 0;
   for (const auto& u : l.units()) m = std::max(m, u.padded);
   return m;

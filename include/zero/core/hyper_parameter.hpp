@@ -19,8 +19,11 @@ struct hyper_parameter {
   static_assert(is_hyper_parameter_type_v<T>, "zero::hyper_parameter: a setting is a float, a double or a bool");
   using owner = O;
   using type = T;
+  // Through an alias: nvcc rewrites a plain `T O::*member` with parentheses that the host
+  // compiler then warns about (-Wparentheses).
+  using member_pointer = T O::*;
   std::string_view name;
-  T O::*member;
+  member_pointer member;
 };
 
 // field("lr", &adamw::lr): the owner and the type deduced from the member pointer.
