@@ -91,8 +91,8 @@ void sweep(zero::gpu::context& ctx, timer& tm, std::size_t n, int reps, const st
   {
     const filled<float> a(n, 1.0f), b(n, 2.0f);
     const double secs = tm.median(s, reps, [&] {
-      zero::gpu::launch_elementwise<Shape>(s, sms, n, zero::gpu::cast_rule{}, zero::gpu::out(b.data()),
-                                            zero::gpu::in(static_cast<const float*>(a.data())));
+      zero::gpu::launch_elementwise<Shape>(s, sms, n, zero::elementwise::cast_rule{}, zero::elementwise::out(b.data()),
+                                            zero::elementwise::in(static_cast<const float*>(a.data())));
     });
     line<Shape>("launcher_copy_fp32", device, n, 8.0, secs, copy_gbps);
   }
@@ -101,10 +101,10 @@ void sweep(zero::gpu::context& ctx, timer& tm, std::size_t n, int reps, const st
   {
     const filled<float> g(n, 0.01f), w(n, 0.5f), m(n, 0.0f), v(n, 0.001f);
     const double secs = tm.median(s, reps, [&] {
-      zero::gpu::launch_elementwise<Shape>(s, sms, n, zero::gpu::update_in_place_rule<zero::optim::adamw>{c, 4.0f, 1.0f},
-                                            zero::gpu::in(static_cast<const float*>(g.data())),
-                                            zero::gpu::inout(w.data()), zero::gpu::inout(m.data()),
-                                            zero::gpu::inout(v.data()));
+      zero::gpu::launch_elementwise<Shape>(s, sms, n, zero::elementwise::update_in_place_rule<zero::optim::adamw>{c, 4.0f, 1.0f},
+                                            zero::elementwise::in(static_cast<const float*>(g.data())),
+                                            zero::elementwise::inout(w.data()), zero::elementwise::inout(m.data()),
+                                            zero::elementwise::inout(v.data()));
     });
     line<Shape>("adamw_fp32", device, n, 4.0 + 3 * 8.0, secs, copy_gbps);  // g read; w, m, v read and written
   }
@@ -112,10 +112,10 @@ void sweep(zero::gpu::context& ctx, timer& tm, std::size_t n, int reps, const st
     const filled<zero::bf16> g(n, 0.01f), p(n, 0.0f);
     const filled<float> w(n, 0.5f), m(n, 0.0f), v(n, 0.001f);
     const double secs = tm.median(s, reps, [&] {
-      zero::gpu::launch_elementwise<Shape>(s, sms, n, zero::gpu::update_rule<zero::optim::adamw>{c, 4.0f, 1.0f},
-                                            zero::gpu::in(static_cast<const zero::bf16*>(g.data())),
-                                            zero::gpu::inout(w.data()), zero::gpu::out(p.data()),
-                                            zero::gpu::inout(m.data()), zero::gpu::inout(v.data()));
+      zero::gpu::launch_elementwise<Shape>(s, sms, n, zero::elementwise::update_rule<zero::optim::adamw>{{c, 4.0f, 1.0f}},
+                                            zero::elementwise::in(static_cast<const zero::bf16*>(g.data())),
+                                            zero::elementwise::inout(w.data()), zero::elementwise::out(p.data()),
+                                            zero::elementwise::inout(m.data()), zero::elementwise::inout(v.data()));
     });
     line<Shape>("adamw_bf16", device, n, 2.0 + 3 * 8.0 + 2.0, secs, copy_gbps);  // + bf16 parameter written
   }

@@ -20,10 +20,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/comm/reduce_op.hpp"
+#include "zero/core/reduce_op.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/fp.hpp"
-#include "zero/precision/half_types.hpp"
+#include "zero/core/half_types.hpp"
 
 namespace conformance {
 

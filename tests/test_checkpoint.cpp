@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <type_traits>
 
 #include "checkpoint_helpers.hpp"
 
@@ -71,6 +72,44 @@ TEST_CASE("an SGD checkpoint keeps its single slot and its hyper-parameters") {
   CHECK(back.nesterov == opt.nesterov);
   CHECK_THROWS_AS(ckpt::optimizer_from<adamw>(m), zero::error);
 }
+
+// Every optimizer of the library: its slots saved under their names, resharded from N = 3 (stage 2) to
+// N = 2 (stage 1) bit for bit, and every hyper-parameter read back as saved.
+TEST_CASE_TEMPLATE_DEFINE("a checkpoint of each optimizer names its slots, reshards and keeps its settings", Opt,
+                          checkpoint_per_optimizer) {
+  CAPTURE(Opt::name);
+  temp_dir d("ckpt");
+  // Settings other than the defaults, so reading back the defaults would fail: each float scaled,
+  // each bool flipped (where a flip is valid for the optimizer).
+  Opt opt{};
+  zero::for_each_hyper_parameter(Opt::hyper_parameters(), [&](const auto& h) {
+    using T = typename std::remove_cvref_t<decltype(h)>::type;
+    if constexpr (std::is_same_v<T, bool>) {
+      Opt flipped = opt;
+      flipped.*(h.member) = !(opt.*(h.member));
+      try {
+        zero::validate_optimizer(flipped);
+        opt = flipped;
+      } catch (const zero::error&) {
+      }
+    } else {
+      opt.*(h.member) = opt.*(h.member) == T(0) ? T(0.001) : opt.*(h.member) * T(0.75);
+    }
+  });
+  const auto saved = train<zero::stage2, Opt>(3, 4, d.path, opt);
+  CHECK(bit_equal(load_state<zero::stage1, Opt>(2, d.path, opt), saved));
+  const auto m = ckpt::read_manifest(d.path);
+  CHECK(m.optimizer == Opt::name);
+  std::vector<std::string> names{"master"};
+  for (auto n : Opt::slot_names) names.emplace_back(n);
+  CHECK(m.slots == names);
+  const Opt back = ckpt::optimizer_from<Opt>(m);
+  zero::for_each_hyper_parameter(Opt::hyper_parameters(), [&](const auto& h) {
+    CAPTURE(h.name);
+    CHECK(back.*(h.member) == opt.*(h.member));
+  });
+}
+TEST_CASE_TEMPLATE_APPLY(checkpoint_per_optimizer, zero::optimizers::tuple);
 
 TEST_CASE_TEMPLATE("resuming at the same N continues bit-identically to a run that never stopped", Stage, zero::stage0,
                    zero::stage1, zero::stage2, zero::stage3) {

@@ -24,15 +24,15 @@ void check_all_stages(Opt opt) {
   for (int n : {1, 2, 3, 4, 8}) {
     CAPTURE(n);
     const auto ref = toy::reference(n, steps, opt);
-    const auto s0 = toy::run<zero::stage0>(n, steps, opt).params;
-    const auto s1 = toy::run<zero::stage1>(n, steps, opt).params;
-    const auto s2 = toy::run<zero::stage2>(n, steps, opt).params;
-    const auto s3 = toy::run<zero::stage3>(n, steps, opt).params;
     REQUIRE(ref.size() == toy::spec().numel());
-    CHECK_MESSAGE(bit_equal(s0, ref), "stage 0 differs first at ", first_difference(s0, ref));
-    CHECK_MESSAGE(bit_equal(s1, ref), "stage 1 differs first at ", first_difference(s1, ref));
-    CHECK_MESSAGE(bit_equal(s2, ref), "stage 2 differs first at ", first_difference(s2, ref));
-    CHECK_MESSAGE(bit_equal(s3, ref), "stage 3 differs first at ", first_difference(s3, ref));
+    // Every stage of zero/catalog.hpp.
+    int stages = 0;
+    zero::stages::for_each([&]<class Stage>() {
+      const auto s = toy::run<Stage>(n, steps, opt).params;
+      CHECK_MESSAGE(bit_equal(s, ref), "stage ", Stage::stage, " differs first at ", first_difference(s, ref));
+      ++stages;
+    });
+    CHECK(stages == 4);  // stages 0-3, as the test cases say
   }
 }
 
@@ -59,6 +59,15 @@ TEST_CASE("SGD with Nesterov momentum: stages 0-3 are bit-identical to the refer
   opt.nesterov = true;
   check_all_stages(opt);
 }
+
+// Every optimizer of the library with its default settings: a new one is in this matrix by being in
+// zero/catalog.hpp.
+TEST_CASE_TEMPLATE_DEFINE("stages 0-3 are bit-identical to the reference (each optimizer, default settings)", Opt,
+                          equivalence_per_optimizer) {
+  CAPTURE(Opt::name);
+  check_all_stages(Opt{});
+}
+TEST_CASE_TEMPLATE_APPLY(equivalence_per_optimizer, zero::optimizers::tuple);
 
 TEST_CASE("the reference is sensitive to the summation order, so the equality above means something") {
   // Summing the same gradients in reverse rank order changes some bits after training.

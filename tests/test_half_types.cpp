@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/precision/half_types.hpp"
+#include "zero/core/half_types.hpp"
 
 namespace {
 

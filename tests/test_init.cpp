@@ -191,7 +191,7 @@ TEST_CASE_TEMPLATE("each rank is asked for exactly the elements it keeps, in spa
       // Stage 0 keeps everything on every rank; stages 1-3 keep (and so produce) only the owned
       // slice: over the ranks, every element exactly once.
       const auto counts = coverage(calls, n);
-      const zero::layout l = zero::layout::make<Stage>(toy::spec(), n);
+      const zero::layout l = zero::layout::make(toy::spec(), n);
       std::size_t base = 0;
       for (std::size_t u = 0; u < l.num_units(); ++u) {
         const zero::unit_layout& ul = l.unit(zero::unit_id{u});

@@ -62,7 +62,7 @@ TEST_CASE("layout pads each unit to a multiple of N x alignment and splits it ev
   spec.unit("big").tensor("w", {300, 17});
   for (int n : {1, 2, 3, 4, 7, 8, 64, 1000}) {
     CAPTURE(n);
-    const auto l = layout::make<zero::stage3>(spec, n);
+    const auto l = layout::make(spec, n);
     check_invariants(spec, l);
   }
 }
@@ -71,12 +71,12 @@ TEST_CASE("layout edge cases: N = 1, a unit smaller than N, N larger than the el
   model_spec spec;
   spec.unit("u").tensor("w", {3});
   SUBCASE("N = 1 pads to one alignment quantum") {
-    const auto l = layout::make<zero::stage0>(spec, 1);
+    const auto l = layout::make(spec, 1);
     CHECK(l.padded() == zero::shard_alignment_elements);
     CHECK(l.owned_real(zero::unit_id{0}, 0) == zero::range{0, 3});
   }
   SUBCASE("N = 8 > 3 elements: rank 0 owns all real elements, the others only padding") {
-    const auto l = layout::make<zero::stage3>(spec, 8);
+    const auto l = layout::make(spec, 8);
     CHECK(l.padded() == 8 * zero::shard_alignment_elements);
     CHECK(l.owned_real(zero::unit_id{0}, 0) == zero::range{0, 3});
     for (int r = 1; r < 8; ++r) CHECK(l.owned_real(zero::unit_id{0}, r).empty());
@@ -84,7 +84,7 @@ TEST_CASE("layout edge cases: N = 1, a unit smaller than N, N larger than the el
   SUBCASE("a real element count that is an exact multiple needs no padding") {
     model_spec exact;
     exact.unit("u").tensor("w", {4 * zero::shard_alignment_elements});
-    const auto l = layout::make<zero::stage2>(exact, 4);
+    const auto l = layout::make(exact, 4);
     CHECK(l.padded() == l.numel());
     for (int r = 0; r < 4; ++r) CHECK(l.owned_real(zero::unit_id{0}, r).size() == zero::shard_alignment_elements);
   }
@@ -92,14 +92,14 @@ TEST_CASE("layout edge cases: N = 1, a unit smaller than N, N larger than the el
 
 TEST_CASE("layout and model_spec reject bad input with a message naming what is wrong") {
   model_spec empty;
-  CHECK_THROWS_WITH_AS(layout::make<zero::stage1>(empty, 2), doctest::Contains("no units"), zero::error);
+  CHECK_THROWS_WITH_AS(layout::make(empty, 2), doctest::Contains("no units"), zero::error);
   model_spec no_tensors;
   no_tensors.unit("u");
-  CHECK_THROWS_WITH_AS(layout::make<zero::stage1>(no_tensors, 2), doctest::Contains("'u' has no tensors"),
+  CHECK_THROWS_WITH_AS(layout::make(no_tensors, 2), doctest::Contains("'u' has no tensors"),
                        zero::error);
   model_spec ok;
   ok.unit("u").tensor("w", {2});
-  CHECK_THROWS_WITH_AS(layout::make<zero::stage1>(ok, 0), doctest::Contains("world size must be positive"),
+  CHECK_THROWS_WITH_AS(layout::make(ok, 0), doctest::Contains("world size must be positive"),
                        zero::error);
   CHECK_THROWS_WITH_AS(ok.unit("u"), doctest::Contains("'u' is declared twice"), zero::error);
   CHECK_THROWS_WITH_AS(ok.unit("v").tensor("w", {2}).tensor("w", {3}), doctest::Contains("'w' is declared twice"),
@@ -110,9 +110,36 @@ TEST_CASE("layout and model_spec reject bad input with a message naming what is 
   CHECK_THROWS_WITH_AS(ok.find("nope"), doctest::Contains("unknown unit 'nope'"), zero::error);
 }
 
-TEST_CASE("even_split models the Partitioner requirements") {
-  static_assert(zero::stage0::padded_extent(1, 4, 32) == 128);
-  static_assert(zero::stage0::padded_extent(128, 4, 32) == 128);
-  static_assert(zero::stage0::padded_extent(129, 4, 32) == 256);
-  CHECK(zero::stage3::owned(256, 3, 4) == zero::range{192, 256});
+TEST_CASE("the split: padded to N x alignment, N equal rank-ordered slices, one address rule") {
+  static_assert(zero::padded_extent(1, 4) == 4 * zero::shard_alignment_elements);
+  static_assert(zero::padded_extent(128, 4) == 128);
+  static_assert(zero::padded_extent(129, 4) == 256);
+  model_spec spec;
+  spec.unit("a").tensor("w", {100});
+  spec.unit("b").tensor("w", {300});
+  const auto l = layout::make(spec, 3);
+  const auto& b = l.unit(zero::unit_id{1});
+  CHECK(l.owned(zero::unit_id{1}, 2) == zero::range{2 * b.shard, 3 * b.shard});
+  // Element 2 x shard + 5 of unit b: in a full buffer after unit a; in rank 2's slices after a's slice.
+  CHECK(zero::element_index(b, 2 * b.shard + 5, false, 2) == l.unit(zero::unit_id{0}).padded + 2 * b.shard + 5);
+  CHECK(zero::element_index(b, 2 * b.shard + 5, true, 2) == l.unit(zero::unit_id{0}).shard + 5);
 }
+
+// The stage number is what the flags make, so the per-stage formulas describe what the engine holds.
+struct says_stage_one_shards_gradients {
+  static constexpr int stage = 1;
+  static constexpr bool shards_optimizer_states = true;
+  static constexpr bool shards_gradients = true;
+  static constexpr bool shards_parameters = false;
+};
+struct shards_gradients_only {
+  static constexpr int stage = 2;
+  static constexpr bool shards_optimizer_states = false;
+  static constexpr bool shards_gradients = true;
+  static constexpr bool shards_parameters = false;
+};
+static_assert(!zero::Partitioner<says_stage_one_shards_gradients>);
+static_assert(!zero::Partitioner<shards_gradients_only>);
+static_assert(zero::updates_every_element<zero::stage0> && !zero::updates_every_element<zero::stage1>);
+static_assert(zero::gathers_parameters_after_update<zero::stage1> && zero::gathers_parameters_after_update<zero::stage2>);
+static_assert(!zero::gathers_parameters_after_update<zero::stage0> && !zero::gathers_parameters_after_update<zero::stage3>);

@@ -109,7 +109,7 @@ template <class Stage, class Prec>
 void check_budget_refusal() {
   constexpr int n = 4;
   CAPTURE(Stage::stage);
-  const std::uint64_t psi = zero::layout::make<Stage>(toy::spec(), n).padded();
+  const std::uint64_t psi = zero::layout::make(toy::spec(), n).padded();
   std::array<categories, 4> per_stage{};
   for (int s = 0; s < 4; ++s) per_stage[static_cast<std::size_t>(s)] = expected<Prec>(s, psi, n, 2);
   const categories need = per_stage[Stage::stage];
@@ -155,7 +155,7 @@ TEST_CASE_TEMPLATE("a budget the model states exceed is refused before allocatio
 TEST_CASE("when no stage fits, the refusal says so and what stage 3 would need") {
   zero::engine_options o;
   o.memory_limit_bytes = 1000;
-  const std::uint64_t psi = zero::layout::make<zero::stage3>(toy::spec(), 2).padded();
+  const std::uint64_t psi = zero::layout::make(toy::spec(), 2).padded();
   const auto what = construct<zero::stage1, zero::precision::fp32, failing_host>(2, o);
   for (const auto& w : what) {
     CAPTURE(w);
@@ -165,7 +165,7 @@ TEST_CASE("when no stage fits, the refusal says so and what stage 3 would need")
 
 TEST_CASE("a memory that a system reports is shared by its ranks: N x the model states must be free") {
   constexpr int n = 4;
-  const std::uint64_t psi = zero::layout::make<zero::stage3>(toy::spec(), n).padded();
+  const std::uint64_t psi = zero::layout::make(toy::spec(), n).padded();
   const std::uint64_t stage1 = expected<zero::precision::fp32>(1, psi, n, 2).total();
   const std::uint64_t stage2 = expected<zero::precision::fp32>(2, psi, n, 2).total();
   const std::uint64_t stage3 = expected<zero::precision::fp32>(3, psi, n, 2).total();
@@ -204,7 +204,7 @@ TEST_CASE("a memory that a system reports is shared by its ranks: N x the model 
 
 TEST_CASE("a transient buffer over the budget names the rank, the category and the bytes asked") {
   constexpr int n = 2;
-  const zero::layout l = zero::layout::make<zero::stage3>(toy::spec(), n);
+  const zero::layout l = zero::layout::make(toy::spec(), n);
   const std::uint64_t unit0 = l.unit(zero::unit_id{0}).padded * sizeof(float);
   const std::uint64_t states3 = expected<zero::precision::fp32>(3, l.padded(), n, 2).total();
   std::vector<std::string> what(n);
@@ -232,7 +232,7 @@ TEST_CASE("a transient buffer over the budget names the rank, the category and t
 
 TEST_CASE("a system whose allocation fails: transient buffers name rank, category and bytes; the engine goes on") {
   constexpr int n = 2;
-  const zero::layout l = zero::layout::make<zero::stage3>(toy::spec(), n);
+  const zero::layout l = zero::layout::make(toy::spec(), n);
   const std::uint64_t unit0 = l.unit(zero::unit_id{0}).padded * sizeof(float);
   const categories held = expected<zero::precision::fp32>(3, l.padded(), n, 2);
   std::vector<std::string> gather_error(n), grads_error(n);
@@ -283,7 +283,7 @@ TEST_CASE("a system whose allocation fails: transient buffers name rank, categor
 
 TEST_CASE("a model-state allocation that fails names its category and what was already held") {
   constexpr int n = 2;
-  const zero::layout l = zero::layout::make<zero::stage3>(toy::spec(), n);
+  const zero::layout l = zero::layout::make(toy::spec(), n);
   const std::uint64_t shard = l.shard_total() * sizeof(float);
   std::vector<std::string> what(n);
   zero::comm::threads::launch(n, [&](zero::comm::threads& inner) {

@@ -41,6 +41,17 @@ std::uint16_t bits16(T x) {
   return x.to_bits();
 }
 
+// The engine's accumulation and cast steps through the host system's one loop.
+template <class D, class S>
+void accumulate(D* dst, const S* src, std::size_t n, bool first) {
+  zero::sys::host::for_each(n, zero::elementwise::accumulate_rule{first}, zero::elementwise::inout(dst),
+                            zero::elementwise::in(src));
+}
+template <class D>
+void cast_from_float(D* dst, const float* src, std::size_t n) {
+  zero::sys::host::for_each(n, zero::elementwise::cast_rule{}, zero::elementwise::out(dst), zero::elementwise::in(src));
+}
+
 }  // namespace
 
 TEST_CASE("the hardware's NaNs are not canonical (so the tests below are not vacuous)") {
@@ -55,8 +66,11 @@ TEST_CASE("the hardware's NaNs are not canonical (so the tests below are not vac
   CHECK(std::isinf(zero::fp::canonical(-std::numeric_limits<float>::infinity())));
 }
 
-TEST_CASE_TEMPLATE("the optimizer rules store canonical NaNs in master, slots and parameter copy", Opt,
-                   zero::optim::adamw, zero::optim::sgd) {
+// Every optimizer of zero/catalog.hpp.
+TEST_CASE_TEMPLATE_DEFINE("the optimizer rules store canonical NaNs in master, slots and parameter copy", Opt,
+                          canonical_nans_per_optimizer) {
+  CAPTURE(Opt::name);
+  static_assert(Opt::slots <= 2, "the slot arrays below hold two");
   Opt opt;
   if constexpr (std::is_same_v<Opt, zero::optim::sgd>) opt.momentum = 0.9f;
   const auto c = opt.constants(1);
@@ -74,9 +88,9 @@ TEST_CASE_TEMPLATE("the optimizer rules store canonical NaNs in master, slots an
       float w2 = w, w3 = w, t0 = 0.0f, t1 = 0.0f, u0 = 0.0f, u1 = 0.0f;
       float* slots2[] = {&t0, &t1};
       float* slots3[] = {&u0, &u1};
-      zero::sys::host::apply_update<Opt>(c, &g, 1.0f, 1.0f, &w, slots, &pb, 1);
-      zero::sys::host::apply_update<Opt>(c, &g, 1.0f, 1.0f, &w2, slots2, &ph, 1);
-      zero::sys::host::apply_update<Opt>(c, &g, 1.0f, 1.0f, &w3, slots3, &pf, 1);
+      zero::elementwise::update<Opt>(zero::sys::host{}, c, &g, 1.0f, 1.0f, &w, slots, &pb, 1);
+      zero::elementwise::update<Opt>(zero::sys::host{}, c, &g, 1.0f, 1.0f, &w2, slots2, &ph, 1);
+      zero::elementwise::update<Opt>(zero::sys::host{}, c, &g, 1.0f, 1.0f, &w3, slots3, &pf, 1);
       CHECK(bits(w) == canonical32);
       CHECK(bits16(pb) == zero::canonical_bf16_nan);
       CHECK(bits16(ph) == zero::canonical_fp16_nan);
@@ -86,28 +100,29 @@ TEST_CASE_TEMPLATE("the optimizer rules store canonical NaNs in master, slots an
     }
   }
 }
+TEST_CASE_TEMPLATE_APPLY(canonical_nans_per_optimizer, zero::optimizers::tuple);
 
 TEST_CASE("accumulation stores canonical NaNs: Inf + -Inf in fp32, bf16 and fp16") {
   const float inf = std::numeric_limits<float>::infinity();
   float d32[2] = {inf, 1.0f};
   const float s32[2] = {-inf, nans()[2]};
-  zero::sys::host::accumulate(d32, s32, 2, false);
+  accumulate(d32, s32, 2, false);
   CHECK(bits(d32[0]) == canonical32);
   CHECK(bits(d32[1]) == canonical32);
-  zero::sys::host::accumulate(d32, s32 + 1, 1, true);  // the first micro-batch is a copy: canonical too
+  accumulate(d32, s32 + 1, 1, true);  // the first micro-batch is a copy: canonical too
   CHECK(bits(d32[0]) == canonical32);
 
   zero::bf16 db[1] = {zero::bf16(inf)};
   const zero::bf16 sb[1] = {zero::bf16(-inf)};
-  zero::sys::host::accumulate(db, sb, 1, false);
+  accumulate(db, sb, 1, false);
   CHECK(bits16(db[0]) == zero::canonical_bf16_nan);
   zero::fp16 dh[1] = {zero::fp16(inf)};
   const zero::fp16 sh[1] = {zero::fp16(-inf)};
-  zero::sys::host::accumulate(dh, sh, 1, false);
+  accumulate(dh, sh, 1, false);
   CHECK(bits16(dh[0]) == zero::canonical_fp16_nan);
   // A bf16 gradient accumulated into an fp32 store.
   float d[1] = {inf};
-  zero::sys::host::accumulate(d, sb, 1, false);
+  accumulate(d, sb, 1, false);
   CHECK(bits(d[0]) == canonical32);
 }
 
@@ -116,9 +131,9 @@ TEST_CASE("casts from fp32 store canonical NaNs") {
     float f = 0.0f;
     zero::bf16 b{};
     zero::fp16 h{};
-    zero::sys::host::cast_from_float(&f, &nan, 1);
-    zero::sys::host::cast_from_float(&b, &nan, 1);
-    zero::sys::host::cast_from_float(&h, &nan, 1);
+    cast_from_float(&f, &nan, 1);
+    cast_from_float(&b, &nan, 1);
+    cast_from_float(&h, &nan, 1);
     CHECK(bits(f) == canonical32);
     CHECK(bits16(b) == zero::canonical_bf16_nan);
     CHECK(bits16(h) == zero::canonical_fp16_nan);

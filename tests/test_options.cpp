@@ -1,10 +1,12 @@
 // Optimizer hyper-parameters and engine options out of range are refused by a zero::error naming field and range.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "toy_model.hpp"
 
@@ -42,7 +44,9 @@ std::string engine_message(const Opt& opt, const zero::engine_options& options =
 struct plain_sgd {
   static constexpr int slots = 0;
   static constexpr std::string_view name = "plain_sgd";
+  static constexpr std::array<std::string_view, slots> slot_names = {};
   float lr = -1.0f;  // nonsense, but nobody checks it: the optimizer has no validate()
+  static constexpr auto hyper_parameters() { return std::tuple{zero::field("lr", &plain_sgd::lr)}; }
   struct step_constants {
     float lr;
   };
@@ -99,6 +103,18 @@ TEST_CASE("optim::adamw: lr, betas, eps and weight decay are checked") {
         "optim::adamw: weight_decay must be finite and >= 0, got -0.01");
 }
 
+TEST_CASE("optim::lion: lr, betas and weight decay are checked") {
+  using lion = zero::optim::lion;
+  CHECK(validate_message(lion{}) == "(accepted)");
+  CHECK(validate_message(lion{.lr = 0.0f}) == "(accepted)");
+  CHECK(validate_message(lion{.beta1 = 0.0f, .beta2 = 0.0f}) == "(accepted)");
+  CHECK(validate_message(lion{.lr = infinity}) == "optim::lion: lr must be finite and >= 0, got inf");
+  CHECK(validate_message(lion{.lr = -1e-3f}) == "optim::lion: lr must be finite and >= 0, got -0.001");
+  CHECK(validate_message(lion{.beta1 = 1.0f}) == "optim::lion: beta1 must be in [0, 1), got 1");
+  CHECK(validate_message(lion{.beta2 = not_a_number}) == "optim::lion: beta2 must be in [0, 1), got nan");
+  CHECK(validate_message(lion{.weight_decay = -0.5f}) == "optim::lion: weight_decay must be finite and >= 0, got -0.5");
+}
+
 TEST_CASE("the engine refuses a bad optimizer at construction, naming the rank") {
   CHECK(engine_message(zero::optim::adamw{.beta1 = 1.0f}) == "rank 0: optim::adamw: beta1 must be in [0, 1), got 1");
   CHECK(engine_message(zero::optim::sgd{.momentum = 0.0f, .nesterov = true}) ==
@@ -111,12 +127,15 @@ TEST_CASE("lr 0 is accepted and leaves the weights where they were, bit for bit"
   const auto initial = toy::run<zero::stage3>(2, 0, zero::optim::adamw{}).params;
   const auto adamw = toy::run<zero::stage3>(2, 3, zero::optim::adamw{.lr = 0.0f}).params;
   const auto sgd = toy::run<zero::stage3>(2, 3, zero::optim::sgd{.lr = 0.0f}).params;
+  const auto lion = toy::run<zero::stage3>(2, 3, zero::optim::lion{.lr = 0.0f, .weight_decay = 0.5f}).params;
   REQUIRE(adamw.size() == initial.size());
   REQUIRE(sgd.size() == initial.size());
+  REQUIRE(lion.size() == initial.size());
   for (std::size_t i = 0; i < initial.size(); ++i) {
     CAPTURE(i);
     CHECK(std::bit_cast<std::uint32_t>(adamw[i]) == std::bit_cast<std::uint32_t>(initial[i]));
     CHECK(std::bit_cast<std::uint32_t>(sgd[i]) == std::bit_cast<std::uint32_t>(initial[i]));
+    CHECK(std::bit_cast<std::uint32_t>(lion[i]) == std::bit_cast<std::uint32_t>(initial[i]));
   }
 }
 

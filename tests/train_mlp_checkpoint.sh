@@ -24,6 +24,23 @@ echo "loss at step 51: uninterrupted $at51, resumed at N=2 stage 1 $after"
 python3 -c "import sys; a, b = $after, $at51; sys.exit(0 if abs(a - b) <= 1e-5 * max(abs(b), 1e-12) else 1)" ||
   { echo "FAIL: loss jump after resharding"; exit 1; }
 
+# Lion (one slot): saved at N=4 stage 3 with its slot named, resumed at N=2 stage 1 without a loss jump.
+"$train_mlp" "${common[@]}" --optimizer lion --ranks 4 --stage 3 --steps 20 --save "$work/lion" 2>/dev/null >/dev/null
+python3 - "$work/lion" <<'PY'
+import glob, json, sys
+m = json.load(open(sorted(glob.glob(sys.argv[1] + "/v-*/manifest.json"))[-1]))
+assert m["optimizer"]["name"] == "lion", m["optimizer"]
+assert m["slots"] == ["master", "m"], m["slots"]
+assert sorted(m["optimizer"]["hyper_parameters"]) == ["beta1", "beta2", "lr", "weight_decay"], m["optimizer"]
+print("lion checkpoint: slots", m["slots"], "settings", m["optimizer"]["hyper_parameters"])
+PY
+after=$("$train_mlp" "${common[@]}" --optimizer lion --ranks 2 --stage 1 --steps 5 --resume "$work/lion" 2>/dev/null |
+        field loss_first)
+at21=$("$train_mlp" "${common[@]}" --optimizer lion --ranks 4 --stage 3 --steps 21 2>/dev/null | field loss_last)
+echo "lion loss at step 21: uninterrupted $at21, resumed at N=2 stage 1 $after"
+python3 -c "import sys; a, b = $after, $at21; sys.exit(0 if abs(a - b) <= 1e-5 * max(abs(b), 1e-12) else 1)" ||
+  { echo "FAIL: lion loss jump after resharding"; exit 1; }
+
 # --save-every: an interrupted run resumes from the last periodic save.
 "$train_mlp" "${common[@]}" --ranks 3 --batch 63 --stage 2 --steps 30 --save "$work/periodic" --save-every 10 \
   2>/dev/null >/dev/null

@@ -1,6 +1,7 @@
 // The umbrella header of the host-only library: engine, policies, thread backend and reports.
 #pragma once
 
+#include "zero/catalog.hpp"  // every optimizer, precision and stage of the library
 #include "zero/config.hpp"
 #include "zero/error.hpp"
 #include "zero/concepts/comm_backend.hpp"
@@ -15,13 +16,7 @@
 #include "zero/comm/counted.hpp"
 #include "zero/comm/threads.hpp"
 #include "zero/engine/engine.hpp"
-#include "zero/optim/adamw.hpp"
-#include "zero/optim/sgd.hpp"
-#include "zero/partition/stages.hpp"
-#include "zero/precision/bf16.hpp"
-#include "zero/precision/fp16.hpp"
-#include "zero/precision/fp32.hpp"
-#include "zero/precision/half_types.hpp"
+#include "zero/core/half_types.hpp"
 #include "zero/precision/loss_scaler.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/engine/options.hpp"

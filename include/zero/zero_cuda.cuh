@@ -2,10 +2,10 @@
 #pragma once
 
 #include "zero/zero.hpp"
-#include "zero/sys/cuda/check.cuh"
-#include "zero/sys/cuda/context.cuh"
-#include "zero/sys/cuda/launch.cuh"
-#include "zero/sys/cuda/kernels.cuh"
+#include "zero/gpu/check.cuh"
+#include "zero/gpu/context.cuh"
+#include "zero/gpu/launch.cuh"
+#include "zero/gpu/kernels.cuh"
 #include "zero/sys/cuda.cuh"
 #include "zero/comm/cuda_threads.cuh"
 // NCCL is a separate package: a CUDA user without it still gets the single-GPU backend.

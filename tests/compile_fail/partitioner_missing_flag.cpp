@@ -3,7 +3,7 @@
 #include "zero/zero.hpp"
 
 // A partitioner that does not say whether it shards gradients.
-struct no_flag : zero::even_split {
+struct no_flag {
   static constexpr int stage = 1;
   static constexpr bool shards_optimizer_states = true;
   static constexpr bool shards_parameters = false;

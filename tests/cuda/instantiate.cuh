@@ -1,24 +1,78 @@
-// Explicit instantiations of the device engine: every stage and optimizer on each device backend, so nvcc compiles every kernel.
+// The device engine for every stage and optimizer of zero/catalog.hpp on each device backend, so nvcc compiles every kernel.
 #pragma once
+
+#include <string>
 
 #include "zero/zero_cuda.cuh"
 
-// An explicit instantiation compiles every member of the engine (and so every kernel it launches,
-// and every collective it calls) whether or not a test uses it.
-#define ZERO_INSTANTIATE_ENGINES(Comm, Prec)                                         \
-  template class zero::engine<zero::stage0, Comm, zero::optim::sgd, Prec>;          \
-  template class zero::engine<zero::stage1, Comm, zero::optim::sgd, Prec>;          \
-  template class zero::engine<zero::stage2, Comm, zero::optim::sgd, Prec>;          \
-  template class zero::engine<zero::stage3, Comm, zero::optim::sgd, Prec>;          \
-  template class zero::engine<zero::stage0, Comm, zero::optim::adamw, Prec>;        \
-  template class zero::engine<zero::stage1, Comm, zero::optim::adamw, Prec>;        \
-  template class zero::engine<zero::stage2, Comm, zero::optim::adamw, Prec>;        \
-  template class zero::engine<zero::stage3, Comm, zero::optim::adamw, Prec>;
+namespace instantiate {
 
+// Every public member of the engine, called once: compiling this for an engine type compiles every
+// member the protocol, the state access and the reports use (and so every kernel they launch and
+// every collective they call). Referenced, never run.
+template <class E>
+void every_member(typename E::comm_backend& comm, const zero::model_spec& spec) {
+  E e(comm, spec, typename E::optimizer{}, zero::engine_options{});
+  e.initialize(zero::init_fn{});
+  e.initialize(zero::init_range_fn{}, zero::init_source::broadcast_from_rank0);
+  const zero::unit_id u{0};
+  {
+    auto p = e.gather(u);
+    (void)p.view();
+    (void)p["w"];
+    p.release();
+  }
+  {
+    auto p = e.gather(u);
+    auto g = e.grads(u);
+    (void)g.view();
+    (void)g["w"];
+    e.reduce(u);
+    e.release(u);
+  }
+  (void)e.step();
+  (void)e.loss_scale();
+  (void)e.options();
+  (void)e.full_params();
+  (void)e.full_params(u);
+  const zero::range r = e.held_range(u);
+  (void)e.canonical_range(u);
+  float* slots[E::optimizer::slots > 0 ? E::optimizer::slots : 1] = {};
+  e.read_state(u, r, nullptr, slots);
+  e.write_state(u, r, nullptr, slots);
+  e.finish_load(e.state());
+  (void)e.memory();
+  (void)e.comm();
+  (void)e.state_sizes();
+  (void)e.model_state_formula_bytes();
+  (void)e.comm_formula_bytes();
+  (void)e.spec();
+  (void)e.layout();
+  (void)e.optimizer_state();
+  (void)e.rank();
+  (void)e.world_size();
+  (void)e.steps();
+}
+
+// Every stage and optimizer of the library's lists on backend Comm in precision Prec.
+template <class Comm, class Prec>
+void engines(Comm& comm, const zero::model_spec& spec) {
+  zero::optimizers::for_each([&]<class O>() {
+    zero::stages::for_each([&]<class S>() { every_member<zero::engine<S, Comm, O, Prec>>(comm, spec); });
+  });
+}
+
+template <class Prec>
+void device_engines(const zero::model_spec& spec) {
+  (void)&engines<zero::comm::cuda_threads, Prec>;
 #if ZERO_WITH_NCCL
-#define ZERO_INSTANTIATE_DEVICE_ENGINES(Prec)                  \
-  ZERO_INSTANTIATE_ENGINES(zero::comm::cuda_threads, Prec)    \
-  ZERO_INSTANTIATE_ENGINES(zero::comm::nccl, Prec)
-#else
-#define ZERO_INSTANTIATE_DEVICE_ENGINES(Prec) ZERO_INSTANTIATE_ENGINES(zero::comm::cuda_threads, Prec)
+  (void)&engines<zero::comm::nccl, Prec>;
 #endif
+  (void)spec;
+}
+
+}  // namespace instantiate
+
+// Compiles every engine of precision Prec on the device backends (referenced, never called).
+#define ZERO_INSTANTIATE_DEVICE_ENGINES(Prec) \
+  void (*volatile instantiated_engines)(const zero::model_spec&) = &instantiate::device_engines<Prec>;

@@ -1,4 +1,4 @@
-// Compiles the device engine in bf16: stages 0-3, SGD and AdamW, on comm::cuda_threads (and comm::nccl where NCCL is found).
+// Compiles the device engine in bf16: every stage and optimizer of zero/catalog.hpp, on comm::cuda_threads (and comm::nccl where NCCL is found).
 #include "instantiate.cuh"
 
 ZERO_INSTANTIATE_DEVICE_ENGINES(zero::precision::bf16)

@@ -4,8 +4,11 @@
 #include <cstdint>
 #include <string_view>
 
-#include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/optimizer_settings.hpp"
 #include "zero/checkpoint/safetensors.hpp"
+#include "zero/checkpoint/versions.hpp"
+#include "zero/optim/adamw.hpp"  // the checkpoint headers name no optimizer
 
 namespace {
 

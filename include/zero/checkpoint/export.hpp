@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "zero/checkpoint/file_io.hpp"
-#include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/versions.hpp"
 #include "zero/checkpoint/printable.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/checkpoint/shared_manifest.hpp"

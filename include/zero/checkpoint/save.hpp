@@ -17,7 +17,9 @@
 
 #include "zero/checkpoint/collective.hpp"
 #include "zero/checkpoint/file_io.hpp"
-#include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/optimizer_settings.hpp"
+#include "zero/checkpoint/versions.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/core/model_spec.hpp"

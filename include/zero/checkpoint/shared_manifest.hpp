@@ -14,7 +14,8 @@
 #include <tuple>
 
 #include "zero/checkpoint/file_io.hpp"
-#include "zero/checkpoint/format.hpp"
+#include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/versions.hpp"
 
 namespace zero::checkpoint {
 

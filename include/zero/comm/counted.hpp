@@ -7,7 +7,6 @@
 
 #include "zero/comm/call_label.hpp"
 #include "zero/concepts/comm_backend.hpp"
-#include "zero/comm/threads.hpp"
 
 namespace zero::comm {
 
@@ -16,10 +15,14 @@ inline constexpr int collective_count = 4;
 
 inline const char* to_string(collective c) {
   switch (c) {
-    case collective::all_reduce: return "all_reduce";
-    case collective::reduce_scatter: return "reduce_scatter";
-    case collective::all_gather: return "all_gather";
-    case collective::broadcast: return "broadcast";
+    case collective::all_reduce:
+      return "all_reduce";
+    case collective::reduce_scatter:
+      return "reduce_scatter";
+    case collective::all_gather:
+      return "all_gather";
+    case collective::broadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -33,10 +36,13 @@ inline std::uint64_t bus_bytes(collective c, std::uint64_t buffer_bytes, int ran
   const auto n = static_cast<std::uint64_t>(ranks);
   if (n <= 1) return 0;
   switch (c) {
-    case collective::all_reduce: return 2 * (n - 1) * buffer_bytes / n;
+    case collective::all_reduce:
+      return 2 * (n - 1) * buffer_bytes / n;
     case collective::reduce_scatter:
-    case collective::all_gather: return (n - 1) * buffer_bytes / n;
-    case collective::broadcast: return buffer_bytes;
+    case collective::all_gather:
+      return (n - 1) * buffer_bytes / n;
+    case collective::broadcast:
+      return buffer_bytes;
   }
   return 0;
 }
@@ -46,10 +52,13 @@ inline double bus_factor(collective c, int ranks) {
   const double n = ranks;
   if (ranks <= 1) return 0.0;
   switch (c) {
-    case collective::all_reduce: return 2.0 * (n - 1) / n;
+    case collective::all_reduce:
+      return 2.0 * (n - 1) / n;
     case collective::reduce_scatter:
-    case collective::all_gather: return (n - 1) / n;
-    case collective::broadcast: return 1.0;
+    case collective::all_gather:
+      return (n - 1) / n;
+    case collective::broadcast:
+      return 1.0;
   }
   return 0.0;
 }
@@ -86,11 +95,7 @@ class counted {
   const comm_stats& stats() const { return stats_; }
   void reset() { stats_ = {}; }
   // Forwards call labels where the wrapped backend takes them.
-  call_label set_call_label(call_label l)
-    requires labels_calls<C>
-  {
-    return inner_->set_call_label(l);
-  }
+  call_label set_call_label(call_label l) requires labels_calls<C> { return inner_->set_call_label(l); }
 
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
@@ -122,6 +127,4 @@ class counted {
   C* inner_;
   comm_stats stats_;
 };
-static_assert(CommBackend<counted<threads>>);
-
 }  // namespace zero::comm

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "zero/comm/counted.hpp"
-#include "zero/comm/reduce_op.hpp"
-#include "zero/comm/threads.hpp"
+#include "zero/core/reduce_op.hpp"
+#include "zero/comm/detail/threads_world.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/error.hpp"

@@ -8,10 +8,10 @@
 #include <type_traits>
 
 #include "zero/comm/call_label.hpp"
-#include "zero/comm/reduce_op.hpp"
+#include "zero/core/reduce_op.hpp"
 #include "zero/core/fixed_text.hpp"
 #include "zero/core/hash.hpp"
-#include "zero/precision/half_types.hpp"
+#include "zero/core/half_types.hpp"
 
 namespace zero::comm {
 

@@ -24,15 +24,15 @@
 
 #include "zero/comm/backoff.hpp"
 #include "zero/comm/call_label.hpp"
+#include "zero/comm/detail/combine.hpp"  // the one definition of a rank-ordered step
 #include "zero/comm/fingerprint.hpp"
 #include "zero/comm/flight_recorder.hpp"
 #include "zero/comm/mpi_session.hpp"  // <mpi.h> without the deprecated C++ bindings
 #include "zero/comm/peer_process.hpp"
-#include "zero/comm/reduce_op.hpp"
 #include "zero/comm/termination_report.hpp"
-#include "zero/core/numeric.hpp"
-#include "zero/comm/threads.hpp"  // detail::combine: the one definition of a rank-ordered step
 #include "zero/concepts/comm_backend.hpp"
+#include "zero/core/numeric.hpp"
+#include "zero/core/reduce_op.hpp"
 #include "zero/error.hpp"
 #include "zero/sys/host.hpp"
 
@@ -120,7 +120,7 @@ inline void mpi_check(int rc, const char* call, const char* operation, int rank,
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   std::string why = MPI_Error_string(rc, text, &len) == MPI_SUCCESS ? std::string(text, static_cast<std::size_t>(len))
-                                                                     : std::string("unknown MPI error");
+                                                                    : std::string("unknown MPI error");
   fail(error_kind::comm, "comm::mpi rank ", rank, " of ", size, ": ", operation, " failed in ", call, ": ", why,
        " (MPI error code ", rc, ")");
 }
@@ -158,9 +158,9 @@ struct mpi_watch {
   std::vector<process_id> peers;
   MPI_Comm side = MPI_COMM_NULL;
   int token_in = 0, token_out = 0;
-  MPI_Request incoming = MPI_REQUEST_NULL;              // a probe from any peer, always posted
+  MPI_Request incoming = MPI_REQUEST_NULL;                  // a probe from any peer, always posted
   std::deque<std::pair<rank_status, MPI_Request>> replies;  // answers in flight (deque: stable addresses)
-  std::vector<rank_status> answers;                     // this rank's own probe round
+  std::vector<rank_status> answers;                         // this rank's own probe round
   std::vector<MPI_Request> answer_reqs, probe_reqs;
   int report_slot = -1;
 
@@ -205,8 +205,7 @@ struct mpi_watch {
     const auto& w = *static_cast<const mpi_watch*>(context);
     static char buf[16384];
     fixed_text t(buf, sizeof buf);
-    t << "rank " << w.rank << " of " << w.size << " (pid " << w.self.pid << "): terminated by signal " << sig
-      << "; ";
+    t << "rank " << w.rank << " of " << w.size << " (pid " << w.self.pid << "): terminated by signal " << sig << "; ";
     w.rec.format_status_unlocked(t);
     t << ", now +";
     t.seconds(w.rec.now(), 6) << " s\n";
@@ -222,8 +221,8 @@ struct mpi_watch {
         ++alive;
         continue;
       }
-      t << "  rank " << k << " (pid " << w.peers[static_cast<std::size_t>(k)].pid << ", this machine): " << to_string(st)
-        << '\n';
+      t << "  rank " << k << " (pid " << w.peers[static_cast<std::size_t>(k)].pid
+        << ", this machine): " << to_string(st) << '\n';
     }
     t << "  other peers: " << alive << " alive on this machine, " << elsewhere << " on other machines\n";
     t << "  last collectives of rank " << w.rank << ", oldest first:\n";
@@ -285,8 +284,7 @@ class mpi {
     if (opt_.timeout.count() > 0 && size_ > 1) {
       check(MPI_Comm_dup(comm_, &w_->side), "MPI_Comm_dup", "construction");
       check(MPI_Comm_set_errhandler(w_->side, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "construction");
-      check(MPI_Irecv(&w_->token_in, 1, MPI_INT, MPI_ANY_SOURCE, detail::mpi_watch::tag_probe, w_->side,
-                      &w_->incoming),
+      check(MPI_Irecv(&w_->token_in, 1, MPI_INT, MPI_ANY_SOURCE, detail::mpi_watch::tag_probe, w_->side, &w_->incoming),
             "MPI_Irecv", "construction");
     }
     w_->report_slot = termination::add(&detail::mpi_watch::write_report, w_.get());
@@ -294,8 +292,13 @@ class mpi {
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
   mpi(mpi&& o) noexcept
-      : opt_(o.opt_), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
-        stuck_(o.stuck_), w_(std::move(o.w_)), scratch_(std::move(o.scratch_)),
+      : opt_(o.opt_),
+        comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+        rank_(o.rank_),
+        size_(o.size_),
+        stuck_(o.stuck_),
+        w_(std::move(o.w_)),
+        scratch_(std::move(o.scratch_)),
         scratch_bytes_(std::exchange(o.scratch_bytes_, 0)) {}
   mpi& operator=(mpi&&) = delete;
   ~mpi() {
@@ -392,14 +395,12 @@ class mpi {
     T* slices = scratch<T>(N * mine);
     const int *sc = counts_.data(), *sd = displs_.data(), *rc = from_counts_.data(), *rd = from_displs_.data();
     collective(
-        "MPI_Alltoallv",
-        [&] { return MPI_Alltoallv(send, sc, sd, type, slices, rc, rd, type, comm_); },
+        "MPI_Alltoallv", [&] { return MPI_Alltoallv(send, sc, sd, type, slices, rc, rd, type, comm_); },
         [&](MPI_Request* r) { return MPI_Ialltoallv(send, sc, sd, type, slices, rc, rd, type, comm_, r); });
     // send has been read entirely, so writing recv is safe even when it is send.
     sum_in_rank_order(slices, mine, recv + displs_[static_cast<std::size_t>(rank_)], op);
     collective(
-        "MPI_Allgatherv",
-        [&] { return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc, sd, type, comm_); },
+        "MPI_Allgatherv", [&] { return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc, sd, type, comm_); },
         [&](MPI_Request* r) {
           return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc, sd, type, comm_, r);
         });
@@ -417,8 +418,7 @@ class mpi {
       T* out = aliased ? scratch<T>(count) : recv;
       const MPI_Op mop = detail::mpi_op(op);
       collective(
-          "MPI_Reduce_scatter_block",
-          [&] { return MPI_Reduce_scatter_block(send, out, n, type, mop, comm_); },
+          "MPI_Reduce_scatter_block", [&] { return MPI_Reduce_scatter_block(send, out, n, type, mop, comm_); },
           [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, out, n, type, mop, comm_, r); });
       if (aliased) system::copy(recv, out, count * sizeof(T));
       return;
@@ -464,8 +464,7 @@ class mpi {
   void barrier() {
     const call_scope scope(*this, fingerprint::make_barrier(w_->seq++, w_->label));
     collective(
-        "MPI_Barrier", [&] { return MPI_Barrier(comm_); },
-        [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+        "MPI_Barrier", [&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
  private:
@@ -605,8 +604,8 @@ class mpi {
       lines += '\n';
     }
     std::string head = zero::detail::concat("probes of the peers (", window.count(), " ms): ");
-    head += silent.empty() ? std::string("every peer answered") : "no answer from rank " + silent +
-                                                                   " (stopped, dead, unreachable, or outside comm::mpi)";
+    head += silent.empty() ? std::string("every peer answered")
+                           : "no answer from rank " + silent + " (stopped, dead, unreachable, or outside comm::mpi)";
     return head + "\n" + lines;
   }
 

@@ -19,8 +19,8 @@
 #endif
 
 #include "zero/comm/counted.hpp"
-#include "zero/comm/reduce_op.hpp"
-#include "zero/comm/threads.hpp"
+#include "zero/core/reduce_op.hpp"
+#include "zero/comm/detail/threads_world.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/error.hpp"

@@ -17,291 +17,17 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/comm/call_label.hpp"
-#include "zero/comm/fingerprint.hpp"
-#include "zero/comm/flight_recorder.hpp"
-#include "zero/comm/reduce_op.hpp"
+#include "zero/comm/counted.hpp"
+#include "zero/comm/detail/combine.hpp"
+#include "zero/comm/detail/threads_world.hpp"
 #include "zero/concepts/comm_backend.hpp"
-#include "zero/core/numeric.hpp"
 #include "zero/core/fixed_text.hpp"
+#include "zero/core/numeric.hpp"
+#include "zero/core/reduce_op.hpp"
 #include "zero/error.hpp"
 #include "zero/sys/host.hpp"
 
 namespace zero::comm {
-
-namespace detail {
-
-using comm::coll_kind;  // the kinds live in fingerprint.hpp; detail::coll_kind stays a valid name
-
-// One pause of a spin-wait loop: lets the sibling hyper-thread run and saves power.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// What one rank announces when it enters a collective; every rank checks that all announcements agree
-// before any of them touches another rank's buffer.
-struct announcement {
-  fingerprint call;
-  const void* send = nullptr;
-  void* recv = nullptr;
-};
-
-// The state the ranks of one launch share: a generation-counting barrier that can be aborted, and
-// per rank an announcement slot, a sequence number, a call label and a flight recorder. Shared by
-// every backend whose ranks are threads of one process (comm::threads, comm::cuda_threads);
-// `backend` names the backend in its errors.
-//
-// A rank that arrives first spins for `spin` (a few microseconds: a peer that is about to arrive
-// wakes it without a futex round trip), then parks on a condition variable, so a slow or stopped
-// peer costs the waiting ranks no CPU.
-class threads_world {
- public:
-  static constexpr std::chrono::microseconds default_spin{20};
-
-  threads_world(int n, std::chrono::milliseconds timeout, const char* backend = "comm::threads",
-                std::chrono::microseconds spin = default_spin, std::size_t recorder_capacity = 8)
-      : n_(n), timeout_(timeout), spin_(spin), backend_(backend), origin_(monotonic_ns()) {
-    ranks_.reserve(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r) ranks_.push_back(std::make_unique<rank_state>(recorder_capacity, origin_));
-  }
-
-  int size() const { return n_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
-  const char* backend() const { return backend_; }
-  announcement& slot(int r) { return state(r).a; }
-  const flight_recorder& recorder(int r) const { return state(r).rec; }
-
-  // Rank r enters its next collective: the fingerprint (r's sequence number and current label) goes
-  // into its slot and its flight recorder. Only rank r's own thread calls these for r.
-  template <class T>
-  void announce(int r, coll_kind kind, const T* send, T* recv, std::size_t count, reduce_op op, int root) {
-    rank_state& s = state(r);
-    s.a = announcement{fingerprint::make<T>(s.seq++, kind, count, op, root, s.label), send, recv};
-    s.rec.begin(s.a.call);
-  }
-  void announce_barrier(int r) {
-    rank_state& s = state(r);
-    s.a = announcement{fingerprint::make_barrier(s.seq++, s.label), nullptr, nullptr};
-    s.rec.begin(s.a.call);
-  }
-  void finish(int r) { state(r).rec.end(); }
-  call_label set_label(int r, call_label l) {
-    const call_label previous = state(r).label;
-    state(r).label = l;
-    return previous;
-  }
-
-  // Blocks until every rank arrives. Throws zero::error (comm) instead of waiting forever when the
-  // world is aborted, a rank has already returned from its function, or the timeout passes.
-  void arrive_and_wait(int rank, coll_kind what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    std::unique_lock lk(m_);
-    throw_if_aborted(rank, what);
-    const std::uint64_t gen = generation_.load(std::memory_order_relaxed);
-    state(rank).here = true;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      for (auto& s : ranks_) s->here = false;
-      generation_.store(gen + 1, std::memory_order_release);
-      if (sleepers_ > 0) cv_.notify_all();
-      return;
-    }
-    if (spin_.count() > 0) {
-      lk.unlock();
-      if (spin_until_changed(gen)) return;  // acquire: the peers' announcements and writes are visible
-      lk.lock();
-    }
-    while (generation_.load(std::memory_order_relaxed) == gen) {
-      throw_if_aborted(rank, what);
-      for (int k = 0; k < n_; ++k)
-        if (state(k).departed) {
-          abort_locked(zero::detail::concat("rank ", k, " returned after ", state(k).seq, " collective(s) while rank ",
-                                            rank, " waits in ", current_call(rank, what)));
-          throw_if_aborted(rank, what);
-        }
-      ++sleepers_;
-      const auto status = cv_.wait_until(lk, deadline);
-      --sleepers_;
-      if (status == std::cv_status::timeout && generation_.load(std::memory_order_relaxed) == gen) {
-        std::string missing;
-        for (int k = 0; k < n_; ++k)
-          if (!state(k).here) missing += zero::detail::concat(missing.empty() ? "" : ", ", k);
-        abort_locked(zero::detail::concat("rank ", rank, " waited ", timeout_.count(), " ms in ",
-                                          current_call(rank, what), " but only ", arrived_, " of ", n_,
-                                          " ranks arrived (missing: rank ", missing, ")"));
-        throw_if_aborted(rank, what);
-      }
-    }
-  }
-
-  void abort(const std::string& reason) {
-    std::lock_guard lk(m_);
-    abort_locked(reason);
-  }
-  void depart(int rank) {
-    std::lock_guard lk(m_);
-    state(rank).departed = true;
-    cv_.notify_all();
-  }
-  // Keeps the first failure: it is the cause; the errors it triggers on other ranks come later.
-  void record_failure(int rank, std::exception_ptr e, const std::string& what) {
-    std::lock_guard lk(m_);
-    if (!first_failure_) first_failure_ = e;
-    state(rank).failed = true;
-    abort_locked(zero::detail::concat("rank ", rank, " failed: ", what));
-  }
-  std::exception_ptr first_failure() const { return first_failure_; }
-
-  // Where every rank is and what this rank did last: the flight recorders, as text.
-  std::string report(int rank) const {
-    std::lock_guard lk(m_);
-    return report_locked(rank);
-  }
-
- private:
-  struct rank_state {
-    rank_state(std::size_t capacity, std::int64_t origin) : rec(capacity, origin) {}
-    announcement a;
-    flight_recorder rec;
-    call_label label;
-    std::uint64_t seq = 0;  // collectives announced so far
-    bool here = false;      // arrived at the current rendezvous
-    bool departed = false;  // returned from its function
-    bool failed = false;    // threw out of its function
-  };
-  rank_state& state(int r) { return *ranks_[static_cast<std::size_t>(r)]; }
-  const rank_state& state(int r) const { return *ranks_[static_cast<std::size_t>(r)]; }
-
-  bool spin_until_changed(std::uint64_t gen) const {
-    const auto until = std::chrono::steady_clock::now() + spin_;
-    for (unsigned i = 1;; ++i) {
-      if (generation_.load(std::memory_order_acquire) != gen) return true;
-      if (i % 64 == 0) {
-        if (std::chrono::steady_clock::now() >= until) return false;
-        std::this_thread::yield();  // more ranks than cores: let the peer we wait for run
-      } else {
-        cpu_relax();
-      }
-    }
-  }
-
-  // The collective rank r is in, by its fingerprint ("#3 all_reduce(float x 100, sum)"), or the
-  // bare kind for a rendezvous that is not a recorded collective.
-  std::string current_call(int r, coll_kind what) const {
-    const auto& rec = state(r).rec;
-    if (rec.in_collective()) return rec.last().call.str();
-    return to_string(what);
-  }
-
-  std::string report_locked(int rank) const {
-    std::vector<char> buf(512 + static_cast<std::size_t>(n_) * 256 + state(rank).rec.capacity() * 256);
-    fixed_text t(buf.data(), buf.size());
-    t << "where each rank is (seconds since the launch):\n";
-    for (int k = 0; k < n_; ++k) {
-      t << "  rank " << k << ": ";
-      state(k).rec.format_status(t);
-      if (state(k).failed) t << ", then threw";
-      else if (state(k).departed) t << ", then returned";
-      t << '\n';
-    }
-    t << "last collectives of rank " << rank << ", oldest first:\n";
-    state(rank).rec.format(t, "  ");
-    std::string s = t.str();
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-
-  void abort_locked(const std::string& reason) {
-    if (!aborted_) {
-      aborted_ = true;
-      reason_ = reason;
-    }
-    cv_.notify_all();
-  }
-  void throw_if_aborted(int rank, coll_kind what) const {
-    if (aborted_)
-      fail(error_kind::comm, backend_, " rank ", rank, ": ", current_call(rank, what), " aborted: ", reason_, "\n",
-           report_locked(rank));
-  }
-
-  int n_;
-  std::chrono::milliseconds timeout_;
-  std::chrono::microseconds spin_;
-  const char* backend_;
-  std::int64_t origin_;
-  std::vector<std::unique_ptr<rank_state>> ranks_;
-  mutable std::mutex m_;
-  std::condition_variable cv_;
-  std::atomic<std::uint64_t> generation_{0};
-  int arrived_ = 0;
-  int sleepers_ = 0;
-  bool aborted_ = false;
-  std::string reason_;
-  std::exception_ptr first_failure_;
-};
-
-// Runs body(rank) on n threads and joins them. A rank that throws aborts the world (its peers' pending
-// and later waits fail) and the first exception is rethrown here; a rank that returns departs (a peer
-// still waiting for it fails instead of hanging).
-template <class Body>
-void run_ranks(threads_world& world, int n, const Body& body) {
-  std::vector<std::thread> ranks;
-  ranks.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r)
-    ranks.emplace_back([&world, &body, r] {
-      try {
-        body(r);
-        world.depart(r);
-      } catch (const std::exception& e) {
-        world.record_failure(r, std::current_exception(), e.what());
-      } catch (...) {
-        world.record_failure(r, std::current_exception(), "unknown exception");
-      }
-    });
-  for (auto& t : ranks) t.join();
-  if (auto e = world.first_failure()) std::rethrow_exception(e);
-}
-
-// Every rank checks every announcement, so all ranks reach the same verdict and none reads a buffer
-// whose size it has misjudged. The fingerprints include the sequence number and the caller's label,
-// so two calls of equal shape for different units ("reduce unit 'a'" against "reduce unit 'b'") are a
-// mismatch too, not a silent exchange of the wrong data.
-inline void check_agreement(threads_world& world, int rank) {
-  const fingerprint& first = world.slot(0).call;
-  for (int k = 1; k < world.size(); ++k) {
-    const fingerprint& other = world.slot(k).call;
-    if (const unsigned diff = other.differences(first)) {
-      std::string msg = zero::detail::concat(world.backend(), " rank ", rank,
-                                             ": ranks disagree on the collective: rank 0 calls ", first.str(),
-                                             ", rank ", k, " calls ", other.str(), " (they differ in ",
-                                             fingerprint::describe(diff), ")");
-      world.abort(msg);
-      fail(error_kind::comm, msg, "\n", world.report(rank));
-    }
-  }
-}
-
-template <class T>
-void combine(T* acc, const T* x, std::size_t n, reduce_op op) {
-  if (op == reduce_op::sum)
-    for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
-  else
-    for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i]);
-}
-
-template <class A, class T>
-void combine_widened(A* acc, const T* x, std::size_t n, reduce_op op) {
-  if (op == reduce_op::sum)
-    for (std::size_t i = 0; i < n; ++i) acc[i] += static_cast<A>(x[i]);
-  else
-    for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], static_cast<A>(x[i]));
-}
-
-}  // namespace detail
 
 struct threads_options {
   // How long a rank waits in a collective for its peers before the whole world fails.
@@ -358,10 +84,9 @@ class threads {
   void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
     auto peers = enter<T>(detail::coll_kind::reduce_scatter, send, recv, count, op, 0);
     const std::size_t base = count * static_cast<std::size_t>(rank_);
-    reduce_blocks<T>(peers, base, base + count, op,
-                     [&](std::size_t at, const T* block, std::size_t len) {
-                       std::memcpy(recv + (at - base), block, len * sizeof(T));
-                     });
+    reduce_blocks<T>(peers, base, base + count, op, [&](std::size_t at, const T* block, std::size_t len) {
+      std::memcpy(recv + (at - base), block, len * sizeof(T));
+    });
     leave(detail::coll_kind::reduce_scatter);
   }
 
@@ -448,5 +173,6 @@ class threads {
   int rank_;
 };
 static_assert(CommBackend<threads>);
+static_assert(CommBackend<counted<threads>>);
 
 }  // namespace zero::comm

@@ -4,7 +4,7 @@
 #include <concepts>
 #include <cstddef>
 
-#include "zero/comm/reduce_op.hpp"
+#include "zero/core/reduce_op.hpp"
 
 namespace zero {
 
@@ -43,6 +43,17 @@ concept CommBackend = requires(C& c, const float* sf, float* rf, const double* s
   c.broadcast(sf, rf, n, root);
   c.broadcast(sd, rd, n, root);
   c.barrier();
+};
+
+// The collectives the engine issues in a precision's wire type T (comm_type: bf16 and fp16 as well
+// as float): all_reduce and reduce_scatter of gradients, all_gather of parameters. The engine
+// static_asserts this for its precision, so a backend that moves only float and double is refused
+// with a message naming the missing type's role rather than an overload error in the engine.
+template <class C, class T>
+concept CommBackendFor = CommBackend<C> && requires(C& c, const T* s, T* r, std::size_t n, reduce_op op) {
+  c.all_reduce(s, r, n, op);
+  c.reduce_scatter(s, r, n, op);
+  c.all_gather(s, r, n);
 };
 
 }  // namespace zero

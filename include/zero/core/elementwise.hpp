@@ -1,7 +1,9 @@
-// The element-wise steps of the engine, written once (ZERO_HD) for every system: host loops and device kernels call these.
+// The element-wise rules of the engine, written once (ZERO_HD functors) for every system's one loop:
+// sys::host::for_each and the device launcher.
 #pragma once
 
 #include <cstddef>
+#include <utility>
 
 #include "zero/config.hpp"
 #include "zero/core/fp.hpp"
@@ -9,44 +11,118 @@
 
 namespace zero::elementwise {
 
-// Element j of the optimizer step: the averaged, unscaled (and clipped) gradient, the rule, and
-// the cast of the master weight into a separate parameter copy (p == nullptr: the master is the
-// parameter). The gradient is divided by N x loss scale in one IEEE division. Every value stored is
+// ---- operands ----------------------------------------------------------------------------------
+
+// One array a rule reads and/or writes, never null: an absent array is a different rule, so that on
+// a device the rule's arrays are always a chunk's registers, never a pointer chosen at run time.
+// The flags tell a device loop what to load and store; a host loop hands `data` to the rule.
+template <class T>
+struct operand {
+  T* data;
+  bool read, write;
+};
+template <class T>
+operand<const T> in(const T* p) {
+  return {p, true, false};
+}
+template <class T>
+operand<T> out(T* p) {
+  return {p, false, true};
+}
+template <class T>
+operand<T> inout(T* p) {
+  return {p, true, true};
+}
+
+// ---- rules -------------------------------------------------------------------------------------
+// A rule is called as rule(j, arrays...) for each element j in [0, n), with the operands' arrays in
+// the order they were passed to the system's for_each. It touches element j only, so any loop (in
+// order, vectorized, a grid of device threads) computes the same bits. Every value stored is
 // NaN-canonical (store_as), so a step that produces a NaN stores the same bits on every system.
-template <class Opt, class G, class P>
-ZERO_HD inline void update(const typename Opt::step_constants& c, const G* g, float divisor, float coef, float* w,
-                           float* const* slots, P* p, std::size_t j) {
-  float gj = fp::div(static_cast<float>(g[j]), divisor);
-  if (coef != 1.0f) gj = fp::mul(gj, coef);
-  float s[Opt::slots > 0 ? Opt::slots : 1];
-  for (int k = 0; k < Opt::slots; ++k) s[k] = slots[k][j];
-  float wj = w[j];
-  Opt::update(c, wj, gj, s);
-  wj = fp::canonical(wj);
-  w[j] = wj;
-  for (int k = 0; k < Opt::slots; ++k) slots[k][j] = fp::canonical(s[k]);
-  if (p) p[j] = store_as<P>(wj);
-}
 
-// Element j of gradient accumulation: the first micro-batch is stored (a copy: 0 + (-0) would turn a
-// negative zero positive), later ones added in fp32 and rounded once to the store's type.
-template <class D, class S>
-ZERO_HD inline void accumulate(D* dst, const S* src, bool first, std::size_t j) {
-  dst[j] = first ? store_as<D>(static_cast<float>(src[j]))
-                 : store_as<D>(fp::add(static_cast<float>(dst[j]), static_cast<float>(src[j])));
-}
+// The optimizer step without a separate parameter copy (the master weights are the parameters):
+// the averaged, unscaled (and clipped) gradient, then the optimizer's rule on the master weight and
+// its slots. The gradient is divided by N x loss scale in one IEEE division.
+// Arrays: gradient g, master weights w, then one array per optimizer slot.
+template <class Opt>
+struct update_in_place_rule {
+  typename Opt::step_constants c;
+  float divisor, coef;
 
-// Element j of a cast from fp32 (master weights into a parameter copy after a checkpoint load).
-template <class D>
-ZERO_HD inline void cast(D* dst, const float* src, std::size_t j) {
-  dst[j] = store_as<D>(src[j]);
-}
+  template <class G, class... Slots>
+  ZERO_HD void operator()(std::size_t j, const G* g, float* w, Slots*... slots) const {
+    (void)step(j, g, w, slots...);
+  }
 
-// The square of element j of the averaged, unscaled gradient, in double.
+  // The step on element j; returns the new (canonical) master weight.
+  template <class G, class... Slots>
+  ZERO_HD float step(std::size_t j, const G* g, float* w, Slots*... slots) const {
+    static_assert(sizeof...(Slots) == static_cast<std::size_t>(Opt::slots), "one array per optimizer slot");
+    float gj = fp::div(static_cast<float>(g[j]), divisor);
+    if (coef != 1.0f) gj = fp::mul(gj, coef);
+    float s[Opt::slots > 0 ? Opt::slots : 1] = {static_cast<float>(slots[j])...};
+    float wj = w[j];
+    Opt::update(c, wj, gj, s);
+    wj = fp::canonical(wj);
+    w[j] = wj;
+    int k = 0;
+    ((slots[j] = fp::canonical(s[k++])), ...);
+    return wj;
+  }
+};
+
+// The same with a separate parameter copy p, written from the new master weight.
+// Arrays: gradient g, master weights w, parameters p, then one array per optimizer slot.
+template <class Opt>
+struct update_rule : update_in_place_rule<Opt> {
+  template <class G, class P, class... Slots>
+  ZERO_HD void operator()(std::size_t j, const G* g, float* w, P* p, Slots*... slots) const {
+    p[j] = store_as<P>(this->step(j, g, w, slots...));
+  }
+};
+
+// Gradient accumulation: the first micro-batch is stored (a copy: 0 + (-0) would turn a negative
+// zero positive), later ones added in fp32 and rounded once to the store's type.
+// Arrays: the store dst (read only when !first), the reduced micro-batch src.
+struct accumulate_rule {
+  bool first;
+  template <class D, class S>
+  ZERO_HD void operator()(std::size_t j, D* dst, const S* src) const {
+    dst[j] = first ? store_as<D>(static_cast<float>(src[j]))
+                   : store_as<D>(fp::add(static_cast<float>(dst[j]), static_cast<float>(src[j])));
+  }
+};
+
+// A cast from fp32 (master weights into a parameter copy after a checkpoint load). Arrays: dst, src.
+struct cast_rule {
+  template <class D>
+  ZERO_HD void operator()(std::size_t j, D* dst, const float* src) const {
+    dst[j] = store_as<D>(src[j]);
+  }
+};
+
+// The square of element j of the averaged, unscaled gradient, in double: the term the systems'
+// sum_of_squares (a reduction, not a for_each) adds up for the gradient norm.
 template <class G>
 ZERO_HD inline double square(const G* g, float divisor, std::size_t j) {
   const double x = fp::div(static_cast<float>(g[j]), divisor);
   return x * x;
+}
+
+// ---- the optimizer step on a system ------------------------------------------------------------
+
+// Runs the optimizer step over n elements on `sys` (any system: sys.for_each(n, rule, operands...)),
+// with the slot arrays slots[0..Opt::slots) as operands; p == nullptr: no separate parameter copy.
+template <class Opt, class System, class G, class P>
+void update(const System& sys, const typename Opt::step_constants& c, const G* g, float divisor, float coef, float* w,
+            float* const* slots, P* p, std::size_t n) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    if (p)
+      sys.for_each(n, update_rule<Opt>{{c, divisor, coef}}, in(g), inout(w), out(p), inout(slots[K])...);
+    else
+      sys.for_each(n, update_in_place_rule<Opt>{c, divisor, coef}, in(g), inout(w), inout(slots[K])...);
+  }
+  (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
 }
 
 }  // namespace zero::elementwise

@@ -29,16 +29,32 @@ inline constexpr std::size_t shard_alignment_elements = 32;
 struct unit_layout {
   std::size_t offset = 0;        // of the unit in the full flat buffer (all units, padded)
   std::size_t numel = 0;         // unpadded element count
-  std::size_t padded = 0;        // numel rounded up to the partitioner's padded extent
+  std::size_t padded = 0;        // numel rounded up to padded_extent(numel, N)
   std::size_t shard = 0;         // padded / ranks: the slice each rank owns
   std::size_t shard_offset = 0;  // of this unit's slice in a rank's shard buffer (all units' slices)
   std::vector<range> tensors;    // each tensor's range inside the unit (unit-local, unpadded, contiguous)
 };
 
+// The padded extent of a unit of numel elements at N ranks: the next multiple of N x
+// shard_alignment_elements, so the N equal slices each start aligned.
+inline constexpr std::size_t padded_extent(std::size_t numel, int ranks) {
+  const std::size_t quantum = static_cast<std::size_t>(ranks) * shard_alignment_elements;
+  return (numel + quantum - 1) / quantum * quantum;
+}
+
+// Where a buffer keeps unit-local element i: a buffer of every unit in full holds it at the unit's
+// offset; a buffer of one rank's slices (sharded) at the unit's shard_offset, counted from the start
+// of rank r's slice, which must contain i. The one shard-address rule: every pointer into a sharded
+// or full buffer is computed here.
+inline std::size_t element_index(const unit_layout& ul, std::size_t i, bool sharded, int r) {
+  return sharded ? ul.shard_offset + (i - static_cast<std::size_t>(r) * ul.shard) : ul.offset + i;
+}
+
+// The layout of every unit at N ranks. The split is the same for every stage (padded_extent, then N
+// equal rank-ordered slices): the collectives use one count per unit, and a checkpoint written at
+// one stage is read at another.
 class layout {
  public:
-  // Lays out spec for `ranks` ranks with Partitioner P's split rule.
-  template <class P>
   static layout make(const model_spec& spec, int ranks) {
     spec.validate();
     ZERO_CHECK(ranks > 0, invalid_argument, "layout: world size must be positive, got ", ranks);
@@ -49,18 +65,12 @@ class layout {
       ul.offset = l.padded_;
       ul.shard_offset = l.shard_total_;
       ul.numel = u.numel;
-      ul.padded = P::padded_extent(u.numel, ranks, shard_alignment_elements);
+      ul.padded = padded_extent(u.numel, ranks);
       ul.shard = ul.padded / static_cast<std::size_t>(ranks);
       std::size_t at = 0;
       for (const auto& t : u.tensors) {
         ul.tensors.push_back(range{at, at + t.numel});
         at += t.numel;
-      }
-      for (int r = 0; r < ranks; ++r) {
-        range o = P::owned(ul.padded, r, ranks);
-        // The engine relies on equal, contiguous, rank-ordered slices (collectives on count = shard).
-        ZERO_CHECK(o.begin == static_cast<std::size_t>(r) * ul.shard && o.size() == ul.shard, invalid_argument,
-                   "layout: the partitioner's split of unit '", u.name, "' is not an even rank-ordered split");
       }
       l.padded_ += ul.padded;
       l.shard_total_ += ul.shard;

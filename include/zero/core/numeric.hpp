@@ -5,7 +5,7 @@
 
 #include "zero/config.hpp"
 #include "zero/core/fp.hpp"
-#include "zero/precision/half_types.hpp"
+#include "zero/core/half_types.hpp"
 
 namespace zero {
 

@@ -19,6 +19,7 @@
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/partitioner.hpp"
 #include "zero/concepts/precision_policy.hpp"
+#include "zero/core/elementwise.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/layout.hpp"
@@ -46,10 +47,10 @@ class engine {
   using system = typename Comm::system;
   using param_type = typename Prec::param_type;
   using grad_type = typename Prec::grad_type;
-  static_assert(Prec::separate_master || std::same_as<param_type, float>,
-                "a precision policy without a separate master must keep fp32 parameters");
-  static_assert(std::same_as<typename Prec::comm_type, param_type> && std::same_as<grad_type, param_type>,
-                "this engine sends parameters and gradients in the parameter type");
+  static_assert(CommBackendFor<Comm, typename Prec::comm_type>,
+                "zero::engine: the comm backend has no all_reduce, reduce_scatter or all_gather for the precision "
+                "policy's comm_type (bf16 and fp16 precisions send 2-byte elements): give the backend those "
+                "collectives for that type, or use a precision whose comm_type it moves");
 
   class gathered;
   class grad_buffers;
@@ -60,7 +61,7 @@ class engine {
         other_comm_(comm),
         control_comm_(comm),
         spec_(spec),
-        layout_(layout::make<P>(spec, comm.size())),
+        layout_(layout::make(spec, comm.size())),
         opt_(validated(opt, comm.rank())),
         options_(validated(options, comm.rank())),
         scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
@@ -144,8 +145,8 @@ class engine {
         });
       }
     }
-    if constexpr (P::shards_optimizer_states && !P::shards_parameters)
-      if (!broadcast) gather_replicated_params();
+    if constexpr (gathers_parameters_after_update<P>)
+      if (!broadcast) gather_replicated_params(other_comm_, "parameter refresh");
   }
 
   // ---- the protocol --------------------------------------------------------------------------
@@ -158,7 +159,8 @@ class engine {
     if constexpr (P::shards_parameters) {
       s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
       const auto l = label("gather", u);
-      comm_.all_gather(params_.data() + ul.shard_offset, s.full_params.data(), ul.shard);
+      comm_.all_gather(element<param_type, true>(params_, ul, layout_.owned(u, rank_).begin), s.full_params.data(),
+                       ul.shard);
     }
     s.gathered = true;
     ++s.gather_epoch;
@@ -190,21 +192,22 @@ class engine {
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
                reduce_count_text(s.reduces));
     const unit_layout& ul = layout_.unit(u);
-    const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
+    const std::size_t own = layout_.owned(u, rank_).begin;
     const auto l = label("reduce", u);
     if (!uses_bucket()) {
       // The full gradient is persistent: reduce it in place.
       grad_type* g = grads_.data() + ul.offset;
-      if constexpr (P::stage == 0) comm_.all_reduce(g, g, ul.padded, reduce_op::sum);
+      if constexpr (updates_every_element<P>) comm_.all_reduce(g, g, ul.padded, reduce_op::sum);
       else comm_.reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
     } else {
       if (s.bucket.empty()) s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
       grad_type* b = s.bucket.data();
-      if constexpr (P::stage == 0) comm_.all_reduce(b, b, ul.padded, reduce_op::sum);
+      if constexpr (updates_every_element<P>) comm_.all_reduce(b, b, ul.padded, reduce_op::sum);
       else comm_.reduce_scatter(b, b + own, ul.shard, reduce_op::sum);
-      // Stage 0 keeps the whole unit, the others their slice.
-      const std::size_t from = P::stage == 0 ? 0 : own, count = P::stage == 0 ? ul.padded : ul.shard;
-      with_grad_store([&](auto& store) { accumulate(store, ul, from, b + from, count, s.reduces == 0); });
+      // A rank that updates every element keeps the whole unit, the others their slice.
+      const std::size_t from = updates_every_element<P> ? 0 : own;
+      const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
+      with_grad_store([&](auto& store) { store_reduced(store, ul, from, b + from, count, s.reduces == 0); });
       s.bucket.reset();
     }
     ++s.reduces;
@@ -237,13 +240,7 @@ class engine {
       ++step_;
       const auto c = opt_.constants(step_);
       for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c, divisor, coef);
-      if constexpr (P::shards_optimizer_states && !P::shards_parameters)
-        for (std::size_t u = 0; u < units_.size(); ++u) {
-          const unit_layout& ul = layout_.unit(unit_id{u});
-          param_type* p = params_.data() + ul.offset;
-          const auto l = label("step", unit_id{u});
-          comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
-        }
+      if constexpr (gathers_parameters_after_update<P>) gather_replicated_params(comm_, "step");
     } else {
       ++skipped_;
     }
@@ -333,11 +330,12 @@ class engine {
       for (std::size_t u = 0; u < units_.size(); ++u) {
         const unit_layout& ul = layout_.unit(unit_id{u});
         const range r = held_range(unit_id{u});
-        sys_.cast_from_float(element<param_type, P::shards_parameters>(params_, ul, r.begin),
-                             master_element(ul, r.begin), r.size());
+        sys_.for_each(r.size(), elementwise::cast_rule{},
+                      elementwise::out(element<param_type, P::shards_parameters>(params_, ul, r.begin)),
+                      elementwise::in(static_cast<const float*>(master_element(ul, r.begin))));
       }
     }
-    if constexpr (P::shards_optimizer_states && !P::shards_parameters) gather_replicated_params();
+    if constexpr (gathers_parameters_after_update<P>) gather_replicated_params(other_comm_, "parameter refresh");
   }
 
   // Everything besides the tensors that a resumed run needs to continue identically.
@@ -534,10 +532,13 @@ class engine {
   // starting at unit-local element `from` into the persistent gradient store. A copy, not an add into
   // zeros, for the first: 0 + (-0) would turn a negative zero positive.
   template <class S>
-  void accumulate(S& store, const unit_layout& ul, std::size_t from, const grad_type* src, std::size_t count,
-                  bool first) {
+  void store_reduced(S& store, const unit_layout& ul, std::size_t from, const grad_type* src, std::size_t count,
+                     bool first) {
     using T = std::remove_pointer_t<decltype(store.data())>;
-    sys_.accumulate(element<T, P::shards_gradients>(store, ul, from), src, count, first);
+    // The first micro-batch only stores: its destination is not read.
+    sys_.for_each(count, elementwise::accumulate_rule{first},
+                  elementwise::operand<T>{element<T, P::shards_gradients>(store, ul, from), !first, true},
+                  elementwise::in(src));
   }
 
   // Sum of squares of the averaged, unscaled gradient over real elements, identical on every rank
@@ -555,9 +556,7 @@ class engine {
           const unit_layout& ul = layout_.unit(unit_id{u});
           const range o = layout_.owned_real(unit_id{u}, r);
           if (o.empty()) continue;
-          segments.push_back(P::shards_gradients
-                                 ? store.data() + ul.shard_offset + (o.begin - static_cast<std::size_t>(r) * ul.shard)
-                                 : store.data() + ul.offset + o.begin);
+          segments.push_back(store.data() + element_index(ul, o.begin, P::shards_gradients, r));
           sizes.push_back(o.size());
         }
         acc = sys_.sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor);
@@ -585,8 +584,7 @@ class engine {
   // this rank's slices; only called for elements the buffer holds.
   template <class T, bool Sharded>
   T* element(const buffer<T, system>& b, const unit_layout& ul, std::size_t i) const {
-    if constexpr (Sharded) return b.data() + ul.shard_offset + (i - static_cast<std::size_t>(rank_) * ul.shard);
-    else return b.data() + ul.offset + i;
+    return b.data() + element_index(ul, i, Sharded, rank_);
   }
   // The master weights of this rank's shard of a unit, and of the whole unit (unsharded stages).
   const float* master_shard(const unit_layout& ul) const {
@@ -630,7 +628,7 @@ class engine {
     with_grad_store([&](const auto& store) {
       using T = std::remove_pointer_t<decltype(store.data())>;
       const T* g = element<T, P::shards_gradients>(store, ul, r.begin);
-      sys_.template apply_update<Opt>(c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
+      elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
     });
   }
 
@@ -658,13 +656,15 @@ class engine {
     if constexpr (Prec::separate_master) put(master_, P::shards_optimizer_states);
   }
 
-  // Stages 1-2: every rank's parameter slice (written from its master weights) to every rank.
-  void gather_replicated_params() {
+  // The one post-update all-gather (gathers_parameters_after_update: stages 1-2): every rank's
+  // parameter slice, written from its master weights, to every rank, in place. Counted on `via`:
+  // the protocol's counter after a step, the set-up counter after an initialization or a load.
+  void gather_replicated_params(comm::counted<Comm>& via, const char* phase) {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const unit_layout& ul = layout_.unit(unit_id{u});
       param_type* p = params_.data() + ul.offset;
-      const auto l = label("parameter refresh", unit_id{u});
-      other_comm_.all_gather(p + static_cast<std::size_t>(rank_) * ul.shard, p, ul.shard);
+      const auto l = label(phase, unit_id{u});
+      via.all_gather(element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard);
     }
   }
 

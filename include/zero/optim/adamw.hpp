@@ -1,22 +1,31 @@
 // optim::adamw: Adam with bias correction and decoupled weight decay (Loshchilov & Hutter).
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/config.hpp"
 #include "zero/core/fp.hpp"
+#include "zero/core/hyper_parameter.hpp"
 #include "zero/core/value_checks.hpp"
 
 namespace zero::optim {
 
 struct adamw {
-  static constexpr int slots = 2;  // first moment m, second moment v
+  static constexpr int slots = 2;
   static constexpr std::string_view name = "adamw";
+  static constexpr std::array<std::string_view, slots> slot_names = {"m", "v"};  // first and second moments
 
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+
+  static constexpr auto hyper_parameters() {
+    return std::tuple{field("lr", &adamw::lr), field("beta1", &adamw::beta1), field("beta2", &adamw::beta2),
+                      field("eps", &adamw::eps), field("weight_decay", &adamw::weight_decay)};
+  }
 
   struct step_constants {
     float lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;

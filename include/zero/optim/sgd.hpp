@@ -1,12 +1,15 @@
 // optim::sgd: stochastic gradient descent with momentum, Nesterov momentum and L2 weight decay (as PyTorch).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/config.hpp"
 #include "zero/core/fp.hpp"
+#include "zero/core/hyper_parameter.hpp"
 #include "zero/core/value_checks.hpp"
 #include "zero/error.hpp"
 
@@ -16,9 +19,15 @@ struct sgd {
   // The momentum buffer; kept even when momentum is 0 so the state size does not depend on a value.
   static constexpr int slots = 1;
   static constexpr std::string_view name = "sgd";
+  static constexpr std::array<std::string_view, slots> slot_names = {"momentum"};
 
   float lr = 1e-2f, momentum = 0.9f, weight_decay = 0.0f;
   bool nesterov = false;
+
+  static constexpr auto hyper_parameters() {
+    return std::tuple{field("lr", &sgd::lr), field("momentum", &sgd::momentum),
+                      field("weight_decay", &sgd::weight_decay), field("nesterov", &sgd::nesterov)};
+  }
 
   struct step_constants {
     float lr, momentum, weight_decay;

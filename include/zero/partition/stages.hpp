@@ -1,27 +1,12 @@
 // The four ZeRO stages as Partitioner tag types: stage0 is plain data parallelism, stage3 shards everything.
 #pragma once
 
-#include <cstddef>
-
 #include "zero/concepts/partitioner.hpp"
 
 namespace zero {
 
-// The split every stage uses: the unit is padded to a multiple of ranks * alignment and cut into
-// `ranks` equal, rank-ordered slices, so every shard starts aligned and every collective has one count.
-struct even_split {
-  static constexpr std::size_t padded_extent(std::size_t numel, int ranks, std::size_t alignment) {
-    const std::size_t quantum = static_cast<std::size_t>(ranks) * alignment;
-    return (numel + quantum - 1) / quantum * quantum;
-  }
-  static constexpr range owned(std::size_t padded, int rank, int ranks) {
-    const std::size_t shard = padded / static_cast<std::size_t>(ranks);
-    return range{static_cast<std::size_t>(rank) * shard, static_cast<std::size_t>(rank + 1) * shard};
-  }
-};
-
 // Stage 0: everything replicated; gradients all-reduced. The baseline the other stages must match.
-struct stage0 : even_split {
+struct stage0 {
   static constexpr int stage = 0;
   static constexpr bool shards_optimizer_states = false;
   static constexpr bool shards_gradients = false;
@@ -30,7 +15,7 @@ struct stage0 : even_split {
 static_assert(Partitioner<stage0>);
 
 // Stage 1 (P_os): master weights and optimizer states sharded.
-struct stage1 : even_split {
+struct stage1 {
   static constexpr int stage = 1;
   static constexpr bool shards_optimizer_states = true;
   static constexpr bool shards_gradients = false;
@@ -39,7 +24,7 @@ struct stage1 : even_split {
 static_assert(Partitioner<stage1>);
 
 // Stage 2 (P_os+g): gradients sharded too; each unit's full gradient lives only until its reduce.
-struct stage2 : even_split {
+struct stage2 {
   static constexpr int stage = 2;
   static constexpr bool shards_optimizer_states = true;
   static constexpr bool shards_gradients = true;
@@ -48,7 +33,7 @@ struct stage2 : even_split {
 static_assert(Partitioner<stage2>);
 
 // Stage 3 (P_os+g+p): parameters sharded; a unit exists in full only between gather and release.
-struct stage3 : even_split {
+struct stage3 {
   static constexpr int stage = 3;
   static constexpr bool shards_optimizer_states = true;
   static constexpr bool shards_gradients = true;

@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "zero/concepts/precision_policy.hpp"
-#include "zero/precision/half_types.hpp"
+#include "zero/core/half_types.hpp"
 
 namespace zero::precision {
 

@@ -1,20 +1,19 @@
-// sys::cuda: the device memory space and the engine's element-wise steps as kernels, on one rank's streams.
+// sys::cuda: the device memory space, the element-wise loop and the norm as kernels, on one rank's streams.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <utility>
 
 #include "zero/error.hpp"
-#include "zero/sys/cuda/check.cuh"
-#include "zero/sys/cuda/context.cuh"
-#include "zero/sys/cuda/kernels.cuh"
-#include "zero/sys/cuda/launch.cuh"
+#include "zero/gpu/check.cuh"
+#include "zero/gpu/context.cuh"
+#include "zero/gpu/kernels.cuh"
+#include "zero/gpu/launch.cuh"
 
 namespace zero::sys {
 
-// The system interface of sys::host (allocation, fills, copies, the engine's element-wise loops) with
+// The system interface of sys::host (allocation, fills, copies, the element-wise loop, the norm) with
 // device memory and kernels. Everything runs on the rank's compute stream (gpu::context) and returns
 // before the device has finished, except where the host needs a value: copies to and from the host,
 // synchronize() and sum_of_squares() wait, through the context's watchdog-guarded wait.
@@ -60,27 +59,14 @@ struct cuda {
   // events, includes every collective it has issued).
   void synchronize() const { context().wait_compute(); }
 
-  // ---- the engine's element-wise steps (zero/core/elementwise.hpp), as kernels --------------------
+  // ---- the element-wise loop and the norm (the rules of zero/core/elementwise.hpp) ---------------
 
-  template <class Opt, class G, class P>
-  void apply_update(const typename Opt::step_constants& c, const G* g, float divisor, float coef, float* w,
-                    float* const* slots, P* p, std::size_t n) const {
+  // rule(j, operands' arrays...) for j in [0, n), one kernel on the compute stream through the one
+  // launcher (gpu/launch.cuh), vectorized when every operand is 16-byte aligned.
+  template <class Rule, class... Ts>
+  void for_each(std::size_t n, const Rule& rule, elementwise::operand<Ts>... ops) const {
     gpu::context& x = context();
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      if (p)
-        gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::update_rule<Opt>{c, divisor, coef},
-                                gpu::in(g), gpu::inout(w), gpu::out(p), gpu::inout(slots[K])...);
-      else
-        gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::update_in_place_rule<Opt>{c, divisor, coef},
-                                gpu::in(g), gpu::inout(w), gpu::inout(slots[K])...);
-    }(std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
-  }
-  template <class D, class S>
-  void accumulate(D* dst, const S* src, std::size_t n, bool first) const {
-    gpu::context& x = context();
-    // The first micro-batch only stores: its destination is not read.
-    gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::accumulate_rule{first},
-                            gpu::operand<D>{dst, !first, true}, gpu::in(src));
+    gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, rule, ops...);
   }
   template <class G>
   double sum_of_squares(const G* g, std::size_t n, float divisor) const {
@@ -89,11 +75,6 @@ struct cuda {
   template <class G>
   double sum_of_squares(const G* const* segments, const std::size_t* sizes, std::size_t count, float divisor) const {
     return gpu::sum_of_squares(context(), segments, sizes, count, divisor);
-  }
-  template <class D>
-  void cast_from_float(D* dst, const float* src, std::size_t n) const {
-    gpu::context& x = context();
-    gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, gpu::cast_rule{}, gpu::out(dst), gpu::in(src));
   }
 
  private:

@@ -1,4 +1,5 @@
-// sys::host: the memory space and loops of the CPU path: 64-byte aligned allocation, copies, element-wise steps.
+// sys::host: the memory space and loop of the CPU path: 64-byte aligned allocation, copies, the element-wise loop, the
+// norm.
 #pragma once
 
 #include <cstddef>
@@ -10,8 +11,9 @@
 namespace zero::sys {
 
 // The system interface the engine uses (sys::cuda mirrors it with device memory, kernels and a
-// stream): allocation, fills and copies within the space and to/from host memory, and the engine's
-// element-wise loops. Host memory is the host: every call completes before it returns.
+// stream): allocation, fills and copies within the space and to/from host memory, one element-wise
+// loop (for_each) that runs any rule of core/elementwise.hpp, and the gradient norm's reduction. Host memory is the
+// host: every call completes before it returns.
 //
 // Optional: `memory_info available() const` (core/memory.hpp), the free memory the engine checks its
 // model states against before it allocates them; sys::cuda has it. sys::host has not, on purpose:
@@ -39,15 +41,13 @@ struct host {
   static void copy_from_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
   static void synchronize() {}
 
-  template <class Opt, class G, class P>
-  static void apply_update(const typename Opt::step_constants& c, const G* g, float divisor, float coef, float* w,
-                           float* const* slots, P* p, std::size_t n) {
-    for (std::size_t j = 0; j < n; ++j) elementwise::update<Opt>(c, g, divisor, coef, w, slots, p, j);
+  // The one element-wise loop: rule(j, operands' arrays...) for j in [0, n), in order (the rules of
+  // core/elementwise.hpp; any rule that touches only element j). Adding a step is adding a rule.
+  template <class Rule, class... Ts>
+  static void for_each(std::size_t n, const Rule& rule, elementwise::operand<Ts>... ops) {
+    for (std::size_t j = 0; j < n; ++j) rule(j, ops.data...);
   }
-  template <class D, class S>
-  static void accumulate(D* dst, const S* src, std::size_t n, bool first) {
-    for (std::size_t j = 0; j < n; ++j) elementwise::accumulate(dst, src, first, j);
-  }
+  // The gradient norm's reduction (elementwise::square per element).
   // Summed left to right: the engine depends on the order being fixed, not on it being this one.
   template <class G>
   static double sum_of_squares(const G* g, std::size_t n, float divisor) {
@@ -62,10 +62,6 @@ struct host {
     double acc = 0.0;
     for (std::size_t k = 0; k < count; ++k) acc += sum_of_squares(segments[k], sizes[k], divisor);
     return acc;
-  }
-  template <class D>
-  static void cast_from_float(D* dst, const float* src, std::size_t n) {
-    for (std::size_t j = 0; j < n; ++j) elementwise::cast(dst, src, j);
   }
 };
 

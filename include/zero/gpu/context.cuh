@@ -14,7 +14,7 @@
 
 #include "zero/core/memory.hpp"
 #include "zero/error.hpp"
-#include "zero/sys/cuda/check.cuh"
+#include "zero/gpu/check.cuh"
 
 namespace zero::gpu {
 

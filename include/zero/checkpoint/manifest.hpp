@@ -1,23 +1,16 @@
 // The checkpoint manifest (schema version 1): what it holds, how it is written and how it is validated.
 #pragma once
 
-#include <nlohmann/json.hpp>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <filesystem>
 #include <iterator>
 #include <limits>
-#include <map>
-#include <optional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -29,8 +22,6 @@
 #include "zero/core/model_spec.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/error.hpp"
-#include "zero/optim/adamw.hpp"
-#include "zero/optim/sgd.hpp"
 
 namespace zero::checkpoint {
 
@@ -52,14 +43,11 @@ inline constexpr std::uint64_t max_elements = std::uint64_t{1} << 60;  // per te
 inline constexpr std::size_t max_slots = 64;
 inline constexpr std::size_t max_hyper_parameters = 64;  // members, each a number, boolean or short string
 inline constexpr std::size_t max_depth = 32;             // JSON nesting; a manifest needs 9 levels
-// The largest version number: "v-" and 18 digits is the widest name a reader accepts, so a save
-// never commits a version that readers would not see.
-inline constexpr std::uint64_t max_version = 999'999'999'999'999'999;
 
 struct file_entry {
-  std::string name;           // a plain file name inside the version directory
+  std::string name;  // a plain file name inside the version directory
   std::uint64_t bytes = 0;
-  std::uint64_t xxh64 = 0;    // of the whole file, seed 0
+  std::uint64_t xxh64 = 0;  // of the whole file, seed 0
 };
 
 // Elements [begin, end) of one tensor (tensor-local, row-major, unpadded), stored in files[file];
@@ -86,44 +74,17 @@ struct unit_entry {
 // Everything a manifest says, after validation.
 struct manifest {
   std::uint64_t version = format_version;
-  std::string library;       // the writer, for people: "zero 0.1.0"
-  int world_size = 0;        // at save time; a load may use any other
-  int stage = 0;             // at save time
-  std::string precision;     // Engine::precision::name at save time
-  std::string optimizer;     // Engine::optimizer::name
+  std::string library;                     // the writer, for people: "zero 0.1.0"
+  int world_size = 0;                      // at save time; a load may use any other
+  int stage = 0;                           // at save time
+  std::string precision;                   // Engine::precision::name at save time
+  std::string optimizer;                   // Engine::optimizer::name
   json hyper_parameters = json::object();  // at most 64 members: numbers, booleans, short strings
   training_state state;
   std::vector<std::string> slots;  // "master", then the optimizer's state slots
   std::vector<file_entry> files;
   std::vector<unit_entry> units;
 };
-
-// ---- optimizer hyper-parameters --------------------------------------------------------------
-
-// Floats are stored as the JSON number of the double they widen to: exact, and read back exactly.
-inline json hyper_parameters(const optim::adamw& o) {
-  return json{{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
-}
-inline json hyper_parameters(const optim::sgd& o) {
-  return json{{"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov}};
-}
-// An optimizer this library does not know: its state slots are saved, its settings are not.
-template <class Opt>
-json hyper_parameters(const Opt&) {
-  return json::object();
-}
-
-// The names of an optimizer's state slots, as the manifest lists them after "master".
-template <class Opt>
-std::vector<std::string> slot_names() {
-  if constexpr (std::is_same_v<Opt, optim::adamw>) return {"m", "v"};
-  else if constexpr (std::is_same_v<Opt, optim::sgd>) return {"momentum"};
-  else {
-    std::vector<std::string> names;
-    for (int k = 0; k < Opt::slots; ++k) names.push_back("slot" + std::to_string(k));
-    return names;
-  }
-}
 
 namespace detail {
 
@@ -300,7 +261,8 @@ inline void check_file_tiling(const manifest& m, const reader& rd) {
       for (const segment& s : m.units[u].tensors[t].segments)
         for (std::size_t k = 0; k < s.offsets.size(); ++k)
           pieces.push_back({s.offsets[k], s.offsets[k] + (s.end - s.begin) * 4, static_cast<std::uint32_t>(s.file),
-                            static_cast<std::uint32_t>(u), static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(k)});
+                            static_cast<std::uint32_t>(u), static_cast<std::uint32_t>(t),
+                            static_cast<std::uint32_t>(k)});
   std::sort(pieces.begin(), pieces.end(),
             [](const piece& a, const piece& b) { return a.file != b.file ? a.file < b.file : a.begin < b.begin; });
   auto what = [&](const piece& p) {
@@ -325,9 +287,9 @@ inline void check_file_tiling(const manifest& m, const reader& rd) {
       prev = &p;
     }
     if (at != m.files[f].bytes)
-      rd.bad("manifest.files[" + std::to_string(f) + "]", "bytes [" + std::to_string(at) + ", " +
-                                                         std::to_string(m.files[f].bytes) + ") of " + fname +
-                                                         " belong to no segment: every byte of a data file holds one value");
+      rd.bad("manifest.files[" + std::to_string(f) + "]",
+             "bytes [" + std::to_string(at) + ", " + std::to_string(m.files[f].bytes) + ") of " + fname +
+                 " belong to no segment: every byte of a data file holds one value");
   }
 }
 
@@ -356,8 +318,9 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     // Before any other member is trusted: the checksum covers every byte of the text.
     if (check_checksum) {
       const auto at = locate_hex_member(text, checksum_member);
-      if (!at) rd.bad("manifest", "member '" + std::string(checksum_member) +
-                                      "' is missing, repeated, or not a 16-digit hex string");
+      if (!at)
+        rd.bad("manifest",
+               "member '" + std::string(checksum_member) + "' is missing, repeated, or not a 16-digit hex string");
       const auto stored = from_hex(text.substr(*at, 16));
       if (!stored) rd.bad(std::string(checksum_member), "not 16 lowercase hex digits");
       const std::uint64_t actual = xxh64_with_zeroed(text, *at);
@@ -387,8 +350,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
       // Settings are scalars: nothing a manifest keeps (and copies into every load_result) can be large.
       if (key.size() > 256 ||
           !(v.is_number() || v.is_boolean() || (v.is_string() && v.get_ref<const std::string&>().size() <= 256)))
-        rd.bad(hw + "." + printable(key, 64), "expected a number, a boolean or a string of at most 256 bytes, found " +
-                                                  rd.brief(v));
+        rd.bad(hw + "." + printable(key, 64),
+               "expected a number, a boolean or a string of at most 256 bytes, found " + rd.brief(v));
       m.hyper_parameters[key] = json(v);
     }
 
@@ -455,7 +418,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
         te.numel = 1;
         for (std::size_t d = 0; d < shape.size(); ++d) {
           const std::uint64_t dim = rd.u64(shape[d], tw2 + ".shape");
-          if (dim == 0 || dim > max_elements / te.numel) rd.bad(tw2 + ".shape", tn + " has a zero or oversized dimension");
+          if (dim == 0 || dim > max_elements / te.numel)
+            rd.bad(tw2 + ".shape", tn + " has a zero or oversized dimension");
           te.numel *= dim;
           te.shape.push_back(static_cast<std::size_t>(dim));
         }
@@ -517,8 +481,8 @@ inline void check_model(const manifest& m, const model_spec& spec, const std::st
     if (a.name != b.name)
       refuse("unit ", u, " is ", quote_name(a.name), " in the checkpoint but ", quote_name(b.name), " in the model");
     if (a.tensors.size() != b.tensors.size())
-      refuse("unit ", quote_name(a.name), " has ", a.tensors.size(), " tensors in the checkpoint but ", b.tensors.size(),
-             " in the model");
+      refuse("unit ", quote_name(a.name), " has ", a.tensors.size(), " tensors in the checkpoint but ",
+             b.tensors.size(), " in the model");
     for (std::size_t t = 0; t < a.tensors.size(); ++t) {
       const tensor_entry& x = a.tensors[t];
       const tensor_spec& y = b.tensors[t];
@@ -532,15 +496,6 @@ inline void check_model(const manifest& m, const model_spec& spec, const std::st
   }
 }
 
-// Refuses state slots of another optimizer.
-template <class Opt>
-void check_optimizer(const manifest& m, const std::string& source) {
-  ZERO_CHECK(m.optimizer == Opt::name, corrupt, "checkpoint: '", source, "' was saved with optimizer ",
-             quote_name(m.optimizer), ", the engine uses '", Opt::name, "'");
-  ZERO_CHECK(m.slots.size() == 1 + static_cast<std::size_t>(Opt::slots), corrupt, "checkpoint: '", source, "' has ",
-             m.slots.size() - 1, " optimizer slots, optimizer '", Opt::name, "' has ", Opt::slots);
-}
-
 // The model a manifest describes, for tools that build an engine from a checkpoint alone.
 inline model_spec spec_of(const manifest& m) {
   model_spec s;
@@ -549,219 +504,6 @@ inline model_spec spec_of(const manifest& m) {
     for (const auto& t : u.tensors) b.tensor(t.name, t.shape);
   }
   return s;
-}
-
-namespace detail {
-inline float hyper_float(const json& hp, const char* key, const std::string& source) {
-  const reader rd{source};
-  const double d = rd.number(rd.member(hp, key, "manifest.optimizer.hyper_parameters"),
-                             std::string("manifest.optimizer.hyper_parameters.") + key);
-  if (std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max()))
-    rd.bad(std::string("manifest.optimizer.hyper_parameters.") + key, "out of float range");
-  return static_cast<float>(d);
-}
-}  // namespace detail
-
-// The optimizer as saved, e.g. to resume with the same settings: optimizer_from<optim::adamw>(m).
-template <class Opt>
-Opt optimizer_from(const manifest& m, const std::string& source = "manifest") {
-  check_optimizer<Opt>(m, source);
-  Opt o{};
-  const json& hp = m.hyper_parameters;
-  if constexpr (std::is_same_v<Opt, optim::adamw>) {
-    o.lr = detail::hyper_float(hp, "lr", source);
-    o.beta1 = detail::hyper_float(hp, "beta1", source);
-    o.beta2 = detail::hyper_float(hp, "beta2", source);
-    o.eps = detail::hyper_float(hp, "eps", source);
-    o.weight_decay = detail::hyper_float(hp, "weight_decay", source);
-  } else if constexpr (std::is_same_v<Opt, optim::sgd>) {
-    o.lr = detail::hyper_float(hp, "lr", source);
-    o.momentum = detail::hyper_float(hp, "momentum", source);
-    o.weight_decay = detail::hyper_float(hp, "weight_decay", source);
-    const json& n = detail::reader{source}.member(hp, "nesterov", "manifest.optimizer.hyper_parameters");
-    ZERO_CHECK(n.is_boolean(), corrupt, "checkpoint: '", source,
-               "': manifest.optimizer.hyper_parameters.nesterov: expected true or false");
-    o.nesterov = n.get<bool>();
-  }
-  return o;
-}
-
-// ---- the directory layout --------------------------------------------------------------------
-
-// A checkpoint directory holds version directories "v-<number>"; each is complete once its
-// manifest.json exists. The newest complete one is the checkpoint.
-inline std::string version_name(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "v-%08llu", static_cast<unsigned long long>(v));
-  return buf;
-}
-inline std::optional<std::uint64_t> parse_version_name(std::string_view n) {
-  // At most 18 digits (max_version): every such number fits in 64 bits without overflow.
-  if (n.size() < 3 || n.size() > 20 || n.substr(0, 2) != "v-") return std::nullopt;
-  std::uint64_t v = 0;
-  for (char c : n.substr(2)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  // Only the spelling version_name() writes: every rank rebuilds the name from the number.
-  if (version_name(v) != n) return std::nullopt;
-  return v;
-}
-// "v-" and more digits than a reader accepts, without a leading zero: a version written by
-// something else that this library cannot number, so it must not be passed over as if absent.
-inline bool too_wide_version_name(std::string_view n) {
-  if (n.size() <= 20 || n.substr(0, 2) != "v-" || n[2] == '0') return false;
-  return std::all_of(n.begin() + 2, n.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-inline std::string data_file_name(int rank, int world) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "rank-%05d-of-%05d.bin", rank, world);
-  return buf;
-}
-
-struct version_entry {
-  std::uint64_t number = 0;  // for a name too wide to number: the largest uint64
-  fs::path path;
-  bool committed = false;    // holds an entry named manifest.json
-  // Why this version cannot be read, when it cannot: a symbolic link or a file rather than a
-  // directory (never followed, never removed), a directory that cannot be searched, a number too
-  // wide. Empty for a real directory whose state is known.
-  std::string problem;
-};
-
-// Everything under dir named like a version, oldest first, looked at without following links.
-inline std::vector<version_entry> list_versions(const fs::path& dir) {
-  std::vector<version_entry> out;
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec), end;
-  ZERO_CHECK(!ec, io, "checkpoint: cannot list '", dir.string(), "': ", ec.message());
-  for (; it != end; it.increment(ec)) {
-    if (ec) break;
-    const std::string name = it->path().filename().string();
-    version_entry v;
-    v.path = it->path();
-    if (const auto n = parse_version_name(name)) {
-      v.number = *n;
-    } else if (too_wide_version_name(name)) {
-      v.number = std::numeric_limits<std::uint64_t>::max();
-      v.problem = "has a number wider than the 18 digits this library reads";
-      out.push_back(std::move(v));
-      continue;
-    } else {
-      continue;
-    }
-    struct stat st {};
-    if (::lstat(v.path.c_str(), &st) != 0) {
-      const int e = errno;
-      if (e == ENOENT) continue;  // removed while listing
-      v.problem = "cannot be inspected: " + detail::errno_text(e);
-    } else if (!S_ISDIR(st.st_mode)) {
-      v.problem = std::string("is ") + detail::type_name(st.st_mode) + ", not a directory (not followed)";
-    } else if (::lstat((v.path / manifest_name).c_str(), &st) == 0) {
-      v.committed = true;
-    } else if (const int e = errno; e != ENOENT) {
-      v.problem = "cannot be inspected: " + detail::errno_text(e);
-    }
-    out.push_back(std::move(v));
-  }
-  ZERO_CHECK(!ec, io, "checkpoint: cannot list '", dir.string(), "': ", ec.message());
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.number < b.number; });
-  return out;
-}
-
-// The version directory `dir` names: dir itself when it holds a manifest.json (one version, passed
-// directly), else its newest committed version. Never an older one when something newer exists
-// that cannot be read: that is reported, not passed over (a version that merely lacks its
-// manifest is an interrupted save, and is passed over).
-inline fs::path resolve(const fs::path& dir) {
-  std::error_code ec;
-  ZERO_CHECK(fs::is_directory(dir, ec), io, "checkpoint: '", dir.string(), "' does not exist or is not a directory");
-  struct stat st {};
-  if (::lstat((dir / manifest_name).c_str(), &st) == 0) return dir;
-  if (const int e = errno; e != ENOENT)
-    fail(error_kind::io, "checkpoint: cannot inspect '", (dir / manifest_name).string(), "': ", detail::errno_text(e));
-  const auto versions = list_versions(dir);
-  for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
-    if (!it->problem.empty())
-      fail(error_kind::io, "checkpoint: '", dir.string(), "': the newest version ", quote_name(it->path.filename().string()),
-           " ", it->problem, "; not falling back to an older version (name an older version directory to load it)");
-    if (it->committed) return it->path;
-  }
-  fail(error_kind::io, "checkpoint: '", dir.string(), "' holds no committed checkpoint (no v-*/", manifest_name,
-       versions.empty() ? ")" : "; the versions there are incomplete saves)");
-}
-
-namespace detail {
-
-// Opens a data file and checks its size against the manifest.
-inline file open_sized(const fs::path& vdir, const file_entry& f) {
-  file fd = file::open_read(vdir / f.name);
-  const std::uint64_t size = fd.size();
-  ZERO_CHECK(size == f.bytes, corrupt, "checkpoint: '", fd.path().string(), "' has ", size, " bytes, the manifest says ",
-             f.bytes, size < f.bytes ? " (truncated)" : " (extended)");
-  return fd;
-}
-
-// Opens a data file and checks its size and checksum against the manifest before anything in it is used.
-inline file open_verified(const fs::path& vdir, const file_entry& f) {
-  file fd = open_sized(vdir, f);
-  const std::uint64_t size = f.bytes;
-  const std::uint64_t h = hash_file(fd, size);
-  ZERO_CHECK(h == f.xxh64, corrupt, "checkpoint: '", fd.path().string(), "': checksum mismatch (the manifest says ",
-             to_hex(f.xxh64), ", the file hashes to ", to_hex(h), "): the file is damaged");
-  return fd;
-}
-
-// The data files of one version, each verified (size and checksum) the first time it is used. At
-// most max_open stay open at once: a checkpoint saved by thousands of ranks must not exhaust the
-// descriptors of a reader that needs all of their files.
-class data_files {
- public:
-  static constexpr std::size_t max_open = 64;
-  data_files(fs::path vdir, const std::vector<file_entry>& entries)
-      : vdir_(std::move(vdir)), entries_(&entries), verified_(entries.size(), false) {}
-
-  const file& get(std::size_t i) {
-    if (auto it = open_.find(i); it != open_.end()) return it->second;
-    if (open_.size() >= max_open) open_.erase(open_.begin());
-    const file_entry& f = (*entries_)[i];
-    file fd;
-    if (verified_[i]) {
-      // Reopened after verification: the size at least must still be what was verified.
-      fd = file::open_read(vdir_ / f.name);
-      ZERO_CHECK(fd.size() == f.bytes, corrupt, "checkpoint: '", fd.path().string(), "' changed while being read");
-    } else {
-      fd = open_verified(vdir_, f);
-      verified_[i] = true;
-    }
-    return open_.emplace(i, std::move(fd)).first->second;
-  }
-  void verify(std::size_t i) { (void)get(i); }
-  // Verifies the files `which` lists: first every size (a stat each), then every checksum, so a
-  // file of the wrong size is reported at once rather than after hashing all the others.
-  void verify(const std::vector<std::size_t>& which) {
-    for (std::size_t i : which) (void)open_sized(vdir_, (*entries_)[i]);
-    for (std::size_t i : which) verify(i);
-  }
-  void verify_all() {
-    std::vector<std::size_t> all(entries_->size());
-    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-    verify(all);
-  }
-
- private:
-  fs::path vdir_;
-  const std::vector<file_entry>* entries_;
-  std::vector<bool> verified_;
-  std::map<std::size_t, file> open_;
-};
-
-}  // namespace detail
-
-// Reads and validates the manifest of the checkpoint `dir` names (see resolve()).
-inline manifest read_manifest(const fs::path& dir) {
-  const fs::path p = resolve(dir) / manifest_name;
-  return parse_manifest(read_small_file(p, max_manifest_bytes), p.string());
 }
 
 }  // namespace zero::checkpoint

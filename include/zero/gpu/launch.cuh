@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "zero/sys/cuda/check.cuh"
+#include "zero/gpu/check.cuh"
 
 namespace zero::gpu {
 

@@ -1,4 +1,4 @@
-// The device kernels: the engine's element-wise rules and the rank-ordered sums through gpu::for_each_chunk, and the CUB gradient norm.
+// The device kernels: any element-wise rule and the rank-ordered sums through gpu::for_each_chunk, and the CUB gradient norm.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,38 +14,19 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/comm/reduce_op.hpp"
+#include "zero/core/reduce_op.hpp"
 #include "zero/config.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/numeric.hpp"
-#include "zero/sys/cuda/context.cuh"
-#include "zero/sys/cuda/launch.cuh"
+#include "zero/gpu/context.cuh"
+#include "zero/gpu/launch.cuh"
 
 namespace zero::gpu {
 
 // ---- element-wise rules ------------------------------------------------------------------------
 
-// One array a rule reads and/or writes; never null (an absent array is a different rule, so that
-// the rule's arrays are always the chunk's registers and never a pointer chosen at run time, which
-// would force them into local memory).
-template <class T>
-struct operand {
-  T* data;
-  bool read, write;
-};
-template <class T>
-operand<const T> in(const T* p) {
-  return {p, true, false};
-}
-template <class T>
-operand<T> out(T* p) {
-  return {p, false, true};
-}
-template <class T>
-operand<T> inout(T* p) {
-  return {p, true, true};
-}
+using elementwise::operand;
 
 // Adapts a rule written for one element of plain arrays (rule(j, arrays...), the same functions the
 // host loops call) to chunks: each operand's W elements are loaded into registers, the rule runs on
@@ -102,43 +83,6 @@ void launch_elementwise(cudaStream_t stream, int multiprocessors, std::size_t n,
   const bool aligned = (aligned_16(ops.data) && ...);
   for_each_chunk<Shape>(stream, multiprocessors, n, aligned, elementwise_body<Rule, Ts...>{rule, {ops...}});
 }
-
-// The engine's rules (zero/core/elementwise.hpp) as functors a kernel can carry.
-// The optimizer step with a separate parameter copy p (written from the master weight w)...
-template <class Opt>
-struct update_rule {
-  typename Opt::step_constants c;
-  float divisor, coef;
-  template <class G, class P, class... Slots>
-  ZERO_HD void operator()(std::size_t j, const G* g, float* w, P* p, Slots*... s) const {
-    float* const slots[] = {s..., nullptr};  // the trailing null keeps the array non-empty for 0 slots
-    elementwise::update<Opt>(c, g, divisor, coef, w, slots, p, j);
-  }
-};
-// ...and without one (the master weights are the parameters): p is a constant null.
-template <class Opt>
-struct update_in_place_rule {
-  typename Opt::step_constants c;
-  float divisor, coef;
-  template <class G, class... Slots>
-  ZERO_HD void operator()(std::size_t j, const G* g, float* w, Slots*... s) const {
-    float* const slots[] = {s..., nullptr};
-    elementwise::update<Opt>(c, g, divisor, coef, w, slots, static_cast<float*>(nullptr), j);
-  }
-};
-struct accumulate_rule {
-  bool first;
-  template <class D, class S>
-  ZERO_HD void operator()(std::size_t j, D* dst, const S* src) const {
-    elementwise::accumulate(dst, src, first, j);
-  }
-};
-struct cast_rule {
-  template <class D>
-  ZERO_HD void operator()(std::size_t j, D* dst, const float* src) const {
-    elementwise::cast(dst, src, j);
-  }
-};
 
 // ---- rank-ordered reductions (the device collectives) ------------------------------------------
 

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Golden values for tests/test_optimizers.cpp, computed in double precision from the published update
+equations, independently of the library's rules (no code shared with them).
+
+Writes tests/optimizer_golden.hpp; with --check, fails when that file differs from what this script
+produces (a meson test runs it so). Standard library only.
+
+  AdamW (Loshchilov & Hutter 2019, as torch.optim.AdamW):
+      m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  m^ = m / (1 - b1^t);  v^ = v / (1 - b2^t)
+      w = w - lr (m^ / (sqrt(v^) + eps) + wd w)
+  SGD (as torch.optim.SGD, dampening 0):
+      g' = g + wd w;  buf = g' at t = 1, else mu buf + g';  d = g' + mu buf if nesterov else buf
+      w = w - lr d
+  Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2):
+      c = b1 m + (1 - b1) g;  w = w - lr (sign(c) + wd w);  m = b2 m + (1 - b2) g
+"""
+import math
+import pathlib
+import struct
+import sys
+
+STEPS = 5      # several steps, the first included (t = 1 is where SGD's buffer and Adam's bias differ)
+ELEMENTS = 8
+
+
+def f32(x):
+    """The float32 nearest to x, as a double: what the C++ side stores."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+class Rng:
+    """A fixed linear congruential generator, so the inputs never change."""
+
+    def __init__(self, seed):
+        self.s = seed
+
+    def uniform(self, lo, hi):
+        self.s = (self.s * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        return lo + (hi - lo) * ((self.s >> 11) / float(1 << 53))
+
+
+def adamw(hp, w, grads):
+    lr, b1, b2, eps, wd = hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"]
+    m = [0.0] * len(w)
+    v = [0.0] * len(w)
+    out = []
+    for t, g in enumerate(grads, start=1):
+        for i in range(len(w)):
+            m[i] = b1 * m[i] + (1 - b1) * g[i]
+            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i]
+            m_hat = m[i] / (1 - b1 ** t)
+            v_hat = v[i] / (1 - b2 ** t)
+            w[i] = w[i] - lr * (m_hat / (math.sqrt(v_hat) + eps) + wd * w[i])
+        out.append(list(w))
+    return out
+
+
+def sgd(hp, w, grads):
+    lr, mu, wd, nesterov = hp["lr"], hp["momentum"], hp["weight_decay"], hp["nesterov"]
+    buf = [0.0] * len(w)
+    out = []
+    for t, g in enumerate(grads, start=1):
+        for i in range(len(w)):
+            gd = g[i] + wd * w[i]
+            buf[i] = gd if t == 1 else mu * buf[i] + gd
+            d = gd + mu * buf[i] if nesterov else buf[i]
+            w[i] = w[i] - lr * d
+        out.append(list(w))
+    return out
+
+
+# How far from zero Lion's direction c must stay: float32 and double compute c with different
+# roundings (about 1e-7 relative), and a sign that flipped between the two would make the golden
+# value wrong, not the rule. The inputs are fixed, so this is checked once, when generating.
+SIGN_MARGIN = 1e-4
+
+
+def lion(hp, w, grads):
+    lr, b1, b2, wd = hp["lr"], hp["beta1"], hp["beta2"], hp["weight_decay"]
+    m = [0.0] * len(w)
+    out = []
+    for g in grads:
+        for i in range(len(w)):
+            c = b1 * m[i] + (1 - b1) * g[i]
+            if abs(c) < SIGN_MARGIN:
+                raise SystemExit(f"lion: direction {c} too close to 0 for a float32 rule to agree; change the inputs")
+            sign = 1.0 if c > 0 else -1.0
+            w[i] = w[i] - lr * (sign + wd * w[i])
+            m[i] = b2 * m[i] + (1 - b2) * g[i]
+        out.append(list(w))
+    return out
+
+
+RULES = {"adamw": adamw, "sgd": sgd, "lion": lion}
+
+# (optimizer, label, hyper-parameters): every setting of the optimizer, by the names its
+# hyper_parameters() lists. Large rates and decays, so that a formula that drifts (coupled instead of
+# decoupled decay, a missing bias correction, dampening, a wrong first step) moves the weights by far
+# more than float32 rounding does.
+CASES = [
+    ("adamw", "defaults except lr and decay", dict(lr=0.05, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)),
+    ("adamw", "small betas, large eps", dict(lr=0.02, beta1=0.5, beta2=0.75, eps=0.1, weight_decay=0.0)),
+    ("sgd", "plain", dict(lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False)),
+    ("sgd", "momentum and weight decay", dict(lr=0.1, momentum=0.9, weight_decay=0.05, nesterov=False)),
+    ("sgd", "Nesterov momentum and weight decay", dict(lr=0.05, momentum=0.8, weight_decay=0.1, nesterov=True)),
+    ("lion", "default betas, no decay", dict(lr=0.05, beta1=0.9, beta2=0.99, weight_decay=0.0)),
+    ("lion", "other betas and decoupled decay", dict(lr=0.02, beta1=0.5, beta2=0.8, weight_decay=0.5)),
+]
+
+
+def inputs(seed):
+    rng = Rng(seed)
+    w = [f32(rng.uniform(-1.5, 1.5)) for _ in range(ELEMENTS)]
+    grads = []
+    for _ in range(STEPS):
+        g = []
+        for _ in range(ELEMENTS):
+            x = rng.uniform(0.05, 1.0) * (1 if rng.uniform(0, 1) < 0.5 else -1)
+            g.append(f32(x))
+        grads.append(g)
+    return w, grads
+
+
+def cpp_float(x):
+    return f"{x.hex()}f" if x != 0 else "0.0f"
+
+
+def cpp_double(x):
+    return x.hex() if x != 0 else "0.0"
+
+
+def generate():
+    lines = [
+        "// Generated by tests/optimizer_golden.py from the published update equations in double precision; do not edit.",
+        "#pragma once",
+        "",
+        "#include <vector>",
+        "",
+        "namespace golden {",
+        "",
+        "struct setting {",
+        "  const char* name;",
+        "  double value;  // a bool as 0 or 1; a float setting is the float nearest to it",
+        "};",
+        "struct optimizer_case {",
+        "  const char* optimizer;",
+        "  const char* label;",
+        "  std::vector<setting> settings;",
+        "  std::vector<float> w0;                    // the weights before step 1",
+        "  std::vector<std::vector<float>> grads;     // [step][element], the averaged gradient",
+        "  std::vector<std::vector<double>> weights;  // [step][element], after that step",
+        "};",
+        "",
+        "inline const std::vector<optimizer_case>& cases() {",
+        "  static const std::vector<optimizer_case> all = {",
+    ]
+    for n, (opt, label, hp) in enumerate(CASES):
+        # The C++ side holds each float setting as a float: compute with exactly that value.
+        used = {k: (v if isinstance(v, bool) else f32(v)) for k, v in hp.items()}
+        w0, grads = inputs(1000 + n)
+        weights = RULES[opt](used, list(w0), grads)
+        settings = ", ".join(f'{{"{k}", {cpp_double(float(v))}}}' for k, v in used.items())
+        lines.append(f'      {{"{opt}", "{label}", {{{settings}}},')
+        lines.append("       {" + ", ".join(cpp_float(x) for x in w0) + "},")
+        lines.append("       {" + ", ".join("{" + ", ".join(cpp_float(x) for x in g) + "}" for g in grads) + "},")
+        lines.append("       {" + ", ".join("{" + ", ".join(cpp_double(x) for x in s) + "}" for s in weights) + "}},")
+    lines += ["  };", "  return all;", "}", "", "}  // namespace golden", ""]
+    return "\n".join(lines)
+
+
+def main():
+    target = pathlib.Path(__file__).resolve().parent / "optimizer_golden.hpp"
+    text = generate()
+    if "--check" in sys.argv[1:]:
+        if not target.exists() or target.read_text() != text:
+            print(f"{target} is not what {pathlib.Path(__file__).name} produces; run it to regenerate")
+            return 1
+        print(f"{target.name} matches the equations ({len(CASES)} cases)")
+        return 0
+    target.write_text(text)
+    print(f"wrote {target} ({len(CASES)} cases)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

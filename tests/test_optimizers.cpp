@@ -1,0 +1,143 @@
+// Each optimizer of the library against golden values computed in double precision from its published equations (tests/optimizer_golden.py).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "optimizer_golden.hpp"
+#include "zero/zero.hpp"
+
+namespace {
+
+// How far a float32 rule may land from the double-precision equations: about ten roundings of 2^-24
+// per step over five steps, relative to weights of order 1, stays below 1e-6; 1e-5 leaves room for
+// error growth through AdamW's division and stays far below what a formula error costs (the cases'
+// rates and decays move the weights by 1e-3 or more per step).
+constexpr double tolerance = 1e-5;
+
+// The optimizer with a case's settings, each set through the optimizer's own hyper_parameters()
+// list; a setting the case does not give fails the test (the golden data must cover every one).
+template <class Opt>
+Opt configured(const golden::optimizer_case& gc) {
+  Opt o{};
+  zero::for_each_hyper_parameter(Opt::hyper_parameters(), [&](const auto& h) {
+    using T = typename std::remove_cvref_t<decltype(h)>::type;
+    const golden::setting* s = nullptr;
+    for (const auto& x : gc.settings)
+      if (h.name == x.name) s = &x;
+    REQUIRE_MESSAGE(s != nullptr, "the golden case '", gc.label, "' does not set ", std::string(h.name));
+    if constexpr (std::is_same_v<T, bool>) o.*(h.member) = s->value != 0.0;
+    else o.*(h.member) = static_cast<T>(s->value);
+  });
+  CHECK(gc.settings.size() == std::tuple_size_v<decltype(Opt::hyper_parameters())>);
+  zero::validate_optimizer(o);
+  return o;
+}
+
+// Runs the case through the engine's element-wise update on the host system (divisor 1, no
+// clipping: the gradient reaches the rule as given) and compares every weight after every step.
+template <class Opt>
+void check_case(const golden::optimizer_case& gc) {
+  CAPTURE(gc.label);
+  const Opt opt = configured<Opt>(gc);
+  std::vector<float> w = gc.w0;
+  const std::size_t n = w.size();
+  std::vector<std::vector<float>> state(static_cast<std::size_t>(Opt::slots), std::vector<float>(n, 0.0f));
+  float* slots[Opt::slots > 0 ? Opt::slots : 1] = {};
+  for (int k = 0; k < Opt::slots; ++k) slots[k] = state[static_cast<std::size_t>(k)].data();
+  for (std::size_t t = 0; t < gc.grads.size(); ++t) {
+    CAPTURE(t + 1);
+    REQUIRE(gc.grads[t].size() == n);
+    const auto c = opt.constants(t + 1);
+    zero::elementwise::update<Opt>(zero::sys::host{}, c, gc.grads[t].data(), 1.0f, 1.0f, w.data(), slots,
+                                   static_cast<float*>(nullptr), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      const double want = gc.weights[t][i];
+      const double err = std::fabs(static_cast<double>(w[i]) - want);
+      CHECK_MESSAGE(err <= tolerance * std::fmax(1.0, std::fabs(want)), "weight ", static_cast<double>(w[i]),
+                    ", the equations give ", want);
+    }
+  }
+}
+
+}  // namespace
+
+// An optimizer added to zero/catalog.hpp without golden values fails here.
+TEST_CASE_TEMPLATE_DEFINE("each optimizer follows its published equations over several steps", Opt, golden_cases) {
+  CAPTURE(Opt::name);
+  int found = 0;
+  for (const auto& gc : golden::cases())
+    if (Opt::name == gc.optimizer) {
+      check_case<Opt>(gc);
+      ++found;
+    }
+  CHECK_MESSAGE(found > 0, "no golden values for this optimizer: add its equations to tests/optimizer_golden.py");
+}
+TEST_CASE_TEMPLATE_APPLY(golden_cases, zero::optimizers::tuple);
+
+TEST_CASE("every optimizer with golden values is in the library's list") {
+  for (const auto& gc : golden::cases()) {
+    const std::string name = gc.optimizer;
+    CAPTURE(name);
+    bool listed = false;
+    zero::optimizers::for_each([&]<class O>() { listed = listed || O::name == gc.optimizer; });
+    CHECK(listed);
+  }
+}
+
+TEST_CASE("the golden values discriminate: a weight decay applied as L2 instead of decoupled fails") {
+  // AdamW's first case run as Adam with L2 decay (the decay added to the gradient): the result moves
+  // away from the golden values by far more than the tolerance, so the check above can fail.
+  const golden::optimizer_case* gc = nullptr;
+  for (const auto& x : golden::cases())
+    if (std::string(x.optimizer) == "adamw") {
+      gc = &x;
+      break;
+    }
+  REQUIRE(gc != nullptr);
+  const auto opt = configured<zero::optim::adamw>(*gc);
+  REQUIRE(opt.weight_decay > 0.0f);
+  zero::optim::adamw no_decay = opt;
+  no_decay.weight_decay = 0.0f;
+  std::vector<float> w = gc->w0, m(w.size(), 0.0f), v(w.size(), 0.0f);
+  double worst = 0.0;
+  for (std::size_t t = 0; t < gc->grads.size(); ++t) {
+    const auto c = no_decay.constants(t + 1);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      float s[2] = {m[i], v[i]};
+      zero::optim::adamw::update(c, w[i], gc->grads[t][i] + opt.weight_decay * w[i], s);
+      m[i] = s[0];
+      v[i] = s[1];
+      worst = std::fmax(worst, std::fabs(static_cast<double>(w[i]) - gc->weights[t][i]));
+    }
+  }
+  CHECK(worst > 100 * tolerance);
+}
+
+TEST_CASE("the golden values discriminate: Lion's direction interpolated with beta2 instead of beta1 fails") {
+  // The paper's one subtle point: the sign is taken of b1 m + (1 - b1) g, while the momentum kept is
+  // b2 m + (1 - b2) g. A rule that updates m first and steps along sign(m) gives other weights.
+  const golden::optimizer_case* gc = nullptr;
+  for (const auto& x : golden::cases())
+    if (std::string(x.optimizer) == "lion") {
+      gc = &x;
+      break;
+    }
+  REQUIRE(gc != nullptr);
+  const auto opt = configured<zero::optim::lion>(*gc);
+  REQUIRE(opt.beta1 != opt.beta2);
+  std::vector<float> w = gc->w0, m(w.size(), 0.0f);
+  double worst = 0.0;
+  for (std::size_t t = 0; t < gc->grads.size(); ++t) {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      m[i] = opt.beta2 * m[i] + (1.0f - opt.beta2) * gc->grads[t][i];
+      w[i] = w[i] - opt.lr * (zero::optim::lion::sign(m[i]) + opt.weight_decay * w[i]);
+      worst = std::fmax(worst, std::fabs(static_cast<double>(w[i]) - gc->weights[t][i]));
+    }
+  }
+  CHECK(worst > 100 * tolerance);
+}
