@@ -7,7 +7,8 @@
     ```
 
 must equal the region of that file between the lines "// tutorial:begin units" and the next
-"// tutorial:end" (dedented), and every region of the example sources must be quoted. The sources
+"// tutorial:end" (dedented), every region of the example sources must be quoted, and no C++ block
+may stand without a mark. The sources
 are compiled and run by the train_gpt tests, so the tutorial's code compiles.
 
 Usage: tutorial_excerpts.py SOURCE_ROOT            check (exit 1 naming each difference)
@@ -58,6 +59,9 @@ def main():
         m = MARK.match(doc[i])
         i += 1
         if not m:
+            # C++ that is not an excerpt would be code nobody compiles.
+            if doc[i - 1].startswith("```c"):
+                problems.append(f"{DOC}:{i}: a C++ block without an excerpt mark (its code would not be compiled)")
             continue
         path, name = m.groups()
         if path not in code or name not in code[path]:
