@@ -25,7 +25,7 @@ namespace gpt {
 
 struct config {
   int vocab = 0;      // from the corpus
-  int context = 64;   // T: positions per sequence
+  int context = 16;   // T: positions per sequence
   int embd = 64;      // C: channels of the residual stream
   int heads = 4;      // C / heads channels per head
   int layers = 2;     // transformer blocks

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # train_gpt's default run (stage 3, 4 ranks, the repository's docs) learns: its losses on the training
 # part and on the held-out part fall well below the unigram entropy of the same part, the best a
-# model without context can do; it prints a sample of the requested length.
+# model without context can do (by a quarter: the training part's own bigram entropy, the best a
+# model that sees one byte back can do, is about 0.78 of its unigram entropy); it prints a sample of
+# the requested length.
 # Usage: train_gpt_learns.sh TRAIN_GPT
 set -eu
 train_gpt=$1
