@@ -84,10 +84,9 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   const double setup_cpu_start = trainer::thread_cpu_seconds();
   // tutorial:begin engine
   const zero::model_spec spec = gpt::make_spec(c);
-  zero::engine_options eo;
-  eo.clip_norm = o.clip;          // --clip: the global gradient norm's limit, 0: none
-  eo.micro_batches = o.accum;     // --accum: reduce() calls per unit per step
-  eo.memory_limit_bytes = o.memory_limit;
+  // --clip (the global gradient norm's limit), --accum (reduce() calls per unit per step),
+  // --memory-limit (bytes a rank may hold: model states are checked before they are allocated)
+  const zero::engine_options eo = trainer::engine_options_of(o);
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and step, whatever world
   // size and stage saved it; otherwise each rank initializes the part it holds.

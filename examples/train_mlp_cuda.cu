@@ -427,10 +427,7 @@ template <class Stage, class Opt, class Prec, class Comm>
 void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline& rl) {
   using T = typename Prec::param_type;
   const zero::model_spec spec = mlp::make_spec(o.model);
-  zero::engine_options eo;
-  eo.clip_norm = o.clip;
-  eo.micro_batches = o.accum;
-  eo.memory_limit_bytes = o.memory_limit;
+  const zero::engine_options eo = trainer::engine_options_of(o);
   const auto setup_start = std::chrono::steady_clock::now();
   const double setup_cpu_start = trainer::thread_cpu_seconds();
   zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);

@@ -226,6 +226,15 @@ inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   return std::nullopt;
 }
 
+// The engine options the trainers' flags set.
+inline zero::engine_options engine_options_of(const options& o) {
+  zero::engine_options eo;
+  eo.clip_norm = o.clip;
+  eo.micro_batches = o.accum;
+  eo.memory_limit_bytes = o.memory_limit;
+  return eo;
+}
+
 // Calls train.template operator()<Stage, Optimizer, Precision>(optimizer) for the policies the
 // options name: the one place where run-time flags become template arguments.
 template <class Train>

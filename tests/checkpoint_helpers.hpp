@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -95,6 +97,16 @@ state_arrays load_state(int n, const fs::path& dir, Opt opt = {}) {
     read_state(e, s);
   });
   return s;
+}
+
+// A file's bytes, and a file replaced by bytes (damage is made by editing these).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+inline void spit(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(s.data(), static_cast<std::streamsize>(s.size()));
 }
 
 inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {

@@ -17,14 +17,6 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void spit(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(s.data(), static_cast<std::streamsize>(s.size()));
-}
 
 // The same manifest text with its own checksum recomputed: reaches the validation behind the checksum.
 std::string with_checksum(std::string text) {

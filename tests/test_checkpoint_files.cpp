@@ -19,14 +19,6 @@ using namespace ckpt_test;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void spit(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(s.data(), static_cast<std::streamsize>(s.size()));
-}
 
 // Runs `f` in a child process and returns its exit status (128 + signal if it was killed by one). A
 // child still running after `limit` is killed and fails the test: a regression that hangs becomes a
