@@ -1,0 +1,424 @@
+// A small GPT (token and position embeddings, tied output layer, pre-norm attention and MLP blocks) trained through any zero engine.
+#pragma once
+
+// The engine never sees a kernel: it hands out each unit's parameters (gather) and gradient buffer
+// (grads), and sums the gradients over ranks (reduce). Everything here is the user's side of that
+// protocol, written the way a training loop ported to zero looks. docs/tutorial.md walks through it;
+// the regions between "tutorial:begin NAME" and "tutorial:end" are quoted there word for word (a
+// test keeps them in sync).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "char_corpus.hpp"
+#include "gpt_kernels.hpp"
+#include "mlp.hpp"  // mlp::key and mlp::uniform: the counter-based generator
+#include "zero/zero.hpp"
+
+namespace gpt {
+
+struct config {
+  int vocab = 0;      // from the corpus
+  int context = 16;   // T: positions per sequence
+  int embd = 64;      // C: channels of the residual stream
+  int heads = 4;      // C / heads channels per head
+  int layers = 2;     // transformer blocks
+  int batch = 16;     // global batch, in sequences
+  std::uint64_t seed = 1;
+};
+
+// tutorial:begin units
+// The units, in the order of the forward pass: what is gathered and released together. The token
+// embedding is a unit of its own because the output layer uses it again (the tied weight).
+inline constexpr zero::unit_id wte{0};  // token embedding [vocab, C], also the output layer
+inline constexpr zero::unit_id wpe{1};  // position embedding [context, C]
+inline zero::unit_id block(int l) { return zero::unit_id{2 + static_cast<std::size_t>(l)}; }
+inline zero::unit_id ln_f(const config& c) { return block(c.layers); }  // the final layer norm
+
+inline zero::model_spec make_spec(const config& c) {
+  const auto V = static_cast<std::size_t>(c.vocab), T = static_cast<std::size_t>(c.context),
+             C = static_cast<std::size_t>(c.embd);
+  zero::model_spec spec;
+  spec.unit("wte").tensor("weight", {V, C});
+  spec.unit("wpe").tensor("weight", {T, C});
+  for (int l = 0; l < c.layers; ++l)
+    spec.unit("h." + std::to_string(l))
+        .tensor("ln_1.weight", {C}).tensor("ln_1.bias", {C})
+        .tensor("attn.c_attn.weight", {3 * C, C}).tensor("attn.c_attn.bias", {3 * C})
+        .tensor("attn.c_proj.weight", {C, C}).tensor("attn.c_proj.bias", {C})
+        .tensor("ln_2.weight", {C}).tensor("ln_2.bias", {C})
+        .tensor("mlp.c_fc.weight", {4 * C, C}).tensor("mlp.c_fc.bias", {4 * C})
+        .tensor("mlp.c_proj.weight", {C, 4 * C}).tensor("mlp.c_proj.bias", {C});
+  spec.unit("ln_f").tensor("weight", {C}).tensor("bias", {C});
+  return spec;
+}
+// tutorial:end
+
+// tutorial:begin init
+// GPT-2's initialization, drawn by element: biases 0, layer-norm gains 1, other weights with the
+// standard deviation of N(0, 0.02) (uniform, so one draw per element), the residual projections
+// scaled by 1/sqrt(2 x layers). Element i of a tensor depends only on the seed, the tensor's name
+// and i, so a rank can produce just the range the engine asks for, at any N and stage.
+inline zero::init_range_fn initializer(const config& c) {
+  return [c](const zero::unit_spec& u, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
+    const std::string_view name = t.name;
+    if (name.ends_with("bias") || name.starts_with("ln_") || u.name == "ln_f") {
+      std::fill(v.begin(), v.end(), name.ends_with("bias") ? 0.0f : 1.0f);
+      return;
+    }
+    float stddev = 0.02f;
+    if (name.ends_with("c_proj.weight")) stddev /= std::sqrt(2.0f * static_cast<float>(c.layers));
+    const float limit = stddev * std::sqrt(3.0f);  // uniform on [-limit, limit) has this deviation
+    const std::string full = u.name + "." + t.name;
+    const std::uint64_t tensor_key = zero::fnv1a64(full.data(), full.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = limit * mlp::uniform(mlp::key(c.seed, 6, tensor_key, r.begin + i));
+  };
+}
+// tutorial:end
+
+// tutorial:begin fp32_unit
+// One unit's tensors in fp32, the type the kernels compute in: a gathered unit's parameters widened
+// once (exact for bf16 and fp16), or a zeroed gradient that the kernels accumulate into and that is
+// then added into the engine's gradient buffer, rounded once to its type. Tensors are found by name.
+class fp32_unit {
+ public:
+  template <class T>
+  explicit fp32_unit(const zero::unit_view<T>& v, bool zero = false) : spec_(&v.spec()), data_(v.size(), 0.0f) {
+    for (std::size_t i = 0; i < v.num_tensors(); ++i) offsets_.push_back(static_cast<std::size_t>(v.at(i).data() - v.data()));
+    if (!zero)
+      for (std::size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<float>(v.data()[i]);
+  }
+  float* operator[](std::string_view tensor) {
+    for (std::size_t i = 0; i < offsets_.size(); ++i)
+      if (spec_->tensors[i].name == tensor) return data_.data() + offsets_[i];
+    zero::fail(zero::error_kind::invalid_argument, "gpt: unit '", spec_->name, "' has no tensor '", tensor, "'");
+  }
+  const float* operator[](std::string_view tensor) const { return (*const_cast<fp32_unit*>(this))[tensor]; }
+  // g += this, element by element, in fp32 and rounded once to the gradient type.
+  template <class G>
+  void add_to(const zero::unit_view<G>& g) const {
+    for (std::size_t i = 0; i < data_.size(); ++i) g.data()[i] = static_cast<G>(static_cast<float>(g.data()[i]) + data_[i]);
+  }
+
+ private:
+  const zero::unit_spec* spec_;
+  std::vector<float> data_;
+  std::vector<std::size_t> offsets_;
+};
+// tutorial:end
+
+// What the backward pass needs from the forward pass of one block.
+struct block_acts {
+  std::vector<float> in, ln1, ln1_mean, ln1_rstd, qkv, probs, att, x1, ln2, ln2_mean, ln2_rstd, fc, gelu;
+};
+
+// A forward pass over `rows` sequences of `t_len` positions, and what its backward pass needs.
+struct activations {
+  int rows = 0, t_len = 0;
+  std::vector<int> tokens, targets;  // [rows x t_len]
+  std::vector<float> x;              // the residual stream
+  std::vector<block_acts> blocks;
+  std::vector<float> xf_in, xf, xf_mean, xf_rstd;  // ln_f's input and output
+  std::vector<float> logits;                       // [rows x t_len, vocab]
+};
+
+// x <- x + block(x), keeping what the backward needs in s.
+inline void block_forward(const config& c, const fp32_unit& w, int rows, int t_len, std::vector<float>& x,
+                          block_acts& s) {
+  namespace k = kernels;
+  const int R = rows * t_len, C = c.embd;
+  const auto n = static_cast<std::size_t>(R) * C;
+  s.in = x;
+  s.ln1.resize(n), s.ln1_mean.resize(R), s.ln1_rstd.resize(R);
+  k::layernorm_forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.in.data(), w["ln_1.weight"],
+                       w["ln_1.bias"], R, C);
+  s.qkv.resize(3 * n);
+  k::linear_forward(s.qkv.data(), s.ln1.data(), w["attn.c_attn.weight"], w["attn.c_attn.bias"], R, C, 3 * C);
+  s.probs.resize(static_cast<std::size_t>(rows) * c.heads * t_len * t_len), s.att.resize(n);
+  k::attention_forward(s.att.data(), s.probs.data(), s.qkv.data(), rows, t_len, C, c.heads);
+  s.x1.resize(n);
+  k::linear_forward(s.x1.data(), s.att.data(), w["attn.c_proj.weight"], w["attn.c_proj.bias"], R, C, C);
+  for (std::size_t i = 0; i < n; ++i) s.x1[i] += s.in[i];
+  s.ln2.resize(n), s.ln2_mean.resize(R), s.ln2_rstd.resize(R);
+  k::layernorm_forward(s.ln2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), s.x1.data(), w["ln_2.weight"],
+                       w["ln_2.bias"], R, C);
+  s.fc.resize(4 * n), s.gelu.resize(4 * n);
+  k::linear_forward(s.fc.data(), s.ln2.data(), w["mlp.c_fc.weight"], w["mlp.c_fc.bias"], R, C, 4 * C);
+  k::gelu_forward(s.gelu.data(), s.fc.data(), 4 * n);
+  k::linear_forward(x.data(), s.gelu.data(), w["mlp.c_proj.weight"], w["mlp.c_proj.bias"], R, 4 * C, C);
+  for (std::size_t i = 0; i < n; ++i) x[i] += s.x1[i];
+}
+
+// Given dx at the block's output, accumulates the block's gradients into g and leaves dx at its input.
+inline void block_backward(const config& c, const fp32_unit& w, fp32_unit& g, int rows, int t_len,
+                           const block_acts& s, std::vector<float>& dx) {
+  namespace k = kernels;
+  const int R = rows * t_len, C = c.embd;
+  const auto n = static_cast<std::size_t>(R) * C;
+  std::vector<float> dx1 = dx;  // the residual path around the MLP
+  std::vector<float> dgelu(4 * n, 0.0f), dfc(4 * n, 0.0f), dln(n, 0.0f);
+  k::linear_backward(dgelu.data(), g["mlp.c_proj.weight"], g["mlp.c_proj.bias"], dx.data(), s.gelu.data(),
+                     w["mlp.c_proj.weight"], R, 4 * C, C);
+  k::gelu_backward(dfc.data(), s.fc.data(), dgelu.data(), 4 * n);
+  k::linear_backward(dln.data(), g["mlp.c_fc.weight"], g["mlp.c_fc.bias"], dfc.data(), s.ln2.data(),
+                     w["mlp.c_fc.weight"], R, C, 4 * C);
+  k::layernorm_backward(dx1.data(), g["ln_2.weight"], g["ln_2.bias"], dln.data(), s.x1.data(), s.ln2_mean.data(),
+                        s.ln2_rstd.data(), w["ln_2.weight"], R, C);
+  dx = dx1;  // the residual path around the attention
+  std::vector<float> datt(n, 0.0f), dqkv(3 * n, 0.0f);
+  k::linear_backward(datt.data(), g["attn.c_proj.weight"], g["attn.c_proj.bias"], dx1.data(), s.att.data(),
+                     w["attn.c_proj.weight"], R, C, C);
+  k::attention_backward(dqkv.data(), datt.data(), s.qkv.data(), s.probs.data(), rows, t_len, C, c.heads);
+  std::fill(dln.begin(), dln.end(), 0.0f);
+  k::linear_backward(dln.data(), g["attn.c_attn.weight"], g["attn.c_attn.bias"], dqkv.data(), s.ln1.data(),
+                     w["attn.c_attn.weight"], R, C, 3 * C);
+  k::layernorm_backward(dx.data(), g["ln_1.weight"], g["ln_1.bias"], dln.data(), s.in.data(), s.ln1_mean.data(),
+                        s.ln1_rstd.data(), w["ln_1.weight"], R, C);
+}
+
+// tutorial:begin forward
+// The forward pass. with_unit(u, f) calls f with unit u's parameters in fp32; in training it is
+// `gathered` below (gather, widen, release), so at most one unit is gathered at a time. The token
+// embedding is gathered twice: at the start, and again at the end as the output layer.
+template <class WithUnit>
+void forward(const config& c, WithUnit&& with_unit, activations& a) {
+  const int R = a.rows * a.t_len, C = c.embd;
+  a.x.assign(static_cast<std::size_t>(R) * C, 0.0f);
+  with_unit(wte, [&](const fp32_unit& w) {  // x = wte[token] + wpe[position]
+    for (int r = 0; r < R; ++r)
+      std::copy_n(w["weight"] + static_cast<std::size_t>(a.tokens[r]) * C, C, a.x.data() + static_cast<std::size_t>(r) * C);
+  });
+  with_unit(wpe, [&](const fp32_unit& w) {
+    for (int r = 0; r < R; ++r)
+      kernels::axpy(a.x.data() + static_cast<std::size_t>(r) * C, 1.0f, w["weight"] + static_cast<std::size_t>(r % a.t_len) * C, C);
+  });
+  a.blocks.resize(static_cast<std::size_t>(c.layers));
+  for (int l = 0; l < c.layers; ++l)
+    with_unit(block(l), [&](const fp32_unit& w) { block_forward(c, w, a.rows, a.t_len, a.x, a.blocks[l]); });
+  with_unit(ln_f(c), [&](const fp32_unit& w) {
+    a.xf_in = a.x;
+    a.xf.resize(a.x.size()), a.xf_mean.resize(R), a.xf_rstd.resize(R);
+    kernels::layernorm_forward(a.xf.data(), a.xf_mean.data(), a.xf_rstd.data(), a.xf_in.data(), w["weight"],
+                               w["bias"], R, C);
+  });
+  with_unit(wte, [&](const fp32_unit& w) {  // the output layer: logits = xf wte^T, the same tensor again
+    a.logits.resize(static_cast<std::size_t>(R) * c.vocab);
+    kernels::linear_forward(a.logits.data(), a.xf.data(), w["weight"], nullptr, R, C, c.vocab);
+  });
+}
+
+// The with_unit of a pass through the engine: gathers the unit (an all-gather in stage 3, a view
+// otherwise), widens it to fp32 for the kernels and releases it.
+template <class Engine>
+auto gathered(Engine& e) {
+  return [&e](zero::unit_id u, auto&& f) {
+    auto p = e.gather(u);
+    const fp32_unit w(p.view());
+    f(w);
+    p.release();
+  };
+}
+// tutorial:end
+
+// tutorial:begin backward
+// The backward pass, units in reverse: gather, grads, kernels, reduce, release. dlogits is the
+// gradient of the loss (times the loss scale) at the logits. The tied weight collects two parts:
+// the output layer's, first, and the token embedding's, last; grads(wte) hands out the same buffer
+// both times (zero at its first use in the step), and wte is reduced once, after both.
+template <class Engine>
+void backward(Engine& e, const config& c, const activations& a, const std::vector<float>& dlogits) {
+  const int R = a.rows * a.t_len, C = c.embd;
+  std::vector<float> dx(static_cast<std::size_t>(R) * C, 0.0f);
+  {  // the output layer: dx = dlogits wte, dwte += dlogits^T xf; not reduced yet
+    auto p = e.gather(wte);
+    auto g = e.grads(wte);
+    const fp32_unit w(p.view());
+    fp32_unit dw(g.view(), true);
+    kernels::linear_backward(dx.data(), dw["weight"], nullptr, dlogits.data(), a.xf.data(), w["weight"], R, C, c.vocab);
+    dw.add_to(g.view());
+    p.release();
+  }
+  {
+    auto p = e.gather(ln_f(c));
+    auto g = e.grads(ln_f(c));
+    const fp32_unit w(p.view());
+    fp32_unit dw(g.view(), true);
+    std::vector<float> din(dx.size(), 0.0f);
+    kernels::layernorm_backward(din.data(), dw["weight"], dw["bias"], dx.data(), a.xf_in.data(), a.xf_mean.data(),
+                                a.xf_rstd.data(), w["weight"], R, C);
+    dw.add_to(g.view());
+    e.reduce(ln_f(c));
+    p.release();
+    dx.swap(din);
+  }
+  for (int l = c.layers - 1; l >= 0; --l) {
+    auto p = e.gather(block(l));
+    auto g = e.grads(block(l));
+    const fp32_unit w(p.view());
+    fp32_unit dw(g.view(), true);
+    block_backward(c, w, dw, a.rows, a.t_len, a.blocks[static_cast<std::size_t>(l)], dx);
+    dw.add_to(g.view());
+    e.reduce(block(l));
+    p.release();
+  }
+  // The embeddings do not read their parameters in the backward pass; they are gathered anyway,
+  // as the protocol (and the stage 3 traffic formula) has every unit gathered in both passes.
+  {
+    auto p = e.gather(wpe);
+    auto g = e.grads(wpe);
+    fp32_unit dw(g.view(), true);
+    for (int r = 0; r < R; ++r)
+      kernels::axpy(dw["weight"] + static_cast<std::size_t>(r % a.t_len) * C, 1.0f, dx.data() + static_cast<std::size_t>(r) * C, C);
+    dw.add_to(g.view());
+    e.reduce(wpe);
+    p.release();
+  }
+  {  // the token embedding: the second part of the tied weight's gradient, then its one reduce
+    auto p = e.gather(wte);
+    auto g = e.grads(wte);
+    fp32_unit dw(g.view(), true);
+    for (int r = 0; r < R; ++r)
+      kernels::axpy(dw["weight"] + static_cast<std::size_t>(a.tokens[r]) * C, 1.0f, dx.data() + static_cast<std::size_t>(r) * C, C);
+    dw.add_to(g.view());
+    e.reduce(wte);
+    p.release();
+  }
+}
+// tutorial:end
+
+struct step_result {
+  double loss = 0.0;  // mean over this rank's tokens, nats
+  int correct = 0;    // next-token predictions whose argmax was right
+  zero::step_report report;
+};
+
+// Fills a's tokens and targets with the training sequences first .. first + rows - 1 (global indices)
+// of step `step`.
+inline void training_batch(const config& c, const corpus& data, std::uint64_t step, int first, int rows,
+                           activations& a) {
+  a.rows = rows;
+  a.t_len = c.context;
+  a.tokens.resize(static_cast<std::size_t>(rows) * c.context);
+  a.targets.resize(a.tokens.size());
+  for (int j = 0; j < rows; ++j) {
+    const std::size_t start =
+        train_window(data, c.context, c.seed, step, static_cast<std::uint64_t>(first) + static_cast<std::uint64_t>(j));
+    for (int t = 0; t < c.context; ++t) {
+      a.tokens[static_cast<std::size_t>(j) * c.context + t] = data.tokens[start + t];
+      a.targets[static_cast<std::size_t>(j) * c.context + t] = data.tokens[start + t + 1];
+    }
+  }
+}
+
+// tutorial:begin step
+// One training step of this rank on its share of the global batch, in `micro_batches` equal parts:
+// forward, the loss, backward; then the engine's step. The loss gradient is the mean over this
+// rank's tokens, times the loss scale (fp16), divided by the micro-batches: the engine sums over
+// ranks and divides by N and by the loss scale in step().
+template <class Engine>
+step_result train_step(Engine& e, const config& c, const corpus& data, std::uint64_t step, int rank, int ranks,
+                       int micro_batches) {
+  const int rows = c.batch / ranks / micro_batches;  // sequences per micro-batch on this rank
+  const int R = rows * c.context;
+  step_result res;
+  activations a;
+  std::vector<float> dlogits(static_cast<std::size_t>(R) * c.vocab);
+  for (int m = 0; m < micro_batches; ++m) {
+    training_batch(c, data, step, (rank * micro_batches + m) * rows, rows, a);
+    forward(c, gathered(e), a);
+    const float grad_scale = e.loss_scale() / static_cast<float>(R) / static_cast<float>(micro_batches);
+    int correct = 0;
+    const double loss_sum =
+        kernels::cross_entropy(a.logits.data(), a.targets.data(), dlogits.data(), grad_scale, R, c.vocab, correct);
+    res.loss += loss_sum / R / micro_batches;
+    res.correct += correct;
+    backward(e, c, a, dlogits);
+  }
+  res.report = e.step();
+  return res;
+}
+// tutorial:end
+
+// Mean loss (nats per token) and next-token accuracy over the windows starting at `starts`, every
+// rank taking every N-th window: a forward pass through the engine (gathers, no grads, no reduce,
+// allowed between steps), `chunk` windows at a time. Every rank runs the same number of passes (the
+// last ones may be empty) because stage 3's gathers are collectives. Collective.
+template <class Engine, class Comm>
+std::pair<double, double> evaluate(Engine& e, Comm& comm, const config& c, const corpus& data,
+                                   const std::vector<std::size_t>& starts, int chunk) {
+  const int ranks = comm.size(), rank = comm.rank();
+  std::vector<std::size_t> mine;
+  for (std::size_t j = static_cast<std::size_t>(rank); j < starts.size(); j += static_cast<std::size_t>(ranks))
+    mine.push_back(starts[j]);
+  const std::size_t per_rank = (starts.size() + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+  const std::size_t passes = (per_rank + static_cast<std::size_t>(chunk) - 1) / static_cast<std::size_t>(chunk);
+  double sums[2] = {0.0, 0.0};  // loss, correct
+  activations a;
+  for (std::size_t pass = 0; pass < passes; ++pass) {
+    const std::size_t first = pass * static_cast<std::size_t>(chunk);
+    const std::size_t rows = first < mine.size() ? std::min(mine.size() - first, static_cast<std::size_t>(chunk)) : 0;
+    a.rows = static_cast<int>(rows);
+    a.t_len = c.context;
+    a.tokens.resize(rows * static_cast<std::size_t>(c.context));
+    a.targets.resize(a.tokens.size());
+    for (std::size_t j = 0; j < rows; ++j)
+      for (int t = 0; t < c.context; ++t) {
+        a.tokens[j * c.context + t] = data.tokens[mine[first + j] + t];
+        a.targets[j * c.context + t] = data.tokens[mine[first + j] + t + 1];
+      }
+    forward(c, gathered(e), a);
+    int correct = 0;
+    sums[0] += kernels::cross_entropy(a.logits.data(), a.targets.data(), nullptr, 0.0f,
+                                      static_cast<int>(rows) * c.context, c.vocab, correct);
+    sums[1] += correct;
+  }
+  comm.all_reduce(sums, sums, 2, zero::reduce_op::sum);
+  const double tokens = static_cast<double>(starts.size()) * c.context;
+  return {sums[0] / tokens, sums[1] / tokens};
+}
+
+// Continues `prompt` by n bytes, sampling each from the softmax at `temperature` with the
+// counter-based generator (0: the most likely byte). Rank 0 computes; the other ranks make the same
+// gathers with no rows, since stage 3's gathers are collectives. Collective; rank 0's result.
+template <class Engine>
+std::string generate(Engine& e, const config& c, const corpus& data, const std::string& prompt, int n,
+                     float temperature, std::uint64_t seed) {
+  std::vector<int> context;
+  for (unsigned char ch : prompt) {
+    ZERO_CHECK(data.id[ch] >= 0, invalid_argument, "gpt: the prompt's byte ", static_cast<int>(ch),
+               " does not occur in the corpus");
+    context.push_back(data.id[ch]);
+  }
+  ZERO_CHECK(!context.empty(), invalid_argument, "gpt: the prompt is empty");
+  std::string out;
+  activations a;
+  const bool computes = e.rank() == 0;
+  for (int i = 0; i < n; ++i) {
+    const int t_len = std::min(static_cast<int>(context.size()), c.context);
+    a.rows = computes ? 1 : 0;
+    a.t_len = t_len;
+    a.tokens.assign(context.end() - (computes ? t_len : 0), context.end());
+    forward(c, gathered(e), a);
+    if (!computes) continue;
+    const float* z = a.logits.data() + static_cast<std::size_t>(t_len - 1) * c.vocab;
+    int next = static_cast<int>(std::max_element(z, z + c.vocab) - z);
+    if (temperature > 0.0f) {
+      std::vector<double> p(static_cast<std::size_t>(c.vocab));
+      double sum = 0.0;
+      for (int k = 0; k < c.vocab; ++k) sum += p[k] = std::exp((z[k] - z[next]) / temperature);
+      double u = (static_cast<double>(mlp::key(seed, 7, static_cast<std::uint64_t>(i)) >> 11) * 0x1.0p-53) * sum;
+      for (next = 0; next + 1 < c.vocab && u >= p[next]; ++next) u -= p[next];
+    }
+    context.push_back(next);
+    out.push_back(data.vocab[static_cast<std::size_t>(next)]);
+  }
+  return out;
+}
+
+}  // namespace gpt

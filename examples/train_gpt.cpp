@@ -1,0 +1,388 @@
+// train_gpt: trains a small character-level GPT on this repository's docs with ZeRO stage 0-3 on N ranks, then evaluates and samples it.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "char_corpus.hpp"
+#include "gpt.hpp"
+#include "trainer_checkpoint.hpp"
+#include "trainer_cli.hpp"
+#include "zero/zero.hpp"
+#if ZERO_WITH_MPI
+#include <optional>
+
+#include "zero/comm/mpi.hpp"
+#endif
+
+namespace {
+
+using trainer::options;
+
+// The flags of this trainer besides trainer_cli.hpp's common ones (--layers, --batch and --seed of
+// those are the model's too).
+struct gpt_options {
+  gpt::config model;
+  std::vector<std::string> data;  // empty: this repository's README.md and docs/
+  double held_out = 0.1;
+  // AdamW's second-moment decay: 0.99 rather than the library's 0.999, as nanoGPT sets it for its
+  // small character models: with few tokens per step the gradient scale adapts 10x faster.
+  float beta2 = 0.99f;
+  // AdamW's learning rate without --lr (the library's 1e-3 learns too slowly for the default run;
+  // 3e-3 and more stalls this model without a warmup). SGD keeps trainer_cli's default.
+  float adamw_lr = 2e-3f;
+  std::size_t eval_windows = 256;
+  int sample = 240;
+  float temperature = 0.8f;
+  std::string prompt = "The engine ";
+};
+
+// What a run reports beyond trainer::summary.
+struct gpt_summary {
+  trainer::summary base;
+  double loss_train_eval = 0, loss_held_out = 0, accuracy_held_out = 0;
+  std::string sample;
+  std::vector<std::uint64_t> unit_padded;  // the padded size of each unit, in declaration order
+  std::uint64_t comm_tied_extra = 0;       // bytes per step the formulas do not count (see below)
+};
+
+template <class Comm>
+double global_sum(Comm& comm, double v) {
+  comm.all_reduce(&v, &v, 1, zero::reduce_op::sum);
+  return v;
+}
+template <class Comm>
+double global_max(Comm& comm, double v) {
+  comm.all_reduce(&v, &v, 1, zero::reduce_op::max);
+  return v;
+}
+
+// The bytes per step that stage 3 sends for the tied weight beyond the formula: the formula counts
+// each unit gathered once in forward and once in backward; wte is gathered twice in each, so two more
+// all-gathers of its padded extent per micro-batch. Stages 0-2 gather by view: nothing more is sent.
+inline std::uint64_t tied_extra_bytes(int stage, std::uint64_t wte_padded, int n, std::size_t elem, int micro_batches) {
+  if (stage != 3) return 0;
+  return 2 * static_cast<std::uint64_t>(micro_batches) * wte_padded / static_cast<std::uint64_t>(n) *
+         static_cast<std::uint64_t>(n - 1) * elem;
+}
+
+template <class Stage, class Opt, class Prec, class Comm>
+void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus& data, const Opt& opt,
+           gpt_summary& out) {
+  const gpt::config& c = g.model;
+  trainer::summary& s = out.base;
+  const auto setup_start = std::chrono::steady_clock::now();
+  const double setup_cpu_start = trainer::thread_cpu_seconds();
+  // tutorial:begin engine
+  const zero::model_spec spec = gpt::make_spec(c);
+  // --clip (the global gradient norm's limit), --accum (reduce() calls per unit per step),
+  // --memory-limit (bytes a rank may hold: model states are checked before they are allocated)
+  const zero::engine_options eo = trainer::engine_options_of(o);
+  zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
+  // A resumed run continues from the checkpoint's weights, optimizer state and step, whatever world
+  // size and stage saved it; otherwise each rank initializes the part it holds.
+  const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, gpt::initializer(c));
+  // tutorial:end
+  s.setup_cpu_seconds = global_max(comm, trainer::thread_cpu_seconds() - setup_cpu_start);
+  s.setup_seconds =
+      global_max(comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
+  const int rank = comm.rank(), ranks = comm.size();
+  const double tokens_per_step = static_cast<double>(c.batch) * c.context;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_print = start;
+  s.first_step = t0;
+  s.last_step = t0;
+  for (int i = 0; i < o.steps; ++i) {
+    // tutorial:begin loop
+    const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
+    const auto r = gpt::train_step(e, c, data, t, rank, ranks, o.accum);
+    trainer::after_step(e, comm, o, i);  // --save-every K: a checkpoint every K steps
+    // tutorial:end
+    const double loss = global_sum(comm, r.loss) / ranks;
+    const double correct = global_sum(comm, r.correct);
+    if (i == 0) s.loss_first = loss;
+    s.loss_last = loss;
+    s.accuracy_last = correct / tokens_per_step;
+    s.grad_norm = r.report.grad_norm;
+    s.loss_scale = r.report.loss_scale;
+    s.overflow_steps += r.report.skipped ? 1 : 0;
+    s.last_step = t + 1;
+    const auto now = std::chrono::steady_clock::now();
+    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
+      const double secs = std::chrono::duration<double>(now - start).count();
+      std::fprintf(stderr, "step %5llu/%llu  loss %.4f  acc %.3f  %.0f tokens/s%s\n",
+                   static_cast<unsigned long long>(t + 1), static_cast<unsigned long long>(t0 + o.steps), loss,
+                   s.accuracy_last, secs > 0 ? (i + 1) * tokens_per_step / secs : 0.0,
+                   r.report.skipped ? "  (skipped: non-finite gradients)" : "");
+      last_print = now;
+    }
+  }
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The step's traffic and memory before evaluation adds its own gathers and buffers.
+  const auto& mem = e.memory();
+  s.model_state_bytes = global_max(comm, static_cast<double>(mem.model_state_bytes()));
+  s.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
+  for (int k = 0; k < zero::mem_category_count; ++k)
+    s.by_category[k] = global_max(comm, static_cast<double>(mem.current[k]));
+  s.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
+  s.comm_bytes = global_max(comm, static_cast<double>(e.comm().last_step.total_bytes()));
+  s.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  for (std::size_t u = 0; u < spec.num_units(); ++u) out.unit_padded.push_back(e.layout().unit(zero::unit_id{u}).padded);
+  out.comm_tied_extra = tied_extra_bytes(Stage::stage, out.unit_padded[gpt::wte.index], ranks,
+                                         sizeof(typename Prec::comm_type), o.accum);
+
+  // Evaluation: the held-out windows, and as many spread over the training part.
+  const auto held = gpt::eval_windows(data.train_end, data.tokens.size(), c.context, g.eval_windows);
+  const auto train_part = gpt::eval_windows(0, data.train_end, c.context, held.size());
+  const int chunk = std::max(1, c.batch / ranks);
+  out.loss_train_eval = gpt::evaluate(e, comm, c, data, train_part, chunk).first;
+  std::tie(out.loss_held_out, out.accuracy_held_out) = gpt::evaluate(e, comm, c, data, held, chunk);
+  if (g.sample > 0) out.sample = gpt::generate(e, c, data, g.prompt, g.sample, g.temperature, c.seed);
+
+  s.param_hash = mlp::param_hash(e);
+  s.padded = e.layout().padded();
+  s.numel = e.layout().numel();
+  // tutorial:begin finish
+  trainer::finish(e, comm, o);  // --save DIR: a checkpoint of the end; --export FILE: its weights as safetensors
+  // tutorial:end
+}
+
+// tutorial:begin dispatch
+// The flags --stage, --optimizer and --precision become the engine's template arguments here, once.
+template <class Comm>
+void dispatch(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus& data, gpt_summary& out) {
+  trainer::with_printable_errors([&] {
+    trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) {
+      O tuned = opt;
+      if constexpr (std::is_same_v<O, zero::optim::adamw>) {
+        tuned.beta2 = g.beta2;  // --beta2
+        if (o.lr == 0) tuned.lr = g.adamw_lr;
+      }
+      train<S, O, P>(comm, o, g, data, tuned, out);
+    });
+  });
+}
+// tutorial:end
+
+// The default corpus: README.md and docs/ of this repository, found in the source tree the build was
+// configured from (ZERO_SOURCE_ROOT, from Meson), or else two levels above the executable (a build
+// directory inside the source tree, as build/examples/train_gpt).
+std::vector<std::string> default_corpus(std::string& tried) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> roots;
+#ifdef ZERO_SOURCE_ROOT
+  roots.emplace_back(ZERO_SOURCE_ROOT);
+#endif
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back(exe.parent_path().parent_path().parent_path());
+  for (const auto& r : roots) {
+    if (fs::is_regular_file(r / "README.md", ec) && fs::is_directory(r / "docs", ec))
+      return {(r / "README.md").string(), (r / "docs").string()};
+    tried += (tried.empty() ? "" : ", ") + r.string();
+  }
+  return {};
+}
+
+void print_gpt_summary(const options& o, const gpt_options& g, const gpt::corpus& data, const gpt_summary& s) {
+  // The traffic formula printed counts the tied weight's extra gathers; the JSON keeps the paper's.
+  trainer::summary shown = s.base;
+  shown.comm_formula += static_cast<double>(s.comm_tied_extra);
+  trainer::print_summary(o, shown);
+  const double entropy_train = gpt::unigram_entropy(data, 0, data.train_end);
+  const double entropy_held = gpt::unigram_entropy(data, data.train_end, data.tokens.size());
+  std::printf("  tied weight 'wte' (padded %llu) is gathered twice per pass: the traffic formula above is the "
+              "paper's %.0f, which counts one gather per unit and pass, plus %llu bytes for wte's second gathers "
+              "(stage 3)\n",
+              static_cast<unsigned long long>(s.unit_padded[gpt::wte.index]), s.base.comm_formula,
+              static_cast<unsigned long long>(s.comm_tied_extra));
+  std::printf("  %.1f ms per step, %.0f tokens/s\n", o.steps > 0 ? 1e3 * s.base.seconds / o.steps : 0.0,
+              s.base.seconds > 0 ? o.steps * double(g.model.batch) * g.model.context / s.base.seconds : 0.0);
+  std::printf("  corpus: %zu files, %zu bytes, vocabulary %d; %zu tokens for training, %zu held out\n",
+              data.files.size(), data.text.size(), data.vocab_size(), data.train_size(), data.held_out_size());
+  std::printf("  loss (nats per byte): train %.4f, held out %.4f (accuracy %.1f%%); unigram entropy: train %.4f, "
+              "held out %.4f\n",
+              s.loss_train_eval, s.loss_held_out, 100.0 * s.accuracy_held_out, entropy_train, entropy_held);
+  if (g.sample > 0)
+    std::printf("  sample (temperature %g, seed %llu):\n%s%s\n", g.temperature,
+                static_cast<unsigned long long>(g.model.seed), g.prompt.c_str(), s.sample.c_str());
+}
+
+nlohmann::json gpt_json(const options& o, const gpt_options& g, const gpt::corpus& data, const gpt_summary& s) {
+  nlohmann::json j = trainer::summary_json(o, s.base);
+  const auto& c = g.model;
+  j["model"] = {{"vocab", c.vocab}, {"context", c.context}, {"embd", c.embd}, {"heads", c.heads},
+                {"layers", c.layers}, {"batch", c.batch}};
+  j["corpus"] = {{"files", data.files.size()}, {"bytes", data.text.size()}, {"train_tokens", data.train_size()},
+                 {"held_out_tokens", data.held_out_size()}};
+  j["loss_train_eval"] = s.loss_train_eval;
+  j["loss_held_out"] = s.loss_held_out;
+  j["accuracy_held_out"] = s.accuracy_held_out;
+  j["unigram_entropy_train"] = gpt::unigram_entropy(data, 0, data.train_end);
+  j["unigram_entropy_held_out"] = gpt::unigram_entropy(data, data.train_end, data.tokens.size());
+  j["ms_per_step"] = o.steps > 0 ? 1e3 * s.base.seconds / o.steps : 0.0;
+  j["tokens_per_second"] = s.base.seconds > 0 ? o.steps * double(c.batch) * c.context / s.base.seconds : 0.0;
+  nlohmann::json units = nlohmann::json::array();
+  const zero::model_spec spec = gpt::make_spec(c);
+  for (std::size_t u = 0; u < spec.num_units(); ++u)
+    units.push_back({{"name", spec.units()[u].name}, {"numel", spec.units()[u].numel}, {"padded", s.unit_padded[u]}});
+  j["units"] = units;
+  j["tied_unit"] = spec.units()[gpt::wte.index].name;
+  j["comm_tied_extra_bytes"] = s.comm_tied_extra;
+  j["sample"] = s.sample;
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  o.backend = "threads";
+  o.steps = 1000;
+  o.model.layers = 2;
+  o.model.batch = 16;
+  gpt_options g;
+  CLI::App app{"Train a small character-level GPT on this repository's documentation with ZeRO on N ranks: threads "
+               "of this process (comm::threads) or MPI processes started by mpirun (comm::mpi)."};
+  [[maybe_unused]] auto* ranks_flag =
+      app.add_option("--ranks", o.ranks, "number of ranks (with --backend mpi: the communicator's size)")
+          ->check(CLI::Range(1, 1024))
+          ->capture_default_str();
+  app.add_option("--backend", o.backend, "threads: ranks as threads of this process; mpi: one rank per MPI process")
+      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->capture_default_str();
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "seconds a rank waits in a collective for its peers before the run fails with an error naming "
+                 "the call and the ranks that did not arrive")
+      ->check(CLI::Range(0.001, 7 * 86400.0))
+      ->capture_default_str();
+  trainer::add_common_flags(app, o);
+  // The MLP's shape flags do not apply; --layers and --batch mean the GPT's blocks and sequences.
+  for (const char* name : {"--hidden", "--in", "--classes"}) app.remove_option(app.get_option(name));
+  app.get_option("--layers")->description("transformer blocks");
+  app.get_option("--batch")->description("global batch in sequences of --context bytes, a multiple of the ranks "
+                                         "times --accum");
+  app.get_option("--lr")->description("learning rate, finite and > 0 as a 32-bit float (default: 2e-3 for adamw, "
+                                       "0.05 for sgd)");
+  app.add_option("--embd", g.model.embd, "channels of the residual stream")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--heads", g.model.heads, "attention heads (they split --embd)")
+      ->check(CLI::Range(1, 1 << 10))
+      ->capture_default_str();
+  app.add_option("--context,--block", g.model.context, "positions per sequence (the block size)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--data", g.data,
+                 "text files, or directories whose *.md and *.txt files are read in name order (default: this "
+                 "repository's README.md and docs/)")
+      ->check(CLI::ExistingPath);
+  app.add_option("--beta2", g.beta2, "AdamW's second-moment decay")->check(CLI::Range(0.0, 0.99999))->capture_default_str();
+  app.add_option("--held-out", g.held_out, "fraction of the corpus held out for evaluation: that many of its 100 equal blocks, evenly spread")
+      ->check(CLI::Range(0.01, 0.9))
+      ->capture_default_str();
+  app.add_option("--eval-windows", g.eval_windows,
+                 "windows of --context bytes evaluated in each part (0: all of the held-out part)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--sample", g.sample, "bytes to generate after training (0: none)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--temperature", g.temperature, "sampling temperature (0: always the most likely byte)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  app.add_option("--prompt", g.prompt, "text the sample continues")->capture_default_str();
+  if (const auto code = trainer::parse(app, argc, argv)) return *code;
+  auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
+  if (!(o.comm_timeout >= 0.001 && o.comm_timeout <= 7 * 86400.0))
+    return usage_error("--comm-timeout " + std::to_string(o.comm_timeout) +
+                       ": the timeout must be a number of seconds in [0.001, 604800]");
+  const auto comm_timeout = std::chrono::milliseconds(std::llround(o.comm_timeout * 1000.0));
+  if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
+  g.model.layers = o.model.layers;
+  g.model.batch = o.model.batch;
+  g.model.seed = o.model.seed;
+  if (g.model.embd % g.model.heads != 0)
+    return usage_error("--embd " + std::to_string(g.model.embd) + " must be a multiple of --heads " +
+                       std::to_string(g.model.heads));
+  if (g.prompt.empty()) return usage_error("--prompt must not be empty");
+  const std::string batch_rule = "the global batch " + std::to_string(g.model.batch) + " must be a multiple of ";
+
+  if (g.data.empty()) {
+    std::string tried;
+    g.data = default_corpus(tried);
+    if (g.data.empty())
+      return usage_error("no README.md and docs/ found in " + tried + "; give the corpus with --data");
+  }
+  gpt::corpus data;
+  try {
+    data = gpt::load_corpus(g.data, g.held_out, g.model.context);
+  } catch (const std::exception& e) {
+    std::cerr << "train_gpt: " << e.what() << "\n";
+    return 1;
+  }
+  g.model.vocab = data.vocab_size();
+  for (unsigned char ch : g.prompt)
+    if (data.id[ch] < 0)
+      return usage_error("--prompt: the byte " + std::to_string(ch) + " does not occur in the corpus");
+
+  gpt_summary s;
+#if ZERO_WITH_MPI
+  std::optional<zero::comm::mpi_session> session;  // finalizes MPI when main returns
+#endif
+  if (o.backend == "mpi") {
+#if ZERO_WITH_MPI
+    session.emplace(argc, argv);
+    // Under mpirun the world is the communicator; every rank reaches the same verdict on the flags,
+    // but only rank 0 says so.
+    const int world = session->world_size(), rank = session->world_rank();
+    std::string problem;
+    if (ranks_flag->count() > 0 && o.ranks != world)
+      problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
+                " MPI processes (under --backend mpi the ranks are the processes mpirun starts; drop --ranks)";
+    else if (g.model.batch % (world * o.accum) != 0)
+      problem = batch_rule + "the number of MPI processes " + std::to_string(world) + " times --accum " +
+                std::to_string(o.accum);
+    if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
+    o.ranks = world;
+    zero::comm::mpi_options mpi_opt;
+    mpi_opt.timeout = comm_timeout;
+    zero::comm::mpi::run([&](zero::comm::mpi& comm) { dispatch(comm, o, g, data, s); }, mpi_opt);
+    if (rank != 0) return 0;  // rank 0 reports
+#else
+    return usage_error("--backend mpi: this train_gpt was built without MPI (configure with -Dmpi=enabled)");
+#endif
+  } else {
+    if (g.model.batch % (o.ranks * o.accum) != 0)
+      return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " +
+                         std::to_string(o.accum));
+    try {
+      zero::comm::threads::options threads_opt;
+      threads_opt.timeout = comm_timeout;
+      zero::comm::threads::launch(
+          o.ranks,
+          [&](zero::comm::threads& comm) {
+            gpt_summary local;
+            dispatch(comm, o, g, data, local);
+            if (comm.rank() == 0) s = local;
+          },
+          threads_opt);
+    } catch (...) {
+      std::cerr << "train_gpt: " << trainer::printable_failure(std::current_exception()) << "\n";
+      return 1;
+    }
+  }
+  print_gpt_summary(o, g, data, s);
+  // The sample is bytes: a multi-byte character may be cut, so invalid UTF-8 is replaced in the JSON.
+  if (o.json) std::cout << gpt_json(o, g, data, s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  return 0;
+}

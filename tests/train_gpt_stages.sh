@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# train_gpt end to end on a small model: for fp32 and bf16 at N = 2 and 4 (and with --accum and --clip),
+# stages 0-3 print the same param_hash; model states equal the formula; the traffic equals the
+# formula, plus in stage 3 the two extra all-gathers of the tied unit per micro-batch, computed here
+# from the units the run reports.
+# Usage: train_gpt_stages.sh TRAIN_GPT
+set -eu
+train_gpt=$1
+small=(--embd 32 --heads 2 --layers 1 --context 16 --steps 6 --eval-windows 8 --sample 0 --json)
+
+check() {  # reads the JSON line, prints the hash, fails on an accounting mismatch
+  python3 -c '
+import json, sys
+j = json.loads(sys.stdin.read().strip().splitlines()[-1])
+n, stage, m = j["ranks"], j["stage"], j["accum"]
+elem = 4 if j["precision"] == "fp32" else 2
+psi = j["padded_params"]
+assert sum(u["padded"] for u in j["units"]) == psi, j["units"]
+assert j["model_state_bytes_per_rank"] == j["model_state_formula_bytes"], j
+# The paper: 2M, M + 1, M + 1, 3M passes of Psi (N-1)/N elements.
+passes = {0: 2 * m, 1: m + 1, 2: m + 1, 3: 3 * m}[stage]
+assert j["comm_formula_bytes"] == passes * psi // n * (n - 1) * elem, j
+# The tied unit is gathered twice in forward and twice in backward: stage 3 sends two more
+# all-gathers of it per micro-batch; gathers in stages 0-2 are views.
+tied = [u for u in j["units"] if u["name"] == j["tied_unit"]][0]
+extra = 2 * m * tied["padded"] // n * (n - 1) * elem if stage == 3 else 0
+assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"] + extra, (j, extra)
+print(j["param_hash"])'
+}
+
+runs=0
+compare() {  # label, flags...: stages 0-3 must agree
+  local label=$1; shift
+  local hashes=""
+  for stage in 0 1 2 3; do
+    h=$("$train_gpt" "${small[@]}" --stage $stage "$@" 2>/dev/null | check)
+    echo "$label stage $stage param_hash $h"
+    hashes="$hashes $h"
+    runs=$((runs + 1))
+  done
+  distinct=$(tr ' ' '\n' <<<"$hashes" | sed '/^$/d' | sort -u | wc -l)
+  [ "$distinct" -eq 1 ] || { echo "FAIL: stages disagree for $label:$hashes"; exit 1; }
+}
+
+for precision in fp32 bf16; do
+  compare "$precision N=2" --precision $precision --ranks 2 --batch 4
+  compare "$precision N=4" --precision $precision --ranks 4 --batch 8
+done
+compare "fp16 N=3 accum 2 clip 0.5" --precision fp16 --ranks 3 --batch 6 --accum 2 --clip 0.5
+compare "fp32 N=2 sgd accum 2" --optimizer sgd --ranks 2 --batch 8 --accum 2
+
+# The stages agree because the run is deterministic, not because training did nothing: another
+# seed gives another hash.
+a=$("$train_gpt" "${small[@]}" --ranks 2 --batch 4 2>/dev/null | check)
+b=$("$train_gpt" "${small[@]}" --ranks 2 --batch 4 --seed 2 2>/dev/null | check)
+[ "$a" != "$b" ] || { echo "FAIL: seeds 1 and 2 give the same param_hash $a"; exit 1; }
+echo "$runs runs: stages bit-identical"
