@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """zero_plan against what train_mlp measures: for every stage, precision and N, the tool's bytes per
 rank by category, transient peak and bytes sent per step equal those the trainer's --log records, and
-its verdict on a memory size is the one the trainer's --memory-limit then reaches.
+its verdict on a memory size is the one the trainer's --memory-limit then reaches; the same model
+described in JSON (--model) plans the same, and a bad description is refused with its place named.
 
 Usage: zero_plan_vs_trainer.py TRAIN_MLP ZERO_PLAN"""
 import json
@@ -92,6 +93,28 @@ with tempfile.TemporaryDirectory() as tmp:
             fail(f"{what}: --memory-limit {p['full_params_peak_bytes']} (the planned peak with the final hash) "
                  f"exited {r.returncode}: {r.stderr[-300:]}")
         print(f"{what}: refused at {p['peak_bytes'] - 1} bytes, trains in {p['full_params_peak_bytes']}")
+
+    # The same model as a JSON description gives the same plans; a bad description is refused by name.
+    dims = [12, 40, 40, 6]
+    units = [{"name": f"layer{l}", "tensors": [{"name": "w", "shape": [dims[l + 1], dims[l]]},
+                                                {"name": "b", "shape": [dims[l + 1]]}]} for l in range(3)]
+    model = os.path.join(tmp, "model.json")
+    json.dump({"units": units}, open(model, "w"))
+    base = [zero_plan, "--json", "--ranks", "1,3,4", "--precision", "bf16", "--accum", "2"]
+    from_flags = json.loads(subprocess.run(base + MODEL, check=True, capture_output=True, text=True).stdout)
+    from_file = json.loads(subprocess.run(base + ["--model", model], check=True, capture_output=True,
+                                          text=True).stdout)
+    if from_flags["plans"] != from_file["plans"] or from_flags["params"] != from_file["params"]:
+        fail("the MLP as a JSON description plans differently from its flags")
+    units[1]["tensors"][0]["shape"] = [40, 0]
+    json.dump(units, open(model, "w"))  # the bare list form
+    r = subprocess.run(base + ["--model", model], capture_output=True, text=True)
+    if r.returncode != 1 or "unit 'layer1' tensor 'w': shape entry 0 is not a positive integer" not in r.stderr:
+        fail(f"a zero dimension: exit {r.returncode}, {r.stderr.strip()}")
+    r = subprocess.run(base + ["--model", model, "--layers", "2"], capture_output=True, text=True)
+    if r.returncode == 0 or "excludes" not in r.stderr:
+        fail(f"--model with --layers: exit {r.returncode}, {r.stderr.strip()[:200]}")
+    print("the MLP as a JSON description plans the same; bad descriptions are refused")
 
 print(f"{'0 failed' if failures == 0 else f'{failures} failed'}")
 sys.exit(1 if failures else 0)
