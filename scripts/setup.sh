@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Shared set-up of demo.sh and test.sh: installs the Debian packages that are missing, then configures
-# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only;
-# TARGET...: only those targets (demo.sh builds just examples/train_mlp), e.g. setup.sh examples/train_mlp.
+# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only.
 set -eu
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZERO_BUILD_DIR:-$root/build}
@@ -25,4 +24,4 @@ fi
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$root" >&2
 fi
-meson compile -C "$build" "$@" >&2
+meson compile -C "$build" >&2
