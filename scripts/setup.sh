@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Shared set-up of demo.sh and test.sh: installs the Debian packages that are missing, then configures
-# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only.
+# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only
+# (demo.sh, which builds its one target in build-demo/).
 set -eu
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZERO_BUILD_DIR:-$root/build}
