@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """train_mlp --log and the progress line: the log has the run line and one line per step that agree
 with the run's own summary, a resumed run's log goes on from the checkpoint's step, and the progress
-line (stderr not a terminal: one line per update) shows step, loss, samples/s, ms/step and ETA.
+line (stderr not a terminal: one line per update) shows step, loss, samples/s, ms/step and ETA, and
+on a terminal is redrawn in place.
 
 Usage: train_mlp_log.py TRAIN_MLP"""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,6 +66,19 @@ with tempfile.TemporaryDirectory() as tmp:
         check(matches[0].group(1) == "1" and matches[-1].group(1) == "12", f"first/last: {progress}")
         check(float(matches[-1].group(2)) == round(summary["loss_last"], 4), "last progress loss")
     check("\r" not in r.stderr, "carriage returns in a progress written to a file")
+
+    # On a terminal (script(1) gives the trainer one) the line is redrawn in place: a carriage return
+    # before each update, the rest of the old line erased, one newline at the end.
+    if shutil.which("script"):
+        cmd = " ".join([train_mlp, *MODEL, "--steps", "12", ">/dev/null"])
+        tty = subprocess.run(["script", "-q", "-e", "-c", cmd, "/dev/null"], capture_output=True,
+                             timeout=120).stdout.decode()  # bytes: text mode would turn \r into \n
+        draws = tty.split("\r")[1:]
+        check(len(draws) >= 2 and all(d.startswith("step ") and "\x1b[K" in d for d in draws[:-1]),
+              f"terminal output: {tty!r}")
+        check(tty.count("\n") == 1 and tty.rstrip("\r\n").endswith("ETA 0:00\x1b[K"), f"terminal end: {tty!r}")
+    else:
+        print("no script(1): the terminal form is not checked")
 
     # A resumed run's log goes on from the checkpoint's step.
     log2 = os.path.join(tmp, "b.jsonl")
