@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -169,10 +170,17 @@ inline double softmax_xent(const float* logits, const int* y, float* dlogits, in
   return loss / rows;
 }
 
+// Where a rank's step went, in seconds: the engine's calls (their collectives included) and the kernels.
+struct step_times {
+  double gather = 0, reduce = 0, update = 0;  // gather(), reduce(), step()
+  double compute = 0;                         // the forward and backward kernels, loss included
+};
+
 struct step_result {
   double loss = 0.0;  // mean over this rank's rows
   int correct = 0;
   zero::step_report report;  // what the engine's step() said
+  step_times times;
 };
 
 // One training step of this rank on its slice of the global batch, in `micro_batches` equal
@@ -182,9 +190,17 @@ struct step_result {
 // is that of the mean loss over the rank's rows.
 template <class Engine>
 step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank, int ranks, int micro_batches = 1) {
+  using clock = std::chrono::steady_clock;
   const int rows = c.batch / ranks / micro_batches;
   const batch full = make_batch(c, step, rank * rows * micro_batches, rows * micro_batches);
   step_result res;
+  // Adds the time since the last mark to `into`: the step is cut into consecutive pieces.
+  auto mark = clock::now();
+  auto lap = [&mark](double& into) {
+    const auto now = clock::now();
+    into += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
   std::vector<std::vector<float>> acts(static_cast<std::size_t>(c.layers) + 1);
   std::vector<float> dout, din;
   for (int k = 0; k < micro_batches; ++k) {
@@ -192,7 +208,9 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
     acts[0].assign(full.x.begin() + static_cast<std::ptrdiff_t>(first * static_cast<std::size_t>(c.in)),
                    full.x.begin() + static_cast<std::ptrdiff_t>((first + static_cast<std::size_t>(rows)) * static_cast<std::size_t>(c.in)));
     for (int l = 0; l < c.layers; ++l) {
+      lap(res.times.compute);
       auto p = e.gather(zero::unit_id{static_cast<std::size_t>(l)});
+      lap(res.times.gather);
       const int n_in = dim(c, l), n_out = dim(c, l + 1);
       auto& out = acts[static_cast<std::size_t>(l) + 1];
       out.resize(static_cast<std::size_t>(rows) * n_out);
@@ -200,7 +218,9 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
                      n_out);
       if (l + 1 < c.layers)
         for (auto& v : out) v = v > 0.0f ? v : 0.0f;
+      lap(res.times.compute);
       p.release();
+      lap(res.times.gather);
     }
     dout.assign(static_cast<std::size_t>(rows) * c.classes, 0.0f);
     int correct = 0;
@@ -211,14 +231,19 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
     for (auto& d : dout) d *= factor;
     for (int l = c.layers - 1; l >= 0; --l) {
       const zero::unit_id u{static_cast<std::size_t>(l)};
+      lap(res.times.compute);
       auto p = e.gather(u);
       auto g = e.grads(u);
+      lap(res.times.gather);
       const int n_in = dim(c, l), n_out = dim(c, l + 1);
       din.assign(l > 0 ? static_cast<std::size_t>(rows) * n_in : 0, 0.0f);
       linear_backward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), dout.data(), g["w"].data(),
                       g["b"].data(), l > 0 ? din.data() : nullptr, rows, n_in, n_out);
+      lap(res.times.compute);
       e.reduce(u);
+      lap(res.times.reduce);
       p.release();
+      lap(res.times.gather);
       if (l > 0) {  // through the ReLU of the layer below
         const auto& a = acts[static_cast<std::size_t>(l)];
         for (std::size_t i = 0; i < din.size(); ++i) din[i] = a[i] > 0.0f ? din[i] : 0.0f;
@@ -226,7 +251,9 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
       }
     }
   }
+  lap(res.times.compute);
   res.report = e.step();
+  lap(res.times.update);
   return res;
 }
 

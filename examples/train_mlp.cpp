@@ -6,9 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "mlp.hpp"
+#include "progress.hpp"
+#include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
 #include "zero/zero.hpp"
@@ -50,13 +53,27 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
       global_max(comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
   out.setup_cpu_seconds = global_max(comm, setup_cpu);
   const int rank = comm.rank(), ranks = comm.size();
+  // Rank 0 reports: the progress line on stderr, and the --log file.
+  std::optional<trainer::progress> bar;
+  std::optional<trainer::run_log> log;
+  if (rank == 0) {
+    bar.emplace(stderr, t0, t0 + static_cast<std::uint64_t>(o.steps), static_cast<double>(o.model.batch));
+    if (!o.log.empty()) {
+      log.emplace(o.log);
+      log->run("train_mlp", o, e, t0,
+              {{"batch", o.model.batch},
+               {"model", {{"layers", o.model.layers}, {"hidden", o.model.hidden}, {"in", o.model.in},
+                          {"classes", o.model.classes}}}});
+    }
+  }
   const auto start = std::chrono::steady_clock::now();
-  auto last_print = start;
   out.first_step = t0;
   out.last_step = t0;  // --steps 0: nothing trained
   for (int i = 0; i < o.steps; ++i) {
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
+    const auto step_start = std::chrono::steady_clock::now();
     const auto r = mlp::train_step(e, o.model, t, rank, ranks, o.accum);
+    const auto step_end = std::chrono::steady_clock::now();
     const double loss = global_sum(comm, r.loss) / ranks;
     const double correct = global_sum(comm, r.correct);
     if (i == 0) out.loss_first = loss;
@@ -66,17 +83,27 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
     out.loss_scale = r.report.loss_scale;
     out.overflow_steps += r.report.skipped ? 1 : 0;
     out.last_step = t + 1;
-    trainer::after_step(e, comm, o, i);
-    const auto now = std::chrono::steady_clock::now();
-    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
-      const double secs = std::chrono::duration<double>(now - start).count();
-      std::fprintf(stderr, "step %5llu/%llu  loss %.4f  acc %.3f  %.0f samples/s%s\n",
-                   static_cast<unsigned long long>(t + 1), static_cast<unsigned long long>(t0 + o.steps), loss,
-                   out.accuracy_last, secs > 0 ? (i + 1) * double(o.model.batch) / secs : 0.0,
-                   r.report.skipped ? "  (skipped: non-finite gradients)" : "");
-      last_print = now;
+    if (rank == 0) {
+      if (log) {
+        trainer::step_record rec = trainer::engine_record(e, r.report);
+        rec.step = t + 1;
+        rec.loss = loss;
+        rec.accuracy = out.accuracy_last;
+        const double secs = std::chrono::duration<double>(step_end - step_start).count();
+        rec.items_per_s = secs > 0 ? o.model.batch / secs : 0.0;
+        rec.step_ms = secs * 1e3;
+        rec.elapsed_s = std::chrono::duration<double>(step_end - start).count();
+        rec.gather_ms = r.times.gather * 1e3;
+        rec.reduce_ms = r.times.reduce * 1e3;
+        rec.update_ms = r.times.update * 1e3;
+        rec.compute_ms = r.times.compute * 1e3;
+        log->step(rec);
+      }
+      bar->update(t + 1, loss, r.report.skipped ? "  (skipped: non-finite gradients)" : "");
     }
+    trainer::after_step(e, comm, o, i);
   }
+  if (bar) bar->finish();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.param_hash = mlp::param_hash(e);
   out.padded = e.layout().padded();

@@ -9,11 +9,14 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "mlp.hpp"
+#include "progress.hpp"
+#include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
 #include "zero/zero_cuda.cuh"
@@ -441,7 +444,24 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   device_model<T> m(comm.context(), o.model, o.model.batch / ranks / o.accum, o.accum, o.steps);
   comm.barrier();  // every rank starts the clock with its set-up done
   const auto start = std::chrono::steady_clock::now();
-  auto last_print = start;
+  // Rank 0 reports: the progress line on stderr (its own rows' loss, which costs a wait, so only
+  // when the line is drawn), and the --log file, written after training when the losses of every
+  // rank are summed; until then each step's engine side is kept.
+  std::optional<trainer::progress> bar;
+  std::optional<trainer::run_log> log;
+  std::vector<trainer::step_record> records;
+  if (rank == 0) {
+    bar.emplace(stderr, t0, t0 + static_cast<std::uint64_t>(o.steps), static_cast<double>(o.model.batch));
+    if (!o.log.empty()) {
+      log.emplace(o.log);
+      log->run("train_mlp_cuda", o, e, t0,
+               {{"batch", o.model.batch},
+                {"device", device_name(comm.context().device())},
+                {"model", {{"layers", o.model.layers}, {"hidden", o.model.hidden}, {"in", o.model.in},
+                           {"classes", o.model.classes}}}});
+      records.reserve(static_cast<std::size_t>(o.steps));
+    }
+  }
   // The steady state, for --roofline: the steps after the first few (allocator pools and cuBLAS warm up).
   const int warm = std::min(5, o.steps / 2);
   auto steady_start = start;
@@ -452,23 +472,29 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
       steady_start = std::chrono::steady_clock::now();
     }
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
+    const auto step_start = std::chrono::steady_clock::now();
     const zero::step_report r = m.train_step(e, t, rank, static_cast<std::size_t>(i));
+    const auto step_end = std::chrono::steady_clock::now();
     out.grad_norm = r.grad_norm;
     out.loss_scale = r.loss_scale;
     out.overflow_steps += r.skipped ? 1 : 0;
     out.last_step = t + 1;
-    trainer::after_step(e, comm, o, i);
-    const auto now = std::chrono::steady_clock::now();
-    if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
-      const double loss = m.loss_of(static_cast<std::size_t>(i));  // rank 0's own rows
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "step %5llu/%llu  loss %.4f (rank 0)  %.0f samples/s%s\n", static_cast<unsigned long long>(t + 1),
-                   static_cast<unsigned long long>(t0 + static_cast<std::uint64_t>(o.steps)), loss,
-                   secs > 0 ? (i + 1) * double(o.model.batch) / secs : 0.0,
-                   r.skipped ? "  (skipped: non-finite gradients)" : "");
-      last_print = now;
+    if (log) {
+      // The host's view of the step: kernels queued on the stream may still run after it.
+      trainer::step_record rec = trainer::engine_record(e, r);
+      rec.step = t + 1;
+      const double secs = std::chrono::duration<double>(step_end - step_start).count();
+      rec.items_per_s = secs > 0 ? o.model.batch / secs : 0.0;
+      rec.step_ms = secs * 1e3;
+      rec.elapsed_s = std::chrono::duration<double>(step_end - start).count();
+      records.push_back(rec);
     }
+    if (bar && bar->due(t + 1))
+      bar->update(t + 1, m.loss_of(static_cast<std::size_t>(i)),
+                  r.skipped ? "  (rank 0's rows; skipped: non-finite gradients)" : "  (rank 0's rows)");
+    trainer::after_step(e, comm, o, i);
   }
+  if (bar) bar->finish();
   comm.context().wait_all();
   const auto end = std::chrono::steady_clock::now();
   comm.barrier();
@@ -485,6 +511,12 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
     out.loss_first = losses.front() / ranks;
     out.loss_last = losses.back() / ranks;
     out.accuracy_last = hits.back() / o.model.batch;
+    for (auto& rec : records) {
+      const std::size_t i = static_cast<std::size_t>(rec.step - t0 - 1);
+      rec.loss = losses[i] / ranks;
+      rec.accuracy = hits[i] / o.model.batch;
+      log->step(rec);
+    }
   }
 
   out.param_hash = mlp::param_hash(e);

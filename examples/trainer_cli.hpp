@@ -41,6 +41,7 @@ struct options {
   int save_every = 0;  // 0: save only at the end
   double comm_timeout = 300;  // seconds a rank waits in a collective before the run fails
   std::uint64_t memory_limit = 0;  // engine_options::memory_limit_bytes: bytes per rank, 0: no budget
+  std::string log;  // --log FILE: JSON lines, one per step (run_log.hpp)
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).
@@ -133,10 +134,11 @@ inline std::string save_target_problem(const std::string& text) {
   return unwritable(base);
 }
 
-// --export FILE: a file written into an existing directory (beside it, a temporary checkpoint).
-inline std::string export_target_problem(const std::string& text) {
+// A file to be written into an existing directory: why it cannot be, or "". `empty` is the message
+// for an empty path.
+inline std::string output_file_problem(const std::string& text, const char* empty) {
   namespace fs = std::filesystem;
-  if (text.empty()) return "an empty path; give the .safetensors file to write";
+  if (text.empty()) return empty;
   const fs::path p = text;
   std::error_code ec;
   const auto st = fs::status(p, ec);
@@ -148,6 +150,16 @@ inline std::string export_target_problem(const std::string& text) {
   if (!fs::exists(pst)) return "the directory '" + parent.string() + "' does not exist";
   if (!fs::is_directory(pst)) return "'" + parent.string() + "' is not a directory";
   return unwritable(parent);
+}
+
+// --export FILE: a file written into an existing directory (beside it, a temporary checkpoint).
+inline std::string export_target_problem(const std::string& text) {
+  return output_file_problem(text, "an empty path; give the .safetensors file to write");
+}
+
+// --log FILE: the JSON-lines log, written into an existing directory.
+inline std::string log_target_problem(const std::string& text) {
+  return output_file_problem(text, "an empty path; give the file to write the log into");
 }
 
 inline CLI::Validator checked_target(std::string (*problem)(const std::string&), const char* name) {
@@ -226,6 +238,8 @@ inline void add_common_flags(CLI::App& app, options& o) {
                  "bytes each rank's engine may hold (model states are checked before allocation; 0: no limit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--log", o.log, "write one JSON line per step into this file (tools/plot_run.py draws it)")
+      ->check(checked_target(log_target_problem, "log file"));
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
 }
 

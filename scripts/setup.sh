@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Shared set-up of demo.sh and test.sh: installs the Debian packages that are missing, then configures
-# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only.
+# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only
+# (demo.sh, which builds its one target in build-demo/).
 set -eu
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZERO_BUILD_DIR:-$root/build}
 
-packages=(meson ninja-build g++ pkg-config cmake python3 doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
+packages=(meson ninja-build g++ pkg-config cmake python3 python3-matplotlib doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
           libopenmpi-dev openmpi-bin bc iproute2 clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -20,4 +20,5 @@
 #include "zero/precision/loss_scaler.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/plan.hpp"
 #include "zero/sys/host.hpp"

@@ -1,0 +1,209 @@
+// plan: an engine's memory per rank (by category, with its transient peaks) and traffic per step, before anything runs.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zero/comm/counted.hpp"
+#include "zero/concepts/optimizer_state.hpp"
+#include "zero/concepts/precision_policy.hpp"
+#include "zero/core/formulas.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/model_spec.hpp"
+#include "zero/engine/memory_check.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/error.hpp"
+#include "zero/optim/adamw.hpp"
+#include "zero/optim/sgd.hpp"
+#include "zero/partition/stages.hpp"
+#include "zero/precision/bf16.hpp"
+#include "zero/precision/fp16.hpp"
+#include "zero/precision/fp32.hpp"
+
+namespace zero {
+
+// What plan() needs of a precision policy, as run-time values: of<P>() for a policy type, named()
+// for "fp32", "bf16" or "fp16" (a tool's flag).
+struct plan_precision {
+  std::string_view name = "fp32";
+  std::size_t param_bytes = 4, grad_bytes = 4;
+  bool separate_master = false;  // an fp32 master copy apart from the parameters
+
+  template <PrecisionPolicy P>
+  static constexpr plan_precision of() {
+    return {P::name, sizeof(typename P::param_type), sizeof(typename P::grad_type), P::separate_master};
+  }
+  static plan_precision named(std::string_view name);
+};
+
+// What plan() needs of an optimizer: its fp32 slots per parameter.
+struct plan_optimizer {
+  std::string_view name = "adamw";
+  int slots = 2;
+
+  template <OptimizerState O>
+  static constexpr plan_optimizer of() {
+    return {O::name, O::slots};
+  }
+  static plan_optimizer named(std::string_view name);
+};
+
+// One unit's transient buffers (bytes), for loops other than the one plan() assumes.
+struct unit_plan {
+  std::string name;
+  std::size_t numel = 0, padded = 0, shard = 0;  // elements, as zero::layout places them
+  std::uint64_t gathered_bytes = 0;              // stage 3: gather(u)'s all-gathered parameters, padded
+  std::uint64_t bucket_bytes = 0;                // grads(u)'s transient bucket, padded, where one is used
+  std::uint64_t consolidation_bytes = 0;         // full_params(u) in stages 1-3: the unit's padded fp32 gather
+};
+
+// An engine's memory per rank and traffic per step. Exact for the engine as built (a test holds every
+// field equal to what the engine then measures), for the loop of the protocol: in each micro-batch
+// every unit is gathered and released in a forward pass, then gathered again, given its gradients
+// and reduced in a backward pass, so at most one unit is gathered at a time and grads(u) follows
+// gather(u); every step() updates (no step skipped for non-finite gradients).
+struct plan_report {
+  int stage = 0, ranks = 1;
+  std::size_t numel = 0, padded = 0;  // parameters, unpadded and padded (Psi)
+  std::vector<unit_plan> units;
+
+  // Persistent: allocated by the constructor, held until the engine is destroyed.
+  model_state_plan model_states;  // params, grads, master, optimizer_states; = memory().current
+
+  // Transient buffers, allocated and freed inside the protocol's calls.
+  std::uint64_t bucket_bytes = 0;    // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
+  std::uint64_t gathered_bytes = 0;  // the largest unit gathered (stage 3)
+  std::uint64_t norm_bytes =
+      0;  // step()'s one-double all-reduce buffer of the norm (stages 1-3, when a norm is computed)
+  std::uint64_t step_transient_peak = 0;   // = memory().peak_bytes(transient) after steps of the loop above
+  std::uint64_t peak_bytes = 0;            // model states + step_transient_peak: = memory().peak_total
+  std::uint64_t consolidation_bytes = 0;   // full_params() in stages 1-3: the largest unit in fp32
+  std::uint64_t init_broadcast_bytes = 0;  // initialize(range fn, broadcast_from_rank0): its one chunk buffer
+
+  // Bytes (nccl-tests bus volume) and calls per step, by collective: = comm().last_step.
+  comm::comm_stats step_comm;
+  // The step's scalar all-reduce of the gradient norm (stages 1-3 with a norm): per step, = comm().control.
+  comm::comm_stats control_comm;
+
+  std::uint64_t step_bytes_sent() const { return step_comm.total_bytes(); }
+  // Whether every byte the engine holds during training fits `memory_bytes` per rank: the check
+  // engine_options::memory_limit_bytes makes before each allocation passes throughout.
+  bool fits(std::uint64_t memory_bytes) const { return peak_bytes <= memory_bytes; }
+};
+
+namespace detail {
+
+inline void plan_count(comm::comm_stats& s, comm::collective c, std::uint64_t buffer_bytes, int ranks,
+                       std::uint64_t times = 1) {
+  // The counted decorator's rule, call by call: (N-1)/N of the buffer (2(N-1)/N for all_reduce).
+  const auto n = static_cast<std::uint64_t>(ranks);
+  std::uint64_t bytes = 0;
+  if (n > 1) bytes = (c == comm::collective::all_reduce ? 2 : 1) * (n - 1) * buffer_bytes / n;
+  s.bytes[static_cast<int>(c)] += times * bytes;
+  s.calls[static_cast<int>(c)] += times;
+}
+
+}  // namespace detail
+
+// The memory and traffic of engine<stage, *, optimizer, precision> on `ranks` ranks for `spec` with
+// `options`, from the layout and the formulas alone: nothing is allocated. Throws zero::error
+// (invalid_argument) for what the engine's constructor would refuse.
+inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_precision precision,
+                        plan_optimizer optimizer, const engine_options& options = {}) {
+  ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "plan: no ZeRO stage ", stage, " (0-3)");
+  ZERO_CHECK(ranks > 0, invalid_argument, "plan: world size must be positive, got ", ranks);
+  ZERO_CHECK(optimizer.slots >= 0, invalid_argument, "plan: optimizer '", optimizer.name, "' has ", optimizer.slots,
+             " slots");
+  ZERO_CHECK(options.micro_batches >= 1, invalid_argument, "plan: micro_batches must be >= 1, got ",
+             options.micro_batches);
+  const bool shards_states = stage >= 1, shards_grads = stage >= 2, shards_params = stage == 3;
+  ZERO_CHECK(options.accumulate != accumulation::local_then_reduce || !shards_grads, invalid_argument,
+             "plan: local_then_reduce accumulation needs full gradients; stage ", stage, " shards them");
+  ZERO_CHECK(!options.fp32_grad_accumulation || shards_grads, invalid_argument,
+             "plan: fp32_grad_accumulation applies to stages 2 and 3, not stage ", stage);
+
+  // Every stage splits evenly (partition/stages.hpp), so one layout serves them all.
+  const layout l = layout::make<even_split>(spec, ranks);
+  plan_report r;
+  r.stage = stage;
+  r.ranks = ranks;
+  r.numel = l.numel();
+  r.padded = l.padded();
+
+  const std::uint64_t full = l.padded(), shard = l.shard_total();
+  const std::uint64_t state_elems = shards_states ? shard : full;
+  const std::size_t stored_grad_bytes = options.fp32_grad_accumulation ? sizeof(float) : precision.grad_bytes;
+  r.model_states.params = (shards_params ? shard : full) * precision.param_bytes;
+  r.model_states.grads = (shards_grads ? shard : full) * stored_grad_bytes;
+  r.model_states.master = precision.separate_master ? state_elems * sizeof(float) : 0;
+  r.model_states.optimizer_states = static_cast<std::uint64_t>(optimizer.slots) * state_elems * sizeof(float);
+
+  // Kernels write a transient bucket (in the gradient type, whatever the store's type) when gradients
+  // are sharded or several reduced micro-batches must be added up (engine::uses_bucket).
+  const int reduces = options.accumulate == accumulation::reduce_each_micro_batch ? options.micro_batches : 1;
+  const bool bucket = shards_grads || reduces > 1;
+  const bool norm = precision.separate_master || options.clip_norm > 0.0f || options.compute_grad_norm;
+  std::size_t largest_tensor = 0;
+  for (std::size_t u = 0; u < l.num_units(); ++u) {
+    const unit_layout& ul = l.unit(unit_id{u});
+    unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard};
+    up.gathered_bytes = shards_params ? ul.padded * precision.param_bytes : 0;
+    up.bucket_bytes = bucket ? ul.padded * precision.grad_bytes : 0;
+    up.consolidation_bytes = shards_states ? ul.padded * sizeof(float) : 0;
+    r.gathered_bytes = std::max(r.gathered_bytes, up.gathered_bytes);
+    r.bucket_bytes = std::max(r.bucket_bytes, up.bucket_bytes);
+    r.consolidation_bytes = std::max(r.consolidation_bytes, up.consolidation_bytes);
+    // Backward holds a unit gathered and its bucket at once: reduce(u) frees the bucket, release the unit.
+    r.step_transient_peak = std::max(r.step_transient_peak, up.gathered_bytes + up.bucket_bytes);
+    for (const auto& t : spec.units()[u].tensors) largest_tensor = std::max(largest_tensor, t.numel);
+
+    // The protocol's collectives of this unit in one step (comm::counted's view of the engine).
+    const std::uint64_t unit_params = ul.padded * precision.param_bytes, unit_grads = ul.padded * precision.grad_bytes;
+    const auto m = static_cast<std::uint64_t>(options.micro_batches);
+    const auto per_step = static_cast<std::uint64_t>(reduces);
+    if (stage == 0) {
+      detail::plan_count(r.step_comm, comm::collective::all_reduce, unit_grads, ranks, per_step);
+    } else {
+      detail::plan_count(r.step_comm, comm::collective::reduce_scatter, unit_grads, ranks, per_step);
+      if (shards_params)  // gathered in forward and again in backward, in every micro-batch
+        detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks, 2 * m);
+      else  // stages 1-2: the updated parameter slices to every rank
+        detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks);
+    }
+    r.units.push_back(std::move(up));
+  }
+  // The norm's partial sums meet in one 8-byte all-reduce where states are sharded (stage 0 adds them locally).
+  if (norm && shards_states) {
+    r.norm_bytes = sizeof(double);
+    detail::plan_count(r.control_comm, comm::collective::all_reduce, sizeof(double), ranks);
+  }
+  r.step_transient_peak = std::max(r.step_transient_peak, r.norm_bytes);
+  r.peak_bytes = r.model_states.total() + r.step_transient_peak;
+  r.init_broadcast_bytes = std::min<std::uint64_t>(options.init_chunk_elements, largest_tensor) * sizeof(float);
+  return r;
+}
+
+inline plan_precision plan_precision::named(std::string_view name) {
+  if (name == precision::fp32::name) return of<precision::fp32>();
+  if (name == precision::bf16::name) return of<precision::bf16>();
+  if (name == precision::fp16::name) return of<precision::fp16>();
+  fail(error_kind::invalid_argument, "plan: unknown precision '", name, "' (fp32, bf16 or fp16)");
+}
+
+inline plan_optimizer plan_optimizer::named(std::string_view name) {
+  if (name == optim::adamw::name) return of<optim::adamw>();
+  if (name == optim::sgd::name) return of<optim::sgd>();
+  fail(error_kind::invalid_argument, "plan: unknown optimizer '", name, "' (adamw or sgd)");
+}
+
+// The same for an engine's policy types: plan_for<stage2, optim::adamw, precision::bf16>(spec, N).
+template <class P, OptimizerState Opt, PrecisionPolicy Prec>
+plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
+  return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options);
+}
+
+}  // namespace zero

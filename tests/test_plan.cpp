@@ -1,0 +1,223 @@
+// zero::plan against the engine: every category's bytes, the transient peaks and the bytes sent per step, as measured.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/engine/plan.hpp"
+#include "zero/zero.hpp"
+
+namespace {
+
+using zero::mem_category;
+
+// Units of different sizes; the largest tensor (block.w) is not alone in its unit, and the largest
+// unit is not the first, so "the largest" has to be found.
+zero::model_spec spec() {
+  zero::model_spec s;
+  s.unit("embed").tensor("w", {50, 12});
+  s.unit("tiny").tensor("scale", {1});
+  s.unit("block").tensor("w", {24, 40}).tensor("b", {24}).tensor("gain", {1});
+  s.unit("head").tensor("w", {7, 50}).tensor("b", {7});
+  return s;
+}
+
+zero::init_range_fn init() {
+  return [](const zero::unit_spec&, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>((r.begin + i + t.numel) % 13) - 0.06f;
+  };
+}
+
+struct measured {
+  std::array<std::size_t, zero::mem_category_count> current{};
+  std::size_t transient_peak = 0, peak_total = 0;
+  zero::comm::comm_stats last_step, control;
+  bool skipped = false;
+  bool out_of_memory = false;
+  std::string error;
+};
+
+// Trains `steps` steps of the protocol's loop (plan.hpp: each micro-batch gathers and releases every
+// unit forward, then gathers, writes the gradients and reduces backward) on N thread ranks, and
+// returns rank 0's measurements.
+template <class Stage, class Opt, class Prec>
+measured train(int n, const zero::engine_options& options, int steps = 2) {
+  const zero::model_spec s = spec();
+  std::vector<measured> out(static_cast<std::size_t>(n));
+  try {
+    zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
+      zero::engine<Stage, zero::comm::threads, Opt, Prec> e(comm, s, Opt{}, options);
+      e.initialize(init());
+      measured& m = out[static_cast<std::size_t>(comm.rank())];
+      const bool once = options.accumulate == zero::accumulation::local_then_reduce;
+      for (int t = 0; t < steps; ++t) {
+        for (int k = 0; k < options.micro_batches; ++k) {
+          for (std::size_t u = 0; u < s.num_units(); ++u) e.gather(zero::unit_id{u}).release();
+          for (std::size_t u = s.num_units(); u-- > 0;) {
+            const zero::unit_id id{u};
+            auto p = e.gather(id);
+            auto g = e.grads(id);
+            using G = typename decltype(e)::grad_type;
+            const auto gv = g.view();
+            for (std::size_t j = 0; j < gv.size(); ++j)
+              gv.data()[j] = static_cast<G>(
+                  0.01f * std::sin(static_cast<float>(j + 3 * u + static_cast<std::size_t>(comm.rank())) * 0.37f) *
+                  e.loss_scale());
+            if (!once || k + 1 == options.micro_batches) e.reduce(id);
+          }
+        }
+        m.skipped = m.skipped || e.step().skipped;
+      }
+      m.current = e.memory().current;
+      m.transient_peak = e.memory().peak_bytes(mem_category::transient);
+      m.peak_total = e.memory().peak_total;
+      m.last_step = e.comm().last_step;
+      m.control = e.comm().control;
+    });
+  } catch (const zero::error& e) {
+    measured m;
+    m.out_of_memory = e.kind() == zero::error_kind::out_of_memory;
+    m.error = e.what();
+    return m;
+  }
+  return out[0];
+}
+
+void check_stats(const zero::comm::comm_stats& planned, const zero::comm::comm_stats& got, std::uint64_t times = 1) {
+  for (int c = 0; c < zero::comm::collective_count; ++c) {
+    CAPTURE(zero::comm::to_string(static_cast<zero::comm::collective>(c)));
+    CHECK(times * planned.bytes[static_cast<std::size_t>(c)] == got.bytes[static_cast<std::size_t>(c)]);
+    CHECK(times * planned.calls[static_cast<std::size_t>(c)] == got.calls[static_cast<std::size_t>(c)]);
+  }
+}
+
+template <class Stage, class Opt, class Prec>
+void check_plan(int n, const zero::engine_options& options, const std::string& what) {
+  CAPTURE(Stage::stage);
+  CAPTURE(Opt::name);
+  CAPTURE(Prec::name);
+  CAPTURE(n);
+  CAPTURE(what);
+  const zero::model_spec s = spec();
+  const zero::plan_report p = zero::plan_for<Stage, Opt, Prec>(s, n, options);
+  const int steps = 2;
+  const measured m = train<Stage, Opt, Prec>(n, options, steps);
+  REQUIRE(m.error.empty());
+  REQUIRE_FALSE(m.skipped);  // the plan assumes every step updates
+  CHECK(p.model_states.params == m.current[static_cast<int>(mem_category::params)]);
+  CHECK(p.model_states.grads == m.current[static_cast<int>(mem_category::grads)]);
+  CHECK(p.model_states.master == m.current[static_cast<int>(mem_category::master)]);
+  CHECK(p.model_states.optimizer_states == m.current[static_cast<int>(mem_category::optimizer_states)]);
+  CHECK(m.current[static_cast<int>(mem_category::transient)] == 0);
+  CHECK(p.step_transient_peak == m.transient_peak);
+  CHECK(p.peak_bytes == m.peak_total);
+  check_stats(p.step_comm, m.last_step);
+  check_stats(p.control_comm, m.control, steps);
+  // The bytes per step are the paper's formula's.
+  CHECK(p.step_bytes_sent() ==
+        zero::formula::comm_bytes_per_step(
+            Stage::stage, p.padded, n, sizeof(typename Prec::comm_type),
+            options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1));
+
+  // fits() is exact: a budget of peak_bytes trains, one byte less is refused as out of memory.
+  zero::engine_options tight = options;
+  tight.memory_limit_bytes = p.peak_bytes;
+  CHECK(p.fits(tight.memory_limit_bytes));
+  CHECK(train<Stage, Opt, Prec>(n, tight).error == "");
+  tight.memory_limit_bytes = p.peak_bytes - 1;
+  CHECK_FALSE(p.fits(tight.memory_limit_bytes));
+  CHECK(train<Stage, Opt, Prec>(n, tight).out_of_memory);
+}
+
+template <class Stage, class Opt, class Prec>
+void check_all_options(int n) {
+  check_plan<Stage, Opt, Prec>(n, {}, "defaults");
+  zero::engine_options o;
+  o.micro_batches = 2;
+  check_plan<Stage, Opt, Prec>(n, o, "2 micro-batches reduced each");
+  o = {};
+  o.clip_norm = 1.0f;
+  check_plan<Stage, Opt, Prec>(n, o, "clipping (a norm in every precision)");
+  o = {};
+  if constexpr (Stage::shards_gradients) {
+    o.fp32_grad_accumulation = true;
+    o.micro_batches = 3;
+    check_plan<Stage, Opt, Prec>(n, o, "fp32 gradient shard, 3 micro-batches");
+  } else {
+    o.accumulate = zero::accumulation::local_then_reduce;
+    o.micro_batches = 2;
+    check_plan<Stage, Opt, Prec>(n, o, "2 micro-batches reduced once");
+  }
+}
+
+template <class Stage>
+void check_stage() {
+  for (int n = 1; n <= 4; ++n) {
+    check_all_options<Stage, zero::optim::adamw, zero::precision::fp32>(n);
+    check_all_options<Stage, zero::optim::adamw, zero::precision::bf16>(n);
+    check_all_options<Stage, zero::optim::adamw, zero::precision::fp16>(n);
+    check_all_options<Stage, zero::optim::sgd, zero::precision::fp32>(n);
+    check_all_options<Stage, zero::optim::sgd, zero::precision::bf16>(n);
+    check_all_options<Stage, zero::optim::sgd, zero::precision::fp16>(n);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("plan equals the engine's measurements: stage 0") { check_stage<zero::stage0>(); }
+TEST_CASE("plan equals the engine's measurements: stage 1") { check_stage<zero::stage1>(); }
+TEST_CASE("plan equals the engine's measurements: stage 2") { check_stage<zero::stage2>(); }
+TEST_CASE("plan equals the engine's measurements: stage 3") { check_stage<zero::stage3>(); }
+
+TEST_CASE("plan: the transient buffers of consolidation and broadcast initialization") {
+  const zero::model_spec s = spec();
+  for (int n : {1, 3, 4}) {
+    for (std::size_t chunk : {std::size_t{100}, std::size_t{1} << 22}) {
+      CAPTURE(n);
+      CAPTURE(chunk);
+      zero::engine_options o;
+      o.init_chunk_elements = chunk;
+      const auto p = zero::plan_for<zero::stage3, zero::optim::adamw, zero::precision::bf16>(s, n, o);
+      CHECK(p.init_broadcast_bytes == std::min<std::size_t>(chunk, 960) * sizeof(float));
+      std::size_t init_peak = 0, consolidation_peak = 0;
+      zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
+        zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw, zero::precision::bf16> e(comm, s, {}, o);
+        e.initialize(init(), zero::init_source::broadcast_from_rank0);
+        const std::size_t a = e.memory().peak_bytes(mem_category::transient);
+        (void)e.full_params();
+        if (comm.rank() == 0) {
+          init_peak = a;
+          consolidation_peak = e.memory().peak_bytes(mem_category::transient);
+        }
+      });
+      CHECK(init_peak == p.init_broadcast_bytes);
+      CHECK(consolidation_peak == std::max<std::uint64_t>(p.init_broadcast_bytes, p.consolidation_bytes));
+    }
+  }
+}
+
+TEST_CASE("plan: per-unit sizes, the largest unit, and what the engine refuses") {
+  const zero::model_spec s = spec();
+  const auto p = zero::plan(s, 4, 3, zero::plan_precision::named("bf16"), zero::plan_optimizer::named("adamw"));
+  REQUIRE(p.units.size() == 4);
+  // block: 985 elements padded to a multiple of 4 x 32.
+  CHECK(p.units[2].name == "block");
+  CHECK(p.units[2].padded == 1024);
+  CHECK(p.units[2].shard == 256);
+  CHECK(p.gathered_bytes == 1024 * 2);
+  CHECK(p.bucket_bytes == 1024 * 2);
+  CHECK(p.step_transient_peak == 1024 * 4);
+  CHECK(p.consolidation_bytes == 1024 * 4);
+  CHECK_THROWS_WITH_AS(zero::plan_precision::named("fp8"), doctest::Contains("unknown precision 'fp8'"), zero::error);
+  CHECK_THROWS_WITH_AS(zero::plan_optimizer::named("lamb"), doctest::Contains("unknown optimizer 'lamb'"), zero::error);
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 4, {}, {}), doctest::Contains("no ZeRO stage 4"), zero::error);
+  CHECK_THROWS_WITH_AS(zero::plan(s, 0, 1, {}, {}), doctest::Contains("world size must be positive"), zero::error);
+  zero::engine_options o;
+  o.fp32_grad_accumulation = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 2, 1, {}, {}, o), doctest::Contains("fp32_grad_accumulation"), zero::error);
+  o = {};
+  o.accumulate = zero::accumulation::local_then_reduce;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 2, 2, {}, {}, o), doctest::Contains("local_then_reduce"), zero::error);
+}

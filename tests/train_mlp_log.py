@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""train_mlp --log and the progress line: the log has the run line and one line per step that agree
+with the run's own summary, a resumed run's log goes on from the checkpoint's step, and the progress
+line (stderr not a terminal: one line per update) shows step, loss, samples/s, ms/step and ETA, and
+on a terminal is redrawn in place.
+
+Usage: train_mlp_log.py TRAIN_MLP"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+train_mlp = sys.argv[1]
+MODEL = ["--layers", "3", "--hidden", "32", "--batch", "24", "--ranks", "3"]
+failures = 0
+
+
+def check(ok, msg):
+    global failures
+    if not ok:
+        failures += 1
+        print("FAIL:", msg)
+
+
+def run(*args, expect=0):
+    r = subprocess.run([train_mlp, *MODEL, *args], capture_output=True, text=True, timeout=120)
+    check(r.returncode == expect, f"{' '.join(args)}: exit {r.returncode}, expected {expect}: {r.stderr[-400:]}")
+    return r
+
+
+def read(path):
+    lines = [json.loads(x) for x in open(path)]
+    return lines[0], lines[1:]
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    log, ckpt = os.path.join(tmp, "a.jsonl"), os.path.join(tmp, "ckpt")
+    r = run("--stage", "2", "--precision", "bf16", "--steps", "12", "--log", log, "--save", ckpt, "--json")
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    head, steps = read(log)
+    check(head["kind"] == "run" and head["trainer"] == "train_mlp" and head["stage"] == 2 and head["ranks"] == 3
+          and head["precision"] == "bf16" and head["first_step"] == 0 and head["steps"] == 12, f"run line: {head}")
+    check([s["step"] for s in steps] == list(range(1, 13)), f"steps {[s['step'] for s in steps]}")
+    check(all(s["kind"] == "step" for s in steps), "a line that is not a step")
+    # The same numbers as the summary: the log is written from the values the trainer reports.
+    check(steps[0]["loss"] == summary["loss_first"] and steps[-1]["loss"] == summary["loss_last"],
+          f"losses {steps[0]['loss']}, {steps[-1]['loss']} vs summary {summary['loss_first']}, {summary['loss_last']}")
+    check(steps[-1]["accuracy"] == summary["accuracy_last"], "accuracy differs from the summary")
+    check(steps[-1]["model_state_bytes"] == summary["model_state_bytes_per_rank"], "model-state bytes differ")
+    check(steps[-1]["bytes_sent"] == summary["comm_bytes_per_rank_per_step"], "bytes sent differ")
+    check(steps[-1]["grad_norm"] == summary["grad_norm"], "grad norm differs")  # bf16 computes it
+    for s in steps:
+        split = s["gather_ms"] + s["reduce_ms"] + s["update_ms"] + s["compute_ms"]
+        # The split covers train_step; the step's time adds only the loss and accuracy reductions.
+        check(0 < split <= s["step_ms"] + 1e-6, f"step {s['step']}: split {split} ms vs step {s['step_ms']} ms")
+        check(s["samples_per_s"] > 0 and s["transient_bytes"] == 0, f"step {s['step']}: {s}")
+    # The progress line, one line per update off a terminal: the first and the last step at least.
+    progress = [line for line in r.stderr.splitlines() if line.startswith("step ")]
+    pattern = re.compile(r"^step +(\d+)/12  loss (\d+\.\d{4})  \d+ samples/s  \d+\.\d ms/step  ETA \d+:\d\d$")
+    matches = [pattern.match(line) for line in progress]
+    check(len(progress) >= 2 and all(matches), f"progress lines: {progress}")
+    if len(progress) >= 2 and all(matches):
+        check(matches[0].group(1) == "1" and matches[-1].group(1) == "12", f"first/last: {progress}")
+        check(float(matches[-1].group(2)) == round(summary["loss_last"], 4), "last progress loss")
+    check("\r" not in r.stderr, "carriage returns in a progress written to a file")
+
+    # On a terminal (script(1) gives the trainer one) the line is redrawn in place: a carriage return
+    # before each update, the rest of the old line erased, one newline at the end.
+    if shutil.which("script"):
+        cmd = " ".join([train_mlp, *MODEL, "--steps", "12", ">/dev/null"])
+        tty = subprocess.run(["script", "-q", "-e", "-c", cmd, "/dev/null"], capture_output=True,
+                             timeout=120).stdout.decode()  # bytes: text mode would turn \r into \n
+        draws = tty.split("\r")[1:]
+        check(len(draws) >= 2 and all(d.startswith("step ") and "\x1b[K" in d for d in draws[:-1]),
+              f"terminal output: {tty!r}")
+        check(tty.count("\n") == 1 and tty.rstrip("\r\n").endswith("ETA 0:00\x1b[K"), f"terminal end: {tty!r}")
+    else:
+        print("no script(1): the terminal form is not checked")
+
+    # A resumed run's log goes on from the checkpoint's step.
+    log2 = os.path.join(tmp, "b.jsonl")
+    run("--stage", "3", "--precision", "bf16", "--steps", "4", "--resume", ckpt, "--log", log2)
+    head2, steps2 = read(log2)
+    check(head2["first_step"] == 12 and [s["step"] for s in steps2] == [13, 14, 15, 16],
+          f"resumed: first_step {head2['first_step']}, steps {[s['step'] for s in steps2]}")
+
+    # A log that cannot be written is a usage error before anything runs.
+    r = run("--steps", "2", "--log", os.path.join(tmp, "missing", "x.jsonl"), expect=2)
+    check("--log" in r.stderr and "does not exist" in r.stderr, f"message: {r.stderr[:300]}")
+    r = run("--steps", "2", "--log", tmp, expect=2)
+    check("--log" in r.stderr, f"a directory as the log: {r.stderr[:300]}")
+
+print("0 failed" if failures == 0 else f"{failures} failed")
+sys.exit(1 if failures else 0)

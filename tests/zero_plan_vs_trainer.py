@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""zero_plan against what train_mlp measures: for every stage, precision and N, the tool's bytes per
+rank by category, transient peak and bytes sent per step equal those the trainer's --log records, and
+its verdict on a memory size is the one the trainer's --memory-limit then reaches; the same model
+described in JSON (--model) plans the same, and a bad description is refused with its place named.
+
+Usage: zero_plan_vs_trainer.py TRAIN_MLP ZERO_PLAN"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+train_mlp, zero_plan = sys.argv[1], sys.argv[2]
+MODEL = ["--layers", "3", "--hidden", "40", "--in", "12", "--classes", "6"]
+RANKS = [1, 3, 4]
+# (precision, optimizer, accum, clip): the options that change a plan's buffers and traffic.
+CONFIGS = [("fp32", "adamw", 1, "0"), ("bf16", "sgd", 2, "0"), ("fp16", "adamw", 1, "1"), ("fp32", "sgd", 3, "1")]
+failures = 0
+
+
+def fail(msg):
+    global failures
+    failures += 1
+    print("FAIL:", msg)
+
+
+def plans(precision, optimizer, accum, clip, memory=None):
+    cmd = [zero_plan, "--json", *MODEL, "--ranks", ",".join(map(str, RANKS)), "--precision", precision,
+           "--optimizer", optimizer, "--accum", str(accum), "--clip", clip]
+    if memory is not None:
+        cmd += ["--memory", str(memory)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
+    return {(p["stage"], p["ranks"]): p for p in json.loads(out)["plans"]}
+
+
+def train(stage, n, precision, optimizer, accum, clip, log, extra=()):
+    # 8 steps: fp16's dynamic loss scale skips the first few (non-finite gradients) while it falls.
+    cmd = [train_mlp, *MODEL, "--stage", str(stage), "--ranks", str(n), "--batch", str(12 * n * accum), "--steps",
+           "8", "--precision", precision, "--optimizer", optimizer, "--accum", str(accum), "--clip", clip, "--log",
+           log, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    log = os.path.join(tmp, "run.jsonl")
+    for precision, optimizer, accum, clip in CONFIGS:
+        planned = plans(precision, optimizer, accum, clip)
+        for stage in range(4):
+            for n in RANKS:
+                what = f"stage {stage} N={n} {precision} {optimizer} accum {accum} clip {clip}"
+                r = train(stage, n, precision, optimizer, accum, clip, log)
+                if r.returncode != 0:
+                    fail(f"{what}: train_mlp exited {r.returncode}: {r.stderr[-500:]}")
+                    continue
+                lines = [json.loads(x) for x in open(log)]
+                steps = [x for x in lines if x["kind"] == "step" and not x["skipped"]]
+                if not steps:
+                    fail(f"{what}: every step was skipped; the plan assumes updates")
+                    continue
+                got, p = steps[-1], planned[(stage, n)]
+                for key in ["params_bytes", "grads_bytes", "master_bytes", "optimizer_states_bytes",
+                            "model_state_bytes"]:
+                    if got[key] != p[key]:
+                        fail(f"{what}: {key} measured {got[key]}, planned {p[key]}")
+                if got["transient_bytes"] != 0:
+                    fail(f"{what}: {got['transient_bytes']} transient bytes held after the step")
+                if got["transient_peak_bytes"] != p["transient_peak_bytes"]:
+                    fail(f"{what}: transient peak measured {got['transient_peak_bytes']}, planned "
+                         f"{p['transient_peak_bytes']}")
+                if got["bytes_sent"] != p["bytes_sent_per_step"]:
+                    fail(f"{what}: bytes sent measured {got['bytes_sent']}, planned {p['bytes_sent_per_step']}")
+        print(f"{precision} {optimizer} accum {accum} clip {clip}: {len(planned)} plans compared")
+
+    # The verdict on a memory size: at the plan's peak minus one byte the trainer is refused during
+    # training; at the peak that includes its final full-parameter hash it runs to the end.
+    precision, optimizer, accum, clip = CONFIGS[1]
+    for stage, n in [(0, 3), (1, 4), (2, 3), (3, 4)]:
+        what = f"stage {stage} N={n} {precision}"
+        p = plans(precision, optimizer, accum, clip)[(stage, n)]
+        verdict = plans(precision, optimizer, accum, clip, memory=p["peak_bytes"] - 1)[(stage, n)]
+        if verdict["fits"]:
+            fail(f"{what}: zero_plan says {p['peak_bytes'] - 1} bytes fit, its peak is {p['peak_bytes']}")
+        if not plans(precision, optimizer, accum, clip, memory=p["peak_bytes"])[(stage, n)]["fits"]:
+            fail(f"{what}: zero_plan says its own peak {p['peak_bytes']} does not fit")
+        r = train(stage, n, precision, optimizer, accum, clip, log, ["--memory-limit", str(p["peak_bytes"] - 1)])
+        if r.returncode == 0 or "memory" not in r.stderr:
+            fail(f"{what}: --memory-limit {p['peak_bytes'] - 1} exited {r.returncode}, expected an out-of-memory "
+                 f"refusal: {r.stderr[-300:]}")
+        r = train(stage, n, precision, optimizer, accum, clip, log,
+                  ["--memory-limit", str(p["full_params_peak_bytes"])])
+        if r.returncode != 0:
+            fail(f"{what}: --memory-limit {p['full_params_peak_bytes']} (the planned peak with the final hash) "
+                 f"exited {r.returncode}: {r.stderr[-300:]}")
+        print(f"{what}: refused at {p['peak_bytes'] - 1} bytes, trains in {p['full_params_peak_bytes']}")
+
+    # The same model as a JSON description gives the same plans; a bad description is refused by name.
+    dims = [12, 40, 40, 6]
+    units = [{"name": f"layer{l}", "tensors": [{"name": "w", "shape": [dims[l + 1], dims[l]]},
+                                                {"name": "b", "shape": [dims[l + 1]]}]} for l in range(3)]
+    model = os.path.join(tmp, "model.json")
+    json.dump({"units": units}, open(model, "w"))
+    base = [zero_plan, "--json", "--ranks", "1,3,4", "--precision", "bf16", "--accum", "2"]
+    from_flags = json.loads(subprocess.run(base + MODEL, check=True, capture_output=True, text=True).stdout)
+    from_file = json.loads(subprocess.run(base + ["--model", model], check=True, capture_output=True,
+                                          text=True).stdout)
+    if from_flags["plans"] != from_file["plans"] or from_flags["params"] != from_file["params"]:
+        fail("the MLP as a JSON description plans differently from its flags")
+    units[1]["tensors"][0]["shape"] = [40, 0]
+    json.dump(units, open(model, "w"))  # the bare list form
+    r = subprocess.run(base + ["--model", model], capture_output=True, text=True)
+    if r.returncode != 1 or "unit 'layer1' tensor 'w': shape entry 0 is not a positive integer" not in r.stderr:
+        fail(f"a zero dimension: exit {r.returncode}, {r.stderr.strip()}")
+    r = subprocess.run(base + ["--model", model, "--layers", "2"], capture_output=True, text=True)
+    if r.returncode == 0 or "excludes" not in r.stderr:
+        fail(f"--model with --layers: exit {r.returncode}, {r.stderr.strip()[:200]}")
+    print("the MLP as a JSON description plans the same; bad descriptions are refused")
+
+print(f"{'0 failed' if failures == 0 else f'{failures} failed'}")
+sys.exit(1 if failures else 0)

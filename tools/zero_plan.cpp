@@ -1,0 +1,224 @@
+// zero_plan: memory per rank and traffic per step of a model for every stage and world size, before anything runs.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mlp.hpp"  // the trainers' model, for their --layers/--hidden/--in/--classes flags
+#include "zero/engine/plan.hpp"
+#include "zero/zero.hpp"
+
+namespace {
+
+struct tensor_text {
+  std::string name;
+  std::vector<std::size_t> shape;
+};
+
+// A model description: a JSON list of units, each {"name": ..., "tensors": [{"name": ..., "shape": [...]}]},
+// or an object with that list under "units". Errors name the file and the place.
+zero::model_spec read_model(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) zero::fail(zero::error_kind::io, "--model: cannot open '", path, "'");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    zero::fail(zero::error_kind::invalid_argument, "--model '", path, "': not JSON: ", e.what());
+  }
+  const nlohmann::json& units = j.is_object() && j.contains("units") ? j["units"] : j;
+  ZERO_CHECK(units.is_array() && !units.empty(), invalid_argument, "--model '", path,
+             "': expected a non-empty list of units (or {\"units\": [...]})");
+  zero::model_spec spec;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const nlohmann::json& unit = units[u];
+    ZERO_CHECK(unit.is_object() && unit.contains("name") && unit["name"].is_string() && unit.contains("tensors") &&
+                   unit["tensors"].is_array() && !unit["tensors"].empty(),
+               invalid_argument, "--model '", path, "': unit ", u,
+               " needs a \"name\" (string) and \"tensors\" (a non-empty list)");
+    std::vector<tensor_text> tensors;
+    for (std::size_t t = 0; t < unit["tensors"].size(); ++t) {
+      const nlohmann::json& tj = unit["tensors"][t];
+      ZERO_CHECK(tj.is_object() && tj.contains("name") && tj["name"].is_string() && tj.contains("shape") &&
+                     tj["shape"].is_array() && !tj["shape"].empty(),
+                 invalid_argument, "--model '", path, "': unit '", unit["name"].get<std::string>(), "' tensor ", t,
+                 " needs a \"name\" (string) and a \"shape\" (a non-empty list of positive integers)");
+      tensor_text tt{tj["name"].get<std::string>(), {}};
+      for (const auto& d : tj["shape"]) {
+        ZERO_CHECK(d.is_number_unsigned() && d.get<std::uint64_t>() > 0, invalid_argument, "--model '", path,
+                   "': unit '", unit["name"].get<std::string>(), "' tensor '", tt.name, "': shape entry ", d.dump(),
+                   " is not a positive integer");
+        tt.shape.push_back(d.get<std::size_t>());
+      }
+      tensors.push_back(std::move(tt));
+    }
+    auto builder = spec.unit(unit["name"].get<std::string>());
+    for (const auto& t : tensors) builder.tensor(t.name, t.shape);
+  }
+  return spec;
+}
+
+// 1234567 -> "1.18 MiB": the table's sizes (the JSON gives exact bytes).
+std::string size_text(std::uint64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int i = 0;
+  while (v >= 1024.0 && i < 5) {
+    v /= 1024.0;
+    ++i;
+  }
+  char buf[32];
+  if (i == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
+  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[i]);
+  return buf;
+}
+
+nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
+  const std::uint64_t full_params_peak =
+      p.model_states.total() + std::max<std::uint64_t>(p.step_transient_peak, p.consolidation_bytes);
+  nlohmann::json j = {
+      {"stage", p.stage},
+      {"ranks", p.ranks},
+      {"params_bytes", p.model_states.params},
+      {"grads_bytes", p.model_states.grads},
+      {"master_bytes", p.model_states.master},
+      {"optimizer_states_bytes", p.model_states.optimizer_states},
+      {"model_state_bytes", p.model_states.total()},
+      {"bucket_bytes", p.bucket_bytes},
+      {"gathered_bytes", p.gathered_bytes},
+      {"norm_bytes", p.norm_bytes},
+      {"transient_peak_bytes", p.step_transient_peak},
+      {"peak_bytes", p.peak_bytes},
+      {"consolidation_bytes", p.consolidation_bytes},
+      {"full_params_peak_bytes", full_params_peak},
+      {"bytes_sent_per_step", p.step_bytes_sent()},
+      {"control_bytes_per_step", p.control_comm.total_bytes()},
+  };
+  if (memory > 0) j["fits"] = p.fits(memory);
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Memory per rank and bytes sent per step of a model under every ZeRO stage, for a list of world sizes, "
+      "computed exactly from the layout (zero::plan) before anything is allocated. The model is the example "
+      "trainers' MLP (--layers, --hidden, --in, --classes) or a JSON description (--model)."};
+  mlp::config model;
+  std::string model_file, precision = "fp32", optimizer = "adamw";
+  std::vector<int> ranks{1, 2, 4, 8};
+  std::vector<int> stages{0, 1, 2, 3};
+  int accum = 1;
+  float clip = 0.0f;
+  std::uint64_t memory = 0;
+  bool json = false;
+  auto* model_flag = app.add_option("--model", model_file,
+                                    "JSON model description: a list of units, each {\"name\": ..., \"tensors\": "
+                                    "[{\"name\": ..., \"shape\": [...]}, ...]}")
+                         ->check(CLI::ExistingFile);
+  app.add_option("--layers", model.layers, "the trainers' MLP: linear layers")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str()
+      ->excludes(model_flag);
+  app.add_option("--hidden", model.hidden, "the trainers' MLP: hidden width")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str()
+      ->excludes(model_flag);
+  app.add_option("--in", model.in, "the trainers' MLP: input features")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str()
+      ->excludes(model_flag);
+  app.add_option("--classes", model.classes, "the trainers' MLP: classes")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str()
+      ->excludes(model_flag);
+  app.add_option("--ranks", ranks, "world sizes, e.g. 1,8,64")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--stage", stages, "ZeRO stages (default: all)")->delimiter(',')->check(CLI::Range(0, 3));
+  app.add_option("--precision", precision, "parameter and gradient precision (bf16/fp16 keep fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--optimizer", optimizer, "optimizer")->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
+  app.add_option("--accum", accum, "micro-batches per step, each reduced on its own")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--clip", clip, "gradient clipping norm (0: off; on, it adds the norm's all-reduce)")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("0");
+  app.add_option("--memory", memory, "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit)")
+      ->transform(CLI::AsSizeValue(true));
+  app.add_flag("--json", json, "print a JSON object instead of the table");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    const zero::model_spec spec = model_file.empty() ? mlp::make_spec(model) : read_model(model_file);
+    zero::engine_options options;
+    options.micro_batches = accum;
+    options.clip_norm = clip;
+    const auto prec = zero::plan_precision::named(precision);
+    const auto opt = zero::plan_optimizer::named(optimizer);
+    std::vector<zero::plan_report> reports;
+    for (int stage : stages)
+      for (int n : ranks) reports.push_back(zero::plan(spec, n, stage, prec, opt, options));
+
+    const zero::plan_report& first = reports.front();
+    if (json) {
+      nlohmann::json j = {{"model", model_file.empty() ? "mlp" : model_file},
+                          {"units", spec.num_units()},
+                          {"params", first.numel},
+                          {"precision", precision},
+                          {"optimizer", optimizer},
+                          {"accum", accum},
+                          {"clip", clip},
+                          {"plans", nlohmann::json::array()}};
+      if (memory > 0) j["memory_bytes"] = memory;
+      for (const auto& p : reports) j["plans"].push_back(report_json(p, memory));
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+
+    std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s\n",
+                model_file.empty() ? "MLP" : model_file.c_str(), spec.num_units(), first.numel, precision.c_str(),
+                optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "");
+    std::printf("bytes per rank; \"transient\" is the most held at once by a step's buffers, \"peak\" adds it to the "
+                "model states\n\n");
+    std::printf("%5s %6s %11s %11s %11s %11s %12s %11s %11s %12s%s\n", "stage", "ranks", "params", "grads", "master",
+                "optimizer", "model states", "transient", "peak", "sent/step",
+                memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
+    int last_stage = -1;
+    for (const auto& p : reports) {
+      if (p.stage != last_stage && last_stage >= 0 && ranks.size() > 1) std::printf("\n");
+      last_stage = p.stage;
+      std::printf("%5d %6d %11s %11s %11s %11s %12s %11s %11s %12s%s\n", p.stage, p.ranks,
+                  size_text(p.model_states.params).c_str(), size_text(p.model_states.grads).c_str(),
+                  size_text(p.model_states.master).c_str(), size_text(p.model_states.optimizer_states).c_str(),
+                  size_text(p.model_states.total()).c_str(), size_text(p.step_transient_peak).c_str(),
+                  size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(),
+                  memory > 0 ? (p.fits(memory) ? "  yes" : "  no") : "");
+    }
+    std::uint64_t consolidation = 0;
+    for (const auto& p : reports) consolidation = std::max(consolidation, p.consolidation_bytes);
+    if (consolidation > 0)
+      std::printf("\nfull_params(), export and the trainers' final hash gather one unit at a time in fp32 "
+                  "(stages 1-3): up to %s transient, instead of the step's if larger.\n",
+                  size_text(consolidation).c_str());
+  } catch (const zero::error& e) {
+    std::fprintf(stderr, "zero_plan: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
