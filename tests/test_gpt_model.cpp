@@ -21,7 +21,7 @@ struct recording_engine {
   std::vector<bool> gathered;
 
   explicit recording_engine(const zero::model_spec& s)
-      : spec(s), lay(zero::layout::make<zero::stage0>(s, 1)), params(lay.padded()), gradients(lay.padded()),
+      : spec(s), lay(zero::layout::make(s, 1)), params(lay.padded()), gradients(lay.padded()),
         gathered(s.num_units(), false) {}
 
   struct handle {

@@ -146,9 +146,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stage", stages, "ZeRO stages (default: all)")->delimiter(',')->check(CLI::Range(0, 3));
   app.add_option("--precision", precision, "parameter and gradient precision (bf16/fp16 keep fp32 master weights)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->check(CLI::IsMember(zero::precisions::names()))
       ->capture_default_str();
-  app.add_option("--optimizer", optimizer, "optimizer")->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
+  app.add_option("--optimizer", optimizer, "optimizer")->check(CLI::IsMember(zero::optimizers::names()))->capture_default_str();
   app.add_option("--accum", accum, "micro-batches per step, each reduced on its own")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

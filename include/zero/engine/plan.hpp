@@ -17,8 +17,7 @@
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/error.hpp"
-#include "zero/optim/adamw.hpp"
-#include "zero/optim/sgd.hpp"
+#include "zero/catalog.hpp"
 #include "zero/partition/stages.hpp"
 #include "zero/precision/bf16.hpp"
 #include "zero/precision/fp16.hpp"
@@ -126,8 +125,8 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   ZERO_CHECK(!options.fp32_grad_accumulation || shards_grads, invalid_argument,
              "plan: fp32_grad_accumulation applies to stages 2 and 3, not stage ", stage);
 
-  // Every stage splits evenly (partition/stages.hpp), so one layout serves them all.
-  const layout l = layout::make<even_split>(spec, ranks);
+  // The layout alone decides how units split, the same for every stage, so one layout serves them all.
+  const layout l = layout::make(spec, ranks);
   plan_report r;
   r.stage = stage;
   r.ranks = ranks;
@@ -187,17 +186,29 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   return r;
 }
 
+namespace detail {
+// The catalog's member named `name`, as the plan's description of it (a policy added to the catalog is
+// known here too).
+template <class List, class Plan>
+Plan plan_entry_named(std::string_view name, const char* what) {
+  Plan found{};
+  const bool ok = List::visit_first([&]<class T>() { return name == T::name; },
+                                    [&]<class T>() { found = Plan::template of<T>(); });
+  if (!ok) {
+    std::string known;
+    for (const auto& n : List::names()) known += (known.empty() ? "" : ", ") + n;
+    fail(error_kind::invalid_argument, "plan: unknown ", what, " '", name, "' (", known, ")");
+  }
+  return found;
+}
+}  // namespace detail
+
 inline plan_precision plan_precision::named(std::string_view name) {
-  if (name == precision::fp32::name) return of<precision::fp32>();
-  if (name == precision::bf16::name) return of<precision::bf16>();
-  if (name == precision::fp16::name) return of<precision::fp16>();
-  fail(error_kind::invalid_argument, "plan: unknown precision '", name, "' (fp32, bf16 or fp16)");
+  return detail::plan_entry_named<precisions, plan_precision>(name, "precision");
 }
 
 inline plan_optimizer plan_optimizer::named(std::string_view name) {
-  if (name == optim::adamw::name) return of<optim::adamw>();
-  if (name == optim::sgd::name) return of<optim::sgd>();
-  fail(error_kind::invalid_argument, "plan: unknown optimizer '", name, "' (adamw or sgd)");
+  return detail::plan_entry_named<optimizers, plan_optimizer>(name, "optimizer");
 }
 
 // The same for an engine's policy types: plan_for<stage2, optim::adamw, precision::bf16>(spec, N).
