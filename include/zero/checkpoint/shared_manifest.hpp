@@ -42,19 +42,13 @@ class manifest_registry {
     }
     const key k{st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_ctim.tv_sec,
                 st.st_ctim.tv_nsec};
-    std::shared_ptr<slot> s;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      // Entries nobody uses any more go (not one another rank is parsing into right now); a failed
-      // parse stays (its error is small), so that every rank reports it without parsing again.
-      for (auto it = slots_.begin(); it != slots_.end();) {
-        const bool unused = it->second.use_count() == 1 && !it->second->error && it->second->value.expired();
-        it = unused ? slots_.erase(it) : std::next(it);
-      }
-      auto& entry = slots_[k];
-      if (!entry) entry = std::make_shared<slot>();
-      s = entry;
-    }
+    const std::shared_ptr<slot> s = take(k);
+    // Given back after the slot's own lock is released (destroyed in reverse order).
+    const struct giver {
+      manifest_registry& r;
+      slot& s;
+      ~giver() { r.give_back(s); }
+    } give{*this, *s};
     std::lock_guard<std::mutex> lock(s->mutex);
     if (s->error) std::rethrow_exception(s->error);
     if (auto held = s->value.lock()) return held;
@@ -80,10 +74,37 @@ class manifest_registry {
  private:
   using key = std::tuple<dev_t, ino_t, off_t, time_t, long, time_t, long>;
   struct slot {
-    std::mutex mutex;
+    std::mutex mutex;                  // guards value and error
     std::weak_ptr<const manifest> value;
     std::exception_ptr error;
+    int users = 0;                     // ranks inside get() for this file; guarded by the registry's mutex_
   };
+
+  // The slot for file `k`, counted as in use. Entries nobody uses any more go first: no rank inside
+  // get() for them and no parse result still held. A failed parse stays (its error is small), so
+  // that every rank reports it without parsing again. The user count, not shared_ptr::use_count(),
+  // decides: a count read without the lock that orders its changes is a data race.
+  std::shared_ptr<slot> take(const key& k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      bool unused = false;
+      if (it->second->users == 0) {
+        // Nobody holds this slot's lock: users == 0 and a new user must first pass mutex_.
+        std::lock_guard<std::mutex> slot_lock(it->second->mutex);
+        unused = !it->second->error && it->second->value.expired();
+      }
+      it = unused ? slots_.erase(it) : std::next(it);
+    }
+    auto& entry = slots_[k];
+    if (!entry) entry = std::make_shared<slot>();
+    ++entry->users;
+    return entry;
+  }
+
+  void give_back(slot& s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --s.users;
+  }
   std::mutex mutex_;
   std::map<key, std::shared_ptr<slot>> slots_;
   std::atomic<std::size_t> parses_{0};
