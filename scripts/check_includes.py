@@ -23,7 +23,7 @@ LAYERS = [
     ("comm backends", ["comm/"]),
     ("engine", ["engine/"]),
     ("checkpoint", ["checkpoint/"]),
-    ("umbrella", ["zero.hpp", "zero_cuda.cuh", "catalog.hpp"]),
+    ("umbrella", ["zero.hpp", "zero_cuda.cuh", "catalog.hpp", "plan_by_name.hpp"]),
 ]
 # Layers whose headers are alternatives of each other: none includes another of its layer.
 PEERS = {"comm backends"}

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/engine/plan.hpp"
+#include "zero/plan_by_name.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -200,7 +200,7 @@ TEST_CASE("plan: the transient buffers of consolidation and broadcast initializa
 
 TEST_CASE("plan: per-unit sizes, the largest unit, and what the engine refuses") {
   const zero::model_spec s = spec();
-  const auto p = zero::plan(s, 4, 3, zero::plan_precision::named("bf16"), zero::plan_optimizer::named("adamw"));
+  const auto p = zero::plan(s, 4, 3, zero::plan_precision_named("bf16"), zero::plan_optimizer_named("adamw"));
   REQUIRE(p.units.size() == 4);
   // block: 985 elements padded to a multiple of 4 x 32.
   CHECK(p.units[2].name == "block");
@@ -210,8 +210,8 @@ TEST_CASE("plan: per-unit sizes, the largest unit, and what the engine refuses")
   CHECK(p.bucket_bytes == 1024 * 2);
   CHECK(p.step_transient_peak == 1024 * 4);
   CHECK(p.consolidation_bytes == 1024 * 4);
-  CHECK_THROWS_WITH_AS(zero::plan_precision::named("fp8"), doctest::Contains("unknown precision 'fp8'"), zero::error);
-  CHECK_THROWS_WITH_AS(zero::plan_optimizer::named("lamb"), doctest::Contains("unknown optimizer 'lamb'"), zero::error);
+  CHECK_THROWS_WITH_AS(zero::plan_precision_named("fp8"), doctest::Contains("unknown precision 'fp8'"), zero::error);
+  CHECK_THROWS_WITH_AS(zero::plan_optimizer_named("lamb"), doctest::Contains("unknown optimizer 'lamb'"), zero::error);
   CHECK_THROWS_WITH_AS(zero::plan(s, 4, 4, {}, {}), doctest::Contains("no ZeRO stage 4"), zero::error);
   CHECK_THROWS_WITH_AS(zero::plan(s, 0, 1, {}, {}), doctest::Contains("world size must be positive"), zero::error);
   zero::engine_options o;

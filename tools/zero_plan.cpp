@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mlp.hpp"  // the trainers' model, for their --layers/--hidden/--in/--classes flags
-#include "zero/engine/plan.hpp"
+#include "zero/plan_by_name.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -169,8 +169,8 @@ int main(int argc, char** argv) {
     zero::engine_options options;
     options.micro_batches = accum;
     options.clip_norm = clip;
-    const auto prec = zero::plan_precision::named(precision);
-    const auto opt = zero::plan_optimizer::named(optimizer);
+    const auto prec = zero::plan_precision_named(precision);
+    const auto opt = zero::plan_optimizer_named(optimizer);
     std::vector<zero::plan_report> reports;
     for (int stage : stages)
       for (int n : ranks) reports.push_back(zero::plan(spec, n, stage, prec, opt, options));

@@ -21,4 +21,5 @@
 #include "zero/core/numeric.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/plan.hpp"
+#include "zero/plan_by_name.hpp"  // plan()'s description of a catalog policy by its name
 #include "zero/sys/host.hpp"

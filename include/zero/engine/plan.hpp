@@ -17,16 +17,12 @@
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/error.hpp"
-#include "zero/catalog.hpp"
 #include "zero/partition/stages.hpp"
-#include "zero/precision/bf16.hpp"
-#include "zero/precision/fp16.hpp"
-#include "zero/precision/fp32.hpp"
 
 namespace zero {
 
-// What plan() needs of a precision policy, as run-time values: of<P>() for a policy type, named()
-// for "fp32", "bf16" or "fp16" (a tool's flag).
+// What plan() needs of a precision policy, as run-time values: of<P>() for a policy type
+// (zero/plan_by_name.hpp finds one of the catalog's by its name, a tool's flag).
 struct plan_precision {
   std::string_view name = "fp32";
   std::size_t param_bytes = 4, grad_bytes = 4;
@@ -36,7 +32,6 @@ struct plan_precision {
   static constexpr plan_precision of() {
     return {P::name, sizeof(typename P::param_type), sizeof(typename P::grad_type), P::separate_master};
   }
-  static plan_precision named(std::string_view name);
 };
 
 // What plan() needs of an optimizer: its fp32 slots per parameter.
@@ -48,7 +43,6 @@ struct plan_optimizer {
   static constexpr plan_optimizer of() {
     return {O::name, O::slots};
   }
-  static plan_optimizer named(std::string_view name);
 };
 
 // One unit's transient buffers (bytes), for loops other than the one plan() assumes.
@@ -184,31 +178,6 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   r.peak_bytes = r.model_states.total() + r.step_transient_peak;
   r.init_broadcast_bytes = std::min<std::uint64_t>(options.init_chunk_elements, largest_tensor) * sizeof(float);
   return r;
-}
-
-namespace detail {
-// The catalog's member named `name`, as the plan's description of it (a policy added to the catalog is
-// known here too).
-template <class List, class Plan>
-Plan plan_entry_named(std::string_view name, const char* what) {
-  Plan found{};
-  const bool ok = List::visit_first([&]<class T>() { return name == T::name; },
-                                    [&]<class T>() { found = Plan::template of<T>(); });
-  if (!ok) {
-    std::string known;
-    for (const auto& n : List::names()) known += (known.empty() ? "" : ", ") + n;
-    fail(error_kind::invalid_argument, "plan: unknown ", what, " '", name, "' (", known, ")");
-  }
-  return found;
-}
-}  // namespace detail
-
-inline plan_precision plan_precision::named(std::string_view name) {
-  return detail::plan_entry_named<precisions, plan_precision>(name, "precision");
-}
-
-inline plan_optimizer plan_optimizer::named(std::string_view name) {
-  return detail::plan_entry_named<optimizers, plan_optimizer>(name, "optimizer");
 }
 
 // The same for an engine's policy types: plan_for<stage2, optim::adamw, precision::bf16>(spec, N).
