@@ -157,16 +157,23 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
 }
 
 // tutorial:begin dispatch
+// This trainer's changes to the optimizers trainer_cli makes from the flags: AdamW's --beta2 and,
+// without --lr, its own rate.
+template <class O>
+void tune(O& opt, const gpt_options& g, const options& o) {
+  if constexpr (std::is_same_v<O, zero::optim::adamw>) {
+    opt.beta2 = g.beta2;
+    if (o.lr == 0) opt.lr = g.adamw_lr;
+  }
+}
+
 // The flags --stage, --optimizer and --precision become the engine's template arguments here, once.
 template <class Comm>
 void dispatch(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus& data, gpt_summary& out) {
   trainer::with_printable_errors([&] {
     trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) {
       O tuned = opt;
-      if constexpr (std::is_same_v<O, zero::optim::adamw>) {
-        tuned.beta2 = g.beta2;  // --beta2
-        if (o.lr == 0) tuned.lr = g.adamw_lr;
-      }
+      tune(tuned, g, o);
       train<S, O, P>(comm, o, g, data, tuned, out);
     });
   });
@@ -271,8 +278,8 @@ int main(int argc, char** argv) {
   app.get_option("--layers")->description("transformer blocks");
   app.get_option("--batch")->description("global batch in sequences of --context bytes, a multiple of the ranks "
                                          "times --accum");
-  app.get_option("--lr")->description("learning rate, finite and > 0 as a 32-bit float (default: 2e-3 for adamw, "
-                                       "0.05 for sgd)");
+  app.get_option("--lr")->description("learning rate, finite and > 0 as a 32-bit float (default: " +
+                                      trainer::default_rates([&](auto& opt) { tune(opt, g, options{}); }) + ")");
   app.add_option("--embd", g.model.embd, "channels of the residual stream")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();

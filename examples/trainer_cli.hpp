@@ -176,12 +176,15 @@ O trainer_optimizer(const options& o) {
   return opt;
 }
 
-// "1e-3 for adamw, 0.05 for sgd, ...": the default rates, for --lr's help.
-inline std::string default_rates() {
+// "1e-3 for adamw, 0.05 for sgd, ...": the default rates, for --lr's help. `tune(opt)` applies a
+// trainer's own changes to trainer_optimizer's defaults.
+inline std::string default_rates(const auto& tune) {
   std::string t;
   zero::optimizers::for_each([&]<class O>() {
+    O opt = trainer_optimizer<O>({});
+    tune(opt);
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%s%g for %s", t.empty() ? "" : ", ", static_cast<double>(trainer_optimizer<O>({}).lr),
+    std::snprintf(buf, sizeof buf, "%s%g for %s", t.empty() ? "" : ", ", static_cast<double>(opt.lr),
                   std::string(O::name).c_str());
     t += buf;
   });
@@ -207,7 +210,7 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->capture_default_str();
   app.add_option_function<std::string>(
          "--lr", [&o](const std::string& v) { o.lr = float_flag("--lr", v, false); },
-         "learning rate, finite and > 0 as a 32-bit float (default: " + default_rates() + ")")
+         "learning rate, finite and > 0 as a 32-bit float (default: " + default_rates([](auto&) {}) + ")")
       ->type_name("FLOAT");
   app.add_option_function<std::string>(
          "--seed", [&o](const std::string& v) { o.model.seed = uint64_flag("--seed", v); },
