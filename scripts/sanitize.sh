@@ -24,6 +24,7 @@ for kind in "${kinds[@]}"; do
       sanitize=address,undefined
       # Every CPU unit suite (the compile-fail diagnostics need no sanitizer).
       tests=(layout collectives equivalence formulas errors options half_types state_access precision optimizers plan gpt_model
+             tied_weights
              checkpoint checkpoint_corruption checkpoint_kill checkpoint_export
              checkpoint_python_reader safetensors_python_reader)
       targets=(tests/checkpoint_fixture tools/zero_export)
@@ -32,7 +33,7 @@ for kind in "${kinds[@]}"; do
       sanitize=thread
       # The suites whose ranks are threads of one process (comm::threads). Not checkpoint_export: it
       # replaces the global operator new to measure memory, which TSan's runtime defines itself.
-      tests=(collectives equivalence errors options state_access precision
+      tests=(collectives equivalence errors options state_access precision tied_weights
              checkpoint checkpoint_corruption checkpoint_kill)
       targets=()
       ;;

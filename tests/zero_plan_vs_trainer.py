@@ -106,6 +106,23 @@ with tempfile.TemporaryDirectory() as tmp:
                                           text=True).stdout)
     if from_flags["plans"] != from_file["plans"] or from_flags["params"] != from_file["params"]:
         fail("the MLP as a JSON description plans differently from its flags")
+    # A shared unit ("gathers": 2 on the largest unit): stage 3 sends two more all-gathers of it per
+    # micro-batch (forward and backward), stages 0-2 the same as before; "gathers": 0 is refused.
+    units[1]["gathers"] = 2
+    json.dump({"units": units}, open(model, "w"))
+    tied = json.loads(subprocess.run(base + ["--model", model], check=True, capture_output=True, text=True).stdout)
+    for a, b in zip(from_file["plans"], tied["plans"]):
+        n, m = a["ranks"], 2
+        extra = 2 * m * ((n - 1) * a["gathered_bytes"] // n) if a["stage"] == 3 else 0
+        if b["bytes_sent_per_step"] != a["bytes_sent_per_step"] + extra:
+            fail(f"gathers 2, stage {a['stage']} N={n}: {b['bytes_sent_per_step']} bytes per step, expected "
+                 f"{a['bytes_sent_per_step']} + {extra}")
+    units[1]["gathers"] = 0
+    json.dump({"units": units}, open(model, "w"))
+    r = subprocess.run(base + ["--model", model], capture_output=True, text=True)
+    if r.returncode != 1 or "unit 'layer1': \"gathers\" 0 is not a positive integer" not in r.stderr:
+        fail(f"gathers 0: exit {r.returncode}, {r.stderr.strip()}")
+    del units[1]["gathers"]
     units[1]["tensors"][0]["shape"] = [40, 0]
     json.dump(units, open(model, "w"))  # the bare list form
     r = subprocess.run(base + ["--model", model], capture_output=True, text=True)
@@ -114,7 +131,8 @@ with tempfile.TemporaryDirectory() as tmp:
     r = subprocess.run(base + ["--model", model, "--layers", "2"], capture_output=True, text=True)
     if r.returncode == 0 or "excludes" not in r.stderr:
         fail(f"--model with --layers: exit {r.returncode}, {r.stderr.strip()[:200]}")
-    print("the MLP as a JSON description plans the same; bad descriptions are refused")
+    print("the MLP as a JSON description plans the same; a shared unit's gathers are counted; bad descriptions are "
+          "refused")
 
 print(f"{'0 failed' if failures == 0 else f'{failures} failed'}")
 sys.exit(1 if failures else 0)

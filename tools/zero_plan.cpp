@@ -22,8 +22,9 @@ struct tensor_text {
   std::vector<std::size_t> shape;
 };
 
-// A model description: a JSON list of units, each {"name": ..., "tensors": [{"name": ..., "shape": [...]}]},
-// or an object with that list under "units". Errors name the file and the place.
+// A model description: a JSON list of units, each {"name": ..., "tensors": [{"name": ..., "shape": [...]}]}
+// and optionally "gathers": n (a shared unit gathered n times per pass, unit_builder::gathers), or an
+// object with that list under "units". Errors name the file and the place.
 zero::model_spec read_model(const std::string& path) {
   std::ifstream in(path);
   if (!in) zero::fail(zero::error_kind::io, "--model: cannot open '", path, "'");
@@ -61,6 +62,13 @@ zero::model_spec read_model(const std::string& path) {
     }
     auto builder = spec.unit(unit["name"].get<std::string>());
     for (const auto& t : tensors) builder.tensor(t.name, t.shape);
+    if (unit.contains("gathers")) {
+      const nlohmann::json& g = unit["gathers"];
+      ZERO_CHECK(g.is_number_unsigned() && g.get<std::uint64_t>() >= 1 && g.get<std::uint64_t>() <= 1000000,
+                 invalid_argument, "--model '", path, "': unit '", unit["name"].get<std::string>(), "': \"gathers\" ",
+                 g.dump(), " is not a positive integer (times the unit is gathered per pass)");
+      builder.gathers(static_cast<int>(g.get<std::uint64_t>()));
+    }
   }
   return spec;
 }
@@ -92,6 +100,7 @@ nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
       {"optimizer_states_bytes", p.model_states.optimizer_states},
       {"model_state_bytes", p.model_states.total()},
       {"bucket_bytes", p.bucket_bytes},
+      {"shared_bucket_bytes", p.shared_bucket_bytes},
       {"gathered_bytes", p.gathered_bytes},
       {"norm_bytes", p.norm_bytes},
       {"transient_peak_bytes", p.step_transient_peak},
@@ -122,7 +131,8 @@ int main(int argc, char** argv) {
   bool json = false;
   auto* model_flag = app.add_option("--model", model_file,
                                     "JSON model description: a list of units, each {\"name\": ..., \"tensors\": "
-                                    "[{\"name\": ..., \"shape\": [...]}, ...]}")
+                                    "[{\"name\": ..., \"shape\": [...]}, ...], \"gathers\": n (optional: a shared unit "
+                                    "gathered n times per pass)}")
                          ->check(CLI::ExistingFile);
   app.add_option("--layers", model.layers, "the trainers' MLP: linear layers")
       ->check(CLI::Range(1, 1000))

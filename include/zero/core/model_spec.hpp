@@ -20,6 +20,11 @@ struct unit_spec {
   std::string name;
   std::vector<tensor_spec> tensors;
   std::size_t numel = 0;  // sum of the tensors' numel, without padding
+  // How many times the unit is gathered in each forward pass and again in each backward pass: 1, or
+  // more for a shared (tied) unit used in several places, such as an embedding that is also the
+  // output layer (2). The traffic formulas count these gathers, and the engine refuses a unit
+  // gathered more often in a step than 2 x gathers x micro-batches.
+  int gathers = 1;
 };
 
 // A unit's index in declaration order; what the engine's protocol calls take.
@@ -38,6 +43,8 @@ class unit_builder {
     return tensor(name, std::vector<std::size_t>(shape));
   }
   unit_builder& tensor(const std::string& name, const std::vector<std::size_t>& shape);
+  // Declares a shared unit: gathered `times` times per forward pass and per backward pass (>= 1).
+  unit_builder& gathers(int times);
   operator unit_id() const { return unit_id{index_}; }
   unit_id id() const { return unit_id{index_}; }
 
@@ -53,7 +60,7 @@ class model_spec {
     ZERO_CHECK(!name.empty(), invalid_argument, "model_spec: a unit name must not be empty");
     for (const auto& u : units_)
       ZERO_CHECK(u.name != name, invalid_argument, "model_spec: unit '", name, "' is declared twice");
-    units_.push_back(unit_spec{name, {}, 0});
+    units_.push_back(unit_spec{name, {}, 0, 1});
     return unit_builder(*this, units_.size() - 1);
   }
 
@@ -87,6 +94,8 @@ class model_spec {
       ZERO_CHECK(!u.tensors.empty(), invalid_argument, "model_spec: unit '", u.name, "' has no tensors");
   }
 
+  // Equal models have the same units and tensors; how often a unit is gathered (unit_spec::gathers) is
+  // how a training loop uses the model, not part of it, so a checkpoint loads whatever it declares.
   friend bool operator==(const model_spec& a, const model_spec& b) {
     if (a.units_.size() != b.units_.size()) return false;
     for (std::size_t i = 0; i < a.units_.size(); ++i) {
@@ -118,6 +127,14 @@ inline unit_builder& unit_builder::tensor(const std::string& name, const std::ve
   }
   u.tensors.push_back(tensor_spec{name, shape, numel});
   u.numel += numel;
+  return *this;
+}
+
+inline unit_builder& unit_builder::gathers(int times) {
+  unit_spec& u = spec_->units_[index_];
+  ZERO_CHECK(times >= 1, invalid_argument, "model_spec: unit '", u.name, "': gathers(", times,
+             "): a unit is gathered at least once per pass");
+  u.gathers = times;
   return *this;
 }
 

@@ -54,12 +54,14 @@ class engine {
 
   class gathered;
   class grad_buffers;
+  class evaluation_scope;
 
   engine(Comm& comm, const model_spec& spec, Opt opt = {}, engine_options options = {})
       : sys_(system_of(comm)),
         comm_(comm),
         other_comm_(comm),
         control_comm_(comm),
+        eval_comm_(comm),
         spec_(spec),
         layout_(layout::make(spec, comm.size())),
         opt_(validated(opt, comm.rank())),
@@ -150,17 +152,51 @@ class engine {
   }
 
   // ---- the protocol --------------------------------------------------------------------------
+  //
+  // Which calls are collectives (every rank must make them, in the same order):
+  //   gather(u)           stage 3 only (an all-gather of the unit); a local view in stages 0-2
+  //   release(u)          never
+  //   grads(u)            never
+  //   reduce(u)           every stage (all-reduce in stage 0, reduce-scatter in 1-3)
+  //   step()              stages 1-2 (the all-gather of the updated parameters), and in stages 1-3
+  //                       whenever the gradient norm is computed (one 8-byte all-reduce)
+  //   full_params()       stages 1-3, which shard the master weights (an all-gather per unit)
+  //   initialize()        with broadcast_from_rank0 (a broadcast per tensor or chunk); the range form
+  //                       with every_rank in stages 1-2 (the parameter all-gather)
+  //   finish_load()       stages 1-2 (the parameter all-gather)
+  //   evaluation()        not a collective, nor is the end of its scope; the gathers inside it are
+  //                       (stage 3), so every rank runs the same forward passes, empty ones included.
+  //
+  // A unit is gathered in each forward and each backward pass of every micro-batch, `gathers` times
+  // per pass (unit_spec::gathers: 1, or 2 for a tied embedding that is also the output layer): at most
+  // 2 x gathers x micro_batches times per step, the count the traffic formula assumes; one more is a
+  // protocol error naming the unit. Forward-only passes between steps belong in an evaluation() scope,
+  // whose gathers are counted apart (comm().evaluation) and not against the step.
 
   // Makes unit u's parameters available in full until release(u) (or the handle's destruction).
   gathered gather(unit_id u) {
     unit_state& s = state(u, "gather");
     ZERO_CHECK(!s.gathered, protocol, where(u), "gather of a unit that is already gathered; release it first");
+    if (!evaluating_) {
+      const int declared = spec_.units()[u.index].gathers, limit = 2 * declared * options_.micro_batches;
+      ZERO_CHECK(s.step_gathers < limit, protocol, where(u), "gathered ", s.step_gathers + 1,
+                 " times in this step, but it is declared to be gathered ", declared,
+                 " time(s) per pass: at most 2 passes x ", declared, " x ", options_.micro_batches,
+                 " micro-batch(es) = ", limit, " per step (declare a shared unit with unit_builder::gathers(n); run "
+                 "forward-only passes inside an evaluation() scope)");
+    }
     const unit_layout& ul = layout_.unit(u);
     if constexpr (P::shards_parameters) {
       s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
       const auto l = label("gather", u);
-      comm_.all_gather(element<param_type, true>(params_, ul, layout_.owned(u, rank_).begin), s.full_params.data(),
-                       ul.shard);
+      comm::counted<Comm>& via = evaluating_ ? eval_comm_ : comm_;
+      via.all_gather(element<param_type, true>(params_, ul, layout_.owned(u, rank_).begin), s.full_params.data(),
+                     ul.shard);
+    }
+    // Counted once it succeeded: a gather refused for memory leaves the engine as it was.
+    if (!evaluating_) {
+      ++s.step_gathers;
+      step_started_ = true;
     }
     s.gathered = true;
     ++s.gather_epoch;
@@ -175,13 +211,19 @@ class engine {
   }
 
   // The unit's gradient buffer for this step, zero at its first use in a step; kernels write or
-  // accumulate into it until reduce(u).
+  // accumulate into it until reduce(u). A shared unit takes its grads() in each place it is used and
+  // is reduced once: where gradients go to a transient bucket (stages 2-3, or several reduced
+  // micro-batches), that bucket stays allocated from the first grads(u) to reduce(u), on top of the
+  // units gathered in between (zero::plan counts it).
   grad_buffers grads(unit_id u) {
     unit_state& s = state(u, "grads");
+    ZERO_CHECK(!evaluating_, protocol, where(u), "grads() inside an evaluation() scope (forward-only passes take no "
+               "gradients; end the scope first)");
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "grads of a unit already reduced in this step",
                reduce_count_text(s.reduces));
     if (uses_bucket() && s.bucket.empty())
       s.bucket = buffer<grad_type, system>(layout_.unit(u).padded, mem_category::transient, acct_);
+    step_started_ = true;
     return grad_buffers(*this, u, s.reduce_epoch);
   }
 
@@ -189,6 +231,8 @@ class engine {
   // in the same unit order, once per unit per micro-batch (reduce_each_micro_batch) or once per step.
   void reduce(unit_id u) {
     unit_state& s = state(u, "reduce");
+    ZERO_CHECK(!evaluating_, protocol, where(u), "reduce() inside an evaluation() scope (forward-only passes take no "
+               "gradients; end the scope first)");
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
                reduce_count_text(s.reduces));
     const unit_layout& ul = layout_.unit(u);
@@ -212,12 +256,14 @@ class engine {
     }
     ++s.reduces;
     ++s.reduce_epoch;
+    step_started_ = true;
   }
 
   // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
   // reduced (M times under reduce_each_micro_batch) and released. When the global gradient norm is
   // not finite on any rank, every rank skips the update and the loss scale adjusts identically.
   step_report step() {
+    ZERO_CHECK(!evaluating_, protocol, "rank ", rank_, ": step() inside an evaluation() scope; end the scope first");
     for (std::size_t u = 0; u < units_.size(); ++u) {
       ZERO_CHECK(units_[u].reduced(reduces_per_step()), protocol, where(unit_id{u}),
                  "step() before every unit was reduced (this one was not", reduce_count_text(units_[u].reduces), ")");
@@ -246,7 +292,8 @@ class engine {
     }
     scaler_.update(r.skipped);
     with_grad_store([&](auto& store) { sys_.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
-    for (auto& s : units_) s.reduces = 0;
+    for (auto& s : units_) s.reduces = s.step_gathers = 0;
+    step_started_ = false;
 
     r.step = step_;
     r.comm = comm_.stats() - at_step_start_;
@@ -254,6 +301,25 @@ class engine {
     at_step_start_ = comm_.stats();
     return r;
   }
+
+  // Opens a forward-only scope (held-out loss, sampling): gathers inside it are counted in
+  // comm().evaluation, not in the next step's report, nor against the units' gathers per step, and
+  // grads(), reduce() and step() are protocol errors until the scope ends. It must begin between
+  // steps (not after a gather, grads or reduce of a step that has not reached step()), and scopes do
+  // not nest. Neither its start nor its end is a collective; its end releases the units still gathered.
+  [[nodiscard]] evaluation_scope evaluation() {
+    ZERO_CHECK(!evaluating_, protocol, "rank ", rank_, ": evaluation() inside another evaluation() scope");
+    if (step_started_) {
+      std::size_t u = 0;  // the first unit the step has touched, to name in the message
+      while (u + 1 < units_.size() && units_[u].step_gathers == 0 && units_[u].reduces == 0) ++u;
+      fail(error_kind::protocol, where(unit_id{u}), "evaluation() in the middle of a step (this unit gathered ",
+           units_[u].step_gathers, " and reduced ", units_[u].reduces,
+           " time(s) since the last step(), after a gather, grads or reduce of the step); call step() first");
+    }
+    evaluating_ = true;
+    return evaluation_scope(*this);
+  }
+  bool evaluating() const { return evaluating_; }
 
   // The factor user kernels multiply the loss by (1 unless the precision policy scales the loss).
   float loss_scale() const { return scaler_.scale(); }
@@ -323,6 +389,8 @@ class engine {
     for (std::size_t u = 0; u < units_.size(); ++u)
       ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
                  "finish_load() in the middle of a step");
+    for (auto& s : units_) s.step_gathers = 0;  // a loaded engine starts a step afresh
+    step_started_ = false;
     step_ = ts.step;
     skipped_ = ts.skipped_steps;
     if constexpr (Prec::loss_scaling) scaler_.restore(ts.loss_scale, ts.clean_steps, ts.hysteresis_left);
@@ -345,7 +413,8 @@ class engine {
 
   const memory_report& memory() const { return acct_.report(); }
   comm_report comm() const {
-    return comm_report{comm_.stats(), last_step_, other_comm_.stats(), control_comm_.stats(), step_ + skipped_};
+    return comm_report{comm_.stats(),          last_step_,       other_comm_.stats(),
+                       control_comm_.stats(), step_ + skipped_, eval_comm_.stats()};
   }
 
   // The per-parameter sizes the paper's equations need for this engine's policies.
@@ -356,9 +425,23 @@ class engine {
   std::uint64_t model_state_formula_bytes() const {
     return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
   }
+  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3.
   std::uint64_t comm_formula_bytes() const {
     return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type),
-                                        reduces_per_step());
+                                        reduces_per_step(), extra_gathered_elements());
+  }
+  // Bytes of one forward-only pass inside evaluation() (every unit gathered `gathers` times): stage 3
+  // only.
+  std::uint64_t eval_comm_formula_bytes() const {
+    return formula::eval_comm_bytes_per_pass(P::stage, layout_.padded(), layout_.ranks(),
+                                             sizeof(typename Prec::comm_type), extra_gathered_elements());
+  }
+  // Padded elements gathered per pass beyond once per unit: the sum of (gathers - 1) x padded.
+  std::uint64_t extra_gathered_elements() const {
+    std::uint64_t n = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      n += static_cast<std::uint64_t>(spec_.units()[u].gathers - 1) * layout_.unit(unit_id{u}).padded;
+    return n;
   }
 
   const model_spec& spec() const { return spec_; }
@@ -369,6 +452,25 @@ class engine {
   std::uint64_t steps() const { return step_; }
 
   // ---- handles -------------------------------------------------------------------------------
+
+  // An evaluation() scope: ends when destroyed (movable, not copyable).
+  class evaluation_scope {
+   public:
+    evaluation_scope(evaluation_scope&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+    evaluation_scope& operator=(evaluation_scope&&) = delete;
+    evaluation_scope(const evaluation_scope&) = delete;
+    ~evaluation_scope() { end(); }
+    // Ends the scope before the destructor would.
+    void end() {
+      if (e_) e_->end_evaluation();
+      e_ = nullptr;
+    }
+
+   private:
+    friend class engine;
+    explicit evaluation_scope(engine& e) : e_(&e) {}
+    engine* e_;
+  };
 
   // A unit's gathered parameters; releases the unit when destroyed unless released already.
   class gathered {
@@ -428,11 +530,22 @@ class engine {
   struct unit_state {
     bool gathered = false;
     int reduces = 0;  // reduce() calls in the current step
+    int step_gathers = 0;  // gather() calls in the current step, outside evaluation()
     std::uint64_t gather_epoch = 0, reduce_epoch = 0;
     bool reduced(int per_step) const { return reduces >= per_step; }
     buffer<param_type, system> full_params;  // stage 3: the gathered unit
     buffer<grad_type, system> bucket;        // stages 2-3: the unit's full gradient until reduce
   };
+
+  // The end of an evaluation() scope: releases what it left gathered (a local operation).
+  void end_evaluation() noexcept {
+    for (auto& s : units_)
+      if (s.gathered) {
+        s.gathered = false;
+        s.full_params.reset();
+      }
+    evaluating_ = false;
+  }
 
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
   static system system_of(Comm& c) {
@@ -714,6 +827,7 @@ class engine {
   comm::counted<Comm> comm_;        // the protocol's traffic, what the formulas count
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)
+  comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
   const model_spec spec_;
   const zero::layout layout_;
   Opt opt_;
@@ -728,6 +842,8 @@ class engine {
   std::vector<unit_state> units_;
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
+  bool evaluating_ = false;     // inside an evaluation() scope
+  bool step_started_ = false;   // a gather, grads or reduce since the last step() (outside evaluation)
 };
 
 }  // namespace zero

@@ -49,6 +49,7 @@ struct plan_optimizer {
 struct unit_plan {
   std::string name;
   std::size_t numel = 0, padded = 0, shard = 0;  // elements, as zero::layout places them
+  int gathers = 1;                               // unit_spec::gathers: times gathered per pass
   std::uint64_t gathered_bytes = 0;              // stage 3: gather(u)'s all-gathered parameters, padded
   std::uint64_t bucket_bytes = 0;                // grads(u)'s transient bucket, padded, where one is used
   std::uint64_t consolidation_bytes = 0;         // full_params(u) in stages 1-3: the unit's padded fp32 gather
@@ -58,7 +59,11 @@ struct unit_plan {
 // field equal to what the engine then measures), for the loop of the protocol: in each micro-batch
 // every unit is gathered and released in a forward pass, then gathered again, given its gradients
 // and reduced in a backward pass, so at most one unit is gathered at a time and grads(u) follows
-// gather(u); every step() updates (no step skipped for non-finite gradients).
+// gather(u); every step() updates (no step skipped for non-finite gradients). A shared unit
+// (unit_spec::gathers > 1) is gathered that many times in each pass and reduced once: its gradient
+// bucket is taken at its first grads() and held to its reduce(), which the plan assumes spans the
+// whole backward pass (the tied embedding's pattern: the output layer first, the embedding last), so
+// its bucket adds to every other unit's gathered parameters and bucket.
 struct plan_report {
   int stage = 0, ranks = 1;
   std::size_t numel = 0, padded = 0;  // parameters, unpadded and padded (Psi)
@@ -69,6 +74,7 @@ struct plan_report {
 
   // Transient buffers, allocated and freed inside the protocol's calls.
   std::uint64_t bucket_bytes = 0;    // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
+  std::uint64_t shared_bucket_bytes = 0;  // the buckets of the shared units, held through the backward pass
   std::uint64_t gathered_bytes = 0;  // the largest unit gathered (stage 3)
   std::uint64_t norm_bytes =
       0;  // step()'s one-double all-reduce buffer of the norm (stages 1-3, when a norm is computed)
@@ -141,9 +147,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   const bool bucket = shards_grads || reduces > 1;
   const bool norm = precision.separate_master || options.clip_norm > 0.0f || options.compute_grad_norm;
   std::size_t largest_tensor = 0;
+  std::uint64_t backward_peak = 0;  // the most one unit holds in backward besides the shared buckets
   for (std::size_t u = 0; u < l.num_units(); ++u) {
     const unit_layout& ul = l.unit(unit_id{u});
-    unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard};
+    const int gathers = spec.units()[u].gathers;
+    unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard, gathers};
     up.gathered_bytes = shards_params ? ul.padded * precision.param_bytes : 0;
     up.bucket_bytes = bucket ? ul.padded * precision.grad_bytes : 0;
     up.consolidation_bytes = shards_states ? ul.padded * sizeof(float) : 0;
@@ -151,7 +159,13 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     r.bucket_bytes = std::max(r.bucket_bytes, up.bucket_bytes);
     r.consolidation_bytes = std::max(r.consolidation_bytes, up.consolidation_bytes);
     // Backward holds a unit gathered and its bucket at once: reduce(u) frees the bucket, release the unit.
-    r.step_transient_peak = std::max(r.step_transient_peak, up.gathered_bytes + up.bucket_bytes);
+    // A shared unit's bucket is held through the backward, so it is counted once, with the shared ones.
+    if (gathers > 1) {
+      r.shared_bucket_bytes += up.bucket_bytes;
+      backward_peak = std::max(backward_peak, up.gathered_bytes);
+    } else {
+      backward_peak = std::max(backward_peak, up.gathered_bytes + up.bucket_bytes);
+    }
     for (const auto& t : spec.units()[u].tensors) largest_tensor = std::max(largest_tensor, t.numel);
 
     // The protocol's collectives of this unit in one step (comm::counted's view of the engine).
@@ -162,8 +176,9 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
       detail::plan_count(r.step_comm, comm::collective::all_reduce, unit_grads, ranks, per_step);
     } else {
       detail::plan_count(r.step_comm, comm::collective::reduce_scatter, unit_grads, ranks, per_step);
-      if (shards_params)  // gathered in forward and again in backward, in every micro-batch
-        detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks, 2 * m);
+      if (shards_params)  // gathered `gathers` times in forward and again in backward, in every micro-batch
+        detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks,
+                           2 * m * static_cast<std::uint64_t>(gathers));
       else  // stages 1-2: the updated parameter slices to every rank
         detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks);
     }
@@ -174,7 +189,7 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     r.norm_bytes = sizeof(double);
     detail::plan_count(r.control_comm, comm::collective::all_reduce, sizeof(double), ranks);
   }
-  r.step_transient_peak = std::max(r.step_transient_peak, r.norm_bytes);
+  r.step_transient_peak = std::max(r.shared_bucket_bytes + backward_peak, r.norm_bytes);
   r.peak_bytes = r.model_states.total() + r.step_transient_peak;
   r.init_broadcast_bytes = std::min<std::uint64_t>(options.init_chunk_elements, largest_tensor) * sizeof(float);
   return r;

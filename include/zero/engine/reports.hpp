@@ -31,6 +31,7 @@ struct comm_report {
   comm::comm_stats other;      // initialisation broadcasts, full_params() gathers: outside any step
   comm::comm_stats control;    // the step's one scalar all-reduce (gradient norm and overflow flag)
   std::uint64_t steps = 0;     // step() calls, skipped ones included
+  comm::comm_stats evaluation;  // gathers inside engine::evaluation() scopes, since construction: in no step
 };
 
 }  // namespace zero
