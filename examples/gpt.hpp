@@ -35,7 +35,8 @@ struct config {
 
 // tutorial:begin units
 // The units, in the order of the forward pass: what is gathered and released together. The token
-// embedding is a unit of its own because the output layer uses it again (the tied weight).
+// embedding is a unit of its own because the output layer uses it again (the tied weight): declared
+// as gathered twice per pass, so the engine's traffic formula counts its second gathers.
 inline constexpr zero::unit_id wte{0};  // token embedding [vocab, C], also the output layer
 inline constexpr zero::unit_id wpe{1};  // position embedding [context, C]
 inline zero::unit_id block(int l) { return zero::unit_id{2 + static_cast<std::size_t>(l)}; }
@@ -45,7 +46,7 @@ inline zero::model_spec make_spec(const config& c) {
   const auto V = static_cast<std::size_t>(c.vocab), T = static_cast<std::size_t>(c.context),
              C = static_cast<std::size_t>(c.embd);
   zero::model_spec spec;
-  spec.unit("wte").tensor("weight", {V, C});
+  spec.unit("wte").tensor("weight", {V, C}).gathers(2);
   spec.unit("wpe").tensor("weight", {T, C});
   for (int l = 0; l < c.layers; ++l)
     spec.unit("h." + std::to_string(l))
@@ -346,8 +347,8 @@ step_result train_step(Engine& e, const config& c, const corpus& data, std::uint
 // tutorial:end
 
 // Mean loss (nats per token) and next-token accuracy over the windows starting at `starts`, every
-// rank taking every N-th window: a forward pass through the engine (gathers, no grads, no reduce,
-// allowed between steps), `chunk` windows at a time. Every rank runs the same number of passes (the
+// rank taking every N-th window: a forward pass through the engine (gathers, no grads, no reduce;
+// call it inside an e.evaluation() scope, between steps), `chunk` windows at a time. Every rank runs the same number of passes (the
 // last ones may be empty) because stage 3's gathers are collectives. Collective.
 template <class Engine, class Comm>
 std::pair<double, double> evaluate(Engine& e, Comm& comm, const config& c, const corpus& data,
@@ -385,7 +386,8 @@ std::pair<double, double> evaluate(Engine& e, Comm& comm, const config& c, const
 
 // Continues `prompt` by n bytes, sampling each from the softmax at `temperature` with the
 // counter-based generator (0: the most likely byte). Rank 0 computes; the other ranks make the same
-// gathers with no rows, since stage 3's gathers are collectives. Collective; rank 0's result.
+// gathers with no rows, since stage 3's gathers are collectives. Inside an e.evaluation() scope, like
+// evaluate. Collective; rank 0's result.
 template <class Engine>
 std::string generate(Engine& e, const config& c, const corpus& data, const std::string& prompt, int n,
                      float temperature, std::uint64_t seed) {

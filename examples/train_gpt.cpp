@@ -52,7 +52,9 @@ struct gpt_summary {
   double loss_train_eval = 0, loss_held_out = 0, accuracy_held_out = 0;
   std::string sample;
   std::vector<std::uint64_t> unit_padded;  // the padded size of each unit, in declaration order
-  std::uint64_t comm_tied_extra = 0;       // bytes per step the formulas do not count (see below)
+  std::uint64_t comm_paper_formula = 0;    // the paper's bytes per step, one gather per unit and pass
+  std::uint64_t eval_comm_bytes = 0, eval_comm_formula = 0;  // evaluation and sampling: measured, formula per pass
+  std::uint64_t eval_passes = 0;           // forward passes in the evaluation scope
 };
 
 template <class Comm>
@@ -64,15 +66,6 @@ template <class Comm>
 double global_max(Comm& comm, double v) {
   comm.all_reduce(&v, &v, 1, zero::reduce_op::max);
   return v;
-}
-
-// The bytes per step that stage 3 sends for the tied weight beyond the formula: the formula counts
-// each unit gathered once in forward and once in backward; wte is gathered twice in each, so two more
-// all-gathers of its padded extent per micro-batch. Stages 0-2 gather by view: nothing more is sent.
-inline std::uint64_t tied_extra_bytes(int stage, std::uint64_t wte_padded, int n, std::size_t elem, int micro_batches) {
-  if (stage != 3) return 0;
-  return 2 * static_cast<std::uint64_t>(micro_batches) * wte_padded / static_cast<std::uint64_t>(n) *
-         static_cast<std::uint64_t>(n - 1) * elem;
 }
 
 template <class Stage, class Opt, class Prec, class Comm>
@@ -137,16 +130,29 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   s.comm_bytes = global_max(comm, static_cast<double>(e.comm().last_step.total_bytes()));
   s.comm_formula = static_cast<double>(e.comm_formula_bytes());
   for (std::size_t u = 0; u < spec.num_units(); ++u) out.unit_padded.push_back(e.layout().unit(zero::unit_id{u}).padded);
-  out.comm_tied_extra = tied_extra_bytes(Stage::stage, out.unit_padded[gpt::wte.index], ranks,
-                                         sizeof(typename Prec::comm_type), o.accum);
+  // The formula counts wte's second gathers (declared with gathers(2)); the paper's counts one per pass.
+  out.comm_paper_formula = zero::formula::comm_bytes_per_step(Stage::stage, e.layout().padded(), ranks,
+                                                              sizeof(typename Prec::comm_type), o.accum);
 
-  // Evaluation: the held-out windows, and as many spread over the training part.
-  const auto held = gpt::eval_windows(data.train_end, data.tokens.size(), c.context, g.eval_windows);
-  const auto train_part = gpt::eval_windows(0, data.train_end, c.context, held.size());
-  const int chunk = std::max(1, c.batch / ranks);
-  out.loss_train_eval = gpt::evaluate(e, comm, c, data, train_part, chunk).first;
-  std::tie(out.loss_held_out, out.accuracy_held_out) = gpt::evaluate(e, comm, c, data, held, chunk);
-  if (g.sample > 0) out.sample = gpt::generate(e, c, data, g.prompt, g.sample, g.temperature, c.seed);
+  // Evaluation: the held-out windows, and as many spread over the training part. Forward passes only,
+  // in an evaluation scope: their gathers are reported apart from the steps' (comm().evaluation).
+  {
+    auto ev = e.evaluation();
+    const auto held = gpt::eval_windows(data.train_end, data.tokens.size(), c.context, g.eval_windows);
+    const auto train_part = gpt::eval_windows(0, data.train_end, c.context, held.size());
+    const int chunk = std::max(1, c.batch / ranks);
+    out.loss_train_eval = gpt::evaluate(e, comm, c, data, train_part, chunk).first;
+    std::tie(out.loss_held_out, out.accuracy_held_out) = gpt::evaluate(e, comm, c, data, held, chunk);
+    if (g.sample > 0) out.sample = gpt::generate(e, c, data, g.prompt, g.sample, g.temperature, c.seed);
+    // Each evaluate() makes ceil(ceil(windows / N) / chunk) passes; generate() one per byte.
+    const auto passes = [&](std::size_t windows) {
+      const std::size_t per_rank = (windows + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+      return (per_rank + static_cast<std::size_t>(chunk) - 1) / static_cast<std::size_t>(chunk);
+    };
+    out.eval_passes = passes(train_part.size()) + passes(held.size()) + static_cast<std::size_t>(std::max(g.sample, 0));
+  }
+  out.eval_comm_bytes = e.comm().evaluation.total_bytes();
+  out.eval_comm_formula = e.eval_comm_formula_bytes();
 
   s.param_hash = mlp::param_hash(e);
   s.padded = e.layout().padded();
@@ -201,17 +207,18 @@ std::vector<std::string> default_corpus(std::string& tried) {
 }
 
 void print_gpt_summary(const options& o, const gpt_options& g, const gpt::corpus& data, const gpt_summary& s) {
-  // The traffic formula printed counts the tied weight's extra gathers; the JSON keeps the paper's.
-  trainer::summary shown = s.base;
-  shown.comm_formula += static_cast<double>(s.comm_tied_extra);
-  trainer::print_summary(o, shown);
+  trainer::print_summary(o, s.base);
   const double entropy_train = gpt::unigram_entropy(data, 0, data.train_end);
   const double entropy_held = gpt::unigram_entropy(data, data.train_end, data.tokens.size());
-  std::printf("  tied weight 'wte' (padded %llu) is gathered twice per pass: the traffic formula above is the "
-              "paper's %.0f, which counts one gather per unit and pass, plus %llu bytes for wte's second gathers "
-              "(stage 3)\n",
-              static_cast<unsigned long long>(s.unit_padded[gpt::wte.index]), s.base.comm_formula,
-              static_cast<unsigned long long>(s.comm_tied_extra));
+  std::printf("  tied weight 'wte' (padded %llu) is declared gathered twice per pass: the traffic formula above "
+              "counts its second gathers, %llu bytes beyond the paper's %llu (stage 3 only)\n",
+              static_cast<unsigned long long>(s.unit_padded[gpt::wte.index]),
+              static_cast<unsigned long long>(static_cast<std::uint64_t>(s.base.comm_formula) - s.comm_paper_formula),
+              static_cast<unsigned long long>(s.comm_paper_formula));
+  std::printf("  evaluation and sampling: %llu forward passes sent %llu bytes per rank (formula: %llu per pass), "
+              "not counted in the steps'\n",
+              static_cast<unsigned long long>(s.eval_passes), static_cast<unsigned long long>(s.eval_comm_bytes),
+              static_cast<unsigned long long>(s.eval_comm_formula));
   std::printf("  %.1f ms per step, %.0f tokens/s\n", o.steps > 0 ? 1e3 * s.base.seconds / o.steps : 0.0,
               s.base.seconds > 0 ? o.steps * double(g.model.batch) * g.model.context / s.base.seconds : 0.0);
   std::printf("  corpus: %zu files, %zu bytes, vocabulary %d; %zu tokens for training, %zu held out\n",
@@ -241,10 +248,14 @@ nlohmann::json gpt_json(const options& o, const gpt_options& g, const gpt::corpu
   nlohmann::json units = nlohmann::json::array();
   const zero::model_spec spec = gpt::make_spec(c);
   for (std::size_t u = 0; u < spec.num_units(); ++u)
-    units.push_back({{"name", spec.units()[u].name}, {"numel", spec.units()[u].numel}, {"padded", s.unit_padded[u]}});
+    units.push_back({{"name", spec.units()[u].name}, {"numel", spec.units()[u].numel}, {"padded", s.unit_padded[u]},
+                     {"gathers", spec.units()[u].gathers}});
   j["units"] = units;
   j["tied_unit"] = spec.units()[gpt::wte.index].name;
-  j["comm_tied_extra_bytes"] = s.comm_tied_extra;
+  j["comm_paper_formula_bytes"] = s.comm_paper_formula;
+  j["eval_passes"] = s.eval_passes;
+  j["eval_comm_bytes_per_rank"] = s.eval_comm_bytes;
+  j["eval_comm_formula_bytes_per_pass"] = s.eval_comm_formula;
   j["sample"] = s.sample;
   return j;
 }

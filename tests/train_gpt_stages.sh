@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # train_gpt end to end on a small model: for fp32 and bf16 at N = 2 and 4 (and with --accum and --clip),
 # stages 0-3 print the same param_hash; model states equal the formula; the traffic equals the
-# formula, plus in stage 3 the two extra all-gathers of the tied unit per micro-batch, computed here
-# from the units the run reports.
+# formula, which counts in stage 3 the two extra all-gathers of the tied unit (declared gathers(2))
+# per micro-batch, recomputed here from the units the run reports; evaluation and sampling traffic is
+# reported apart and equals the per-pass formula times the passes.
 # Usage: train_gpt_stages.sh TRAIN_GPT
 set -eu
 train_gpt=$1
@@ -19,12 +20,18 @@ assert sum(u["padded"] for u in j["units"]) == psi, j["units"]
 assert j["model_state_bytes_per_rank"] == j["model_state_formula_bytes"], j
 # The paper: 2M, M + 1, M + 1, 3M passes of Psi (N-1)/N elements.
 passes = {0: 2 * m, 1: m + 1, 2: m + 1, 3: 3 * m}[stage]
-assert j["comm_formula_bytes"] == passes * psi // n * (n - 1) * elem, j
-# The tied unit is gathered twice in forward and twice in backward: stage 3 sends two more
-# all-gathers of it per micro-batch; gathers in stages 0-2 are views.
+assert j["comm_paper_formula_bytes"] == passes * psi // n * (n - 1) * elem, j
+# The tied unit is declared gathered twice per pass: in stage 3 the formula adds two more
+# all-gathers of it per micro-batch (forward and backward); gathers in stages 0-2 are views.
 tied = [u for u in j["units"] if u["name"] == j["tied_unit"]][0]
+assert tied["gathers"] == 2 and all(u["gathers"] == 1 for u in j["units"] if u is not tied), j["units"]
 extra = 2 * m * tied["padded"] // n * (n - 1) * elem if stage == 3 else 0
-assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"] + extra, (j, extra)
+assert j["comm_formula_bytes"] == j["comm_paper_formula_bytes"] + extra, (j, extra)
+assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"], j
+# One forward pass gathers every unit once and the tied one twice: stage 3 only.
+per_pass = (psi + tied["padded"]) // n * (n - 1) * elem if stage == 3 else 0
+assert j["eval_comm_formula_bytes_per_pass"] == per_pass, j
+assert j["eval_passes"] > 0 and j["eval_comm_bytes_per_rank"] == per_pass * j["eval_passes"], j
 print(j["param_hash"])'
 }
 
