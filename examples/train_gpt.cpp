@@ -94,6 +94,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   auto last_print = start;
   s.first_step = t0;
   s.last_step = t0;
+  trainer::step_traffic step_bytes;  // what the summary reports as the step's traffic
   for (int i = 0; i < o.steps; ++i) {
     // tutorial:begin loop
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
@@ -108,6 +109,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     s.grad_norm = r.report.grad_norm;
     s.loss_scale = r.report.loss_scale;
     s.overflow_steps += r.report.skipped ? 1 : 0;
+    step_bytes.add(r.report);
     s.last_step = t + 1;
     const auto now = std::chrono::steady_clock::now();
     if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
@@ -127,7 +129,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   for (int k = 0; k < zero::mem_category_count; ++k)
     s.by_category[k] = global_max(comm, static_cast<double>(mem.current[k]));
   s.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
-  s.comm_bytes = global_max(comm, static_cast<double>(e.comm().last_step.total_bytes()));
+  s.comm_bytes = global_max(comm, static_cast<double>(step_bytes.bytes));
   s.comm_formula = static_cast<double>(e.comm_formula_bytes());
   for (std::size_t u = 0; u < spec.num_units(); ++u) out.unit_padded.push_back(e.layout().unit(zero::unit_id{u}).padded);
   // The formula counts wte's second gathers (declared with gathers(2)); the paper's counts one per pass.

@@ -69,6 +69,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   const auto start = std::chrono::steady_clock::now();
   out.first_step = t0;
   out.last_step = t0;  // --steps 0: nothing trained
+  trainer::step_traffic step_bytes;  // what the summary reports as the step's traffic
   for (int i = 0; i < o.steps; ++i) {
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
     const auto step_start = std::chrono::steady_clock::now();
@@ -82,6 +83,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
     out.grad_norm = r.report.grad_norm;
     out.loss_scale = r.report.loss_scale;
     out.overflow_steps += r.report.skipped ? 1 : 0;
+    step_bytes.add(r.report);
     out.last_step = t + 1;
     if (rank == 0) {
       if (log) {
@@ -114,7 +116,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   for (int c = 0; c < zero::mem_category_count; ++c)
     out.by_category[c] = global_max(comm, static_cast<double>(mem.current[c]));
   out.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
-  out.comm_bytes = global_max(comm, static_cast<double>(e.comm().last_step.total_bytes()));
+  out.comm_bytes = global_max(comm, static_cast<double>(step_bytes.bytes));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   trainer::finish(e, comm, o);
 }

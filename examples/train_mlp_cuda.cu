@@ -466,6 +466,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   const int warm = std::min(5, o.steps / 2);
   auto steady_start = start;
   out.first_step = out.last_step = t0;
+  trainer::step_traffic step_bytes;  // what the summary reports as the step's traffic
   for (int i = 0; i < o.steps; ++i) {
     if (rl.wanted && i == warm) {
       comm.context().wait_all();
@@ -478,6 +479,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
     out.grad_norm = r.grad_norm;
     out.loss_scale = r.loss_scale;
     out.overflow_steps += r.skipped ? 1 : 0;
+    step_bytes.add(r);
     out.last_step = t + 1;
     if (log) {
       // The host's view of the step: kernels queued on the stream may still run after it.
@@ -525,7 +527,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   const auto& mem = e.memory();
   std::vector<double> maxima{static_cast<double>(mem.model_state_bytes()),
                              static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]),
-                             static_cast<double>(e.comm().last_step.total_bytes()), setup_seconds,
+                             static_cast<double>(step_bytes.bytes), setup_seconds,
                              setup_cpu_seconds};
   for (int c = 0; c < zero::mem_category_count; ++c) maxima.push_back(static_cast<double>(mem.current[c]));
   maxima = reduce_over_ranks(comm, maxima, zero::reduce_op::max);

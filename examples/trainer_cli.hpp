@@ -176,6 +176,20 @@ O trainer_optimizer(const options& o) {
   return opt;
 }
 
+// The traffic the summary reports per step, compared with the engine's formula: that of the last step
+// that applied an update, or of the last step when none did. A step skipped for non-finite gradients
+// sends less than the formula (no post-update all-gather in stages 1-2), so a run whose last step
+// overflowed would otherwise report a mismatch that is not one.
+struct step_traffic {
+  std::uint64_t bytes = 0;
+  bool applied = false;
+  void add(const zero::step_report& r) {
+    if (r.skipped && applied) return;
+    bytes = r.comm.total_bytes();
+    applied = !r.skipped;
+  }
+};
+
 // "1e-3 for adamw, 0.05 for sgd, ...": the default rates, for --lr's help. `tune(opt)` applies a
 // trainer's own changes to trainer_optimizer's defaults.
 inline std::string default_rates(const auto& tune) {
