@@ -255,6 +255,36 @@ class engine {
     return r;
   }
 
+  // ---- hyper-parameters between steps --------------------------------------------------------
+
+  // Replaces the optimizer's hyper-parameters; the next step() uses them (the step counter, the
+  // moments and the loss scale carry on, so AdamW's bias correction continues at the same t).
+  // Validated exactly as at construction (the same errors, naming the rank); a refused value leaves
+  // the old ones. Refused (protocol) in the middle of a step: while any unit is gathered or has been
+  // reduced since the last step(), the state finish_load() refuses too. grads() alone leaves no mark
+  // (in stages 0-1 it hands out the persistent gradient), so a change after grads() and before the
+  // first reduce() is accepted, harmlessly: only step() reads the optimizer. Not a collective, but a
+  // rank updates its own slice with its own values: every rank must make the same change.
+  void set_optimizer(const Opt& o) {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
+                 "set_optimizer() in the middle of a step (this unit is ",
+                 units_[u].gathered ? "gathered" : "reduced in this step",
+                 "); change hyper-parameters between step() and the next step's first gather or reduce");
+    opt_ = validated(o, rank_);
+  }
+  // The learning rate alone, for optimizers that have one (a member `lr`), e.g. from a schedule
+  // (zero/core/schedule.hpp); set_optimizer's rules. lr 0 is accepted by the library's optimizers
+  // and leaves each weight's value unchanged (w - 0 x d; the states still advance); the one bit
+  // pattern it can change is a weight of -0, which becomes +0 where its update direction d is negative.
+  void set_learning_rate(float lr)
+    requires requires(Opt& o, float x) { o.lr = x; }
+  {
+    Opt o = opt_;
+    o.lr = lr;
+    set_optimizer(o);
+  }
+
   // The factor user kernels multiply the loss by (1 unless the precision policy scales the loss).
   float loss_scale() const { return scaler_.scale(); }
   const engine_options& options() const { return options_; }
@@ -363,6 +393,7 @@ class engine {
 
   const model_spec& spec() const { return spec_; }
   const zero::layout& layout() const { return layout_; }
+  // The optimizer's current hyper-parameters (as built, or as last set): what a checkpoint records.
   const Opt& optimizer_state() const { return opt_; }
   int rank() const { return rank_; }
   int world_size() const { return layout_.ranks(); }
