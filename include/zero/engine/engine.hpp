@@ -294,7 +294,7 @@ class engine {
   }
   // The learning rate alone, for optimizers that have one (a member `lr`), e.g. from a schedule
   // (zero/core/schedule.hpp); set_optimizer's rules. lr 0 is accepted by the library's optimizers
-  // and leaves each weight's value unchanged (w - 0 x d; the states still advance); the one bit
+  // and leaves each weight's value unchanged (w - 0 x d, d finite; the states still advance); the one bit
   // pattern it can change is a weight of -0, which becomes +0 where its update direction d is negative.
   void set_learning_rate(float lr)
     requires requires(Opt& o, float x) { o.lr = x; }
