@@ -272,3 +272,152 @@ TEST_CASE("a chunk of zero elements is refused") {
                          zero::error);
   });
 }
+
+// ---- every_rank initialization checks that the ranks agree ----
+
+namespace {
+
+// toy's values, except that `tensor` (unit.tensor) gets a different value at element 5 on `odd_rank`.
+zero::init_fn diverging(int rank, const std::string& tensor, int odd_rank) {
+  return [=](const zero::unit_spec& u, const zero::tensor_spec& t, std::span<float> v) {
+    toy::initializer()(u, t, v);
+    if (rank == odd_rank && u.name + "." + t.name == tensor) v[std::min<std::size_t>(5, v.size() - 1)] += 1.0f;
+  };
+}
+zero::init_range_fn diverging_ranges(int rank, const std::string& tensor, int odd_rank) {
+  return [=](const zero::unit_spec& u, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
+    toy::range_initializer()(u, t, r, v);
+    if (rank == odd_rank && u.name + "." + t.name == tensor)
+      for (float& x : v) x = -x;
+  };
+}
+
+// Runs initialize on n ranks; returns each rank's error message ("" where it returned).
+template <class Stage, class Init>
+std::vector<std::string> init_errors(int n, Init make, zero::init_source source = zero::init_source::every_rank) {
+  std::vector<std::string> out(static_cast<std::size_t>(n));
+  zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
+    zero::engine<Stage, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec());
+    try {
+      e.initialize(make(comm.rank()), source);
+    } catch (const zero::error& x) {
+      CHECK(x.kind() == zero::error_kind::invalid_argument);
+      out[static_cast<std::size_t>(comm.rank())] = x.what();
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every_rank whole-tensor initialization that differs by rank fails on every rank, naming the "
+                   "first tensor that differs and the ranks",
+                   Stage, zero::stage0, zero::stage1, zero::stage2, zero::stage3) {
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    const int odd = n - 1;
+    // block.b and head.w differ on the last rank: block.b comes first in declaration order.
+    const auto errors = init_errors<Stage>(n, [&](int rank) {
+      const zero::init_fn a = diverging(rank, "block.b", odd), b = diverging(rank, "head.w", odd);
+      return zero::init_fn([a, b](const zero::unit_spec& u, const zero::tensor_spec& t, std::span<float> v) {
+        if (u.name == "head") b(u, t, v);
+        else a(u, t, v);
+      });
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const std::string& m = errors[static_cast<std::size_t>(r)];
+      CHECK(m.find("rank " + std::to_string(r) + ": initialize (init_source::every_rank): unit 'block', tensor 'b': "
+                   "rank(s) " + std::to_string(odd) + " produced other values than rank 0") == 0);
+      CHECK(m.find("head") == std::string::npos);
+      CHECK(m.find("broadcast_from_rank0") != std::string::npos);
+    }
+  }
+  // Two ranks out of four, listed.
+  const auto errors = init_errors<Stage>(4, [](int rank) {
+    return zero::init_fn([rank](const zero::unit_spec& u, const zero::tensor_spec& t, std::span<float> v) {
+      toy::initializer()(u, t, v);
+      if (u.name == "tiny" && (rank == 1 || rank == 3)) v[0] = static_cast<float>(rank);
+    });
+  });
+  for (const auto& m : errors) CHECK(m.find("unit 'tiny', tensor 'scale': rank(s) 1, 3 produced") != std::string::npos);
+}
+
+TEST_CASE("every_rank range initialization is checked where ranks produce the same values: stage 0") {
+  for (std::size_t chunk : {std::size_t{7}, zero::engine_options{}.init_chunk_elements}) {
+    CAPTURE(chunk);
+    std::vector<std::string> errors(3);
+    zero::comm::threads::launch(3, [&](zero::comm::threads& comm) {
+      zero::engine_options o;
+      o.init_chunk_elements = chunk;
+      zero::engine<zero::stage0, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+      try {
+        e.initialize(diverging_ranges(comm.rank(), "embed.w", 1));
+      } catch (const zero::error& x) {
+        errors[static_cast<std::size_t>(comm.rank())] = x.what();
+      }
+    });
+    for (int r = 0; r < 3; ++r)
+      CHECK(errors[static_cast<std::size_t>(r)].find("rank " + std::to_string(r) +
+                                                     ": initialize (init_source::every_rank): unit 'embed', tensor "
+                                                     "'w': rank(s) 1 produced") == 0);
+  }
+}
+
+// Stages 1-3 ask each element of exactly one rank (its owner): a function that differs by rank
+// cannot make ranks disagree there, so nothing is checked and every rank computes with what
+// full_params() reports.
+TEST_CASE_TEMPLATE("every_rank range initialization in stages 1-3: each value has one producer, nothing to disagree",
+                   Stage, zero::stage1, zero::stage2, zero::stage3) {
+  zero::comm::threads::launch(3, [&](zero::comm::threads& comm) {
+    zero::engine<Stage, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec());
+    e.initialize(diverging_ranges(comm.rank(), "embed.w", 1));
+    CHECK(e.comm().other.calls[static_cast<std::size_t>(zero::comm::collective::all_gather)] ==
+          (Stage::stage == 3 ? 0u : e.spec().num_units()));  // the parameter refresh only, no check
+    const auto full = e.full_params();
+    std::size_t at = 0;
+    for (std::size_t u = 0; u < e.spec().num_units(); ++u) {
+      auto g = e.gather(zero::unit_id{u});
+      CHECK(std::memcmp(g.view().data(), full.data() + at, g.view().size() * sizeof(float)) == 0);
+      at += g.view().size();
+    }
+  });
+}
+
+TEST_CASE("agreeing every_rank initialization passes; the check costs one all-gather of 16 bytes per tensor, in "
+          "comm().other") {
+  const std::size_t tensors = 7;  // toy::spec()
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
+      zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec());
+      e.initialize(toy::initializer());
+      const auto other = e.comm().other;
+      const auto ag = static_cast<std::size_t>(zero::comm::collective::all_gather);
+      // Bus volume of an all-gather of N x 16 T bytes: (N - 1) x 16 T per rank. None at N = 1.
+      CHECK(other.calls[ag] == (n > 1 ? 1u : 0u));
+      CHECK(other.bytes[ag] == static_cast<std::uint64_t>(n - 1) * 16 * tensors);
+      CHECK(other.total_bytes() == other.bytes[ag]);
+      // Outside memory(): no transient buffer.
+      CHECK(e.memory().peak_bytes(zero::mem_category::transient) == 0);
+    });
+  }
+}
+
+TEST_CASE("broadcast_from_rank0 needs no check: a function that differs by rank gives rank 0's values everywhere") {
+  for (int stage_n : {2, 3}) {
+    const auto errors = init_errors<zero::stage1>(stage_n, [](int rank) { return diverging(rank, "head.b", 1); },
+                                                  zero::init_source::broadcast_from_rank0);
+    for (const auto& m : errors) CHECK(m.empty());
+  }
+}
+
+TEST_CASE("verify_init = false skips the check: no traffic, and a diverging function goes unnoticed") {
+  zero::comm::threads::launch(3, [&](zero::comm::threads& comm) {
+    zero::engine_options o;
+    o.verify_init = false;
+    zero::engine<zero::stage0, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+    e.initialize(diverging(comm.rank(), "block.b", 2));
+    CHECK(e.comm().other.total_bytes() == 0);
+  });
+}

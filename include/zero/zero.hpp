@@ -13,6 +13,7 @@
 #include "zero/core/layout.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/core/schedule.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/threads.hpp"
 #include "zero/engine/engine.hpp"

@@ -31,10 +31,10 @@ namespace zero {
 //
 // Optional:
 //   o.validate()                checks the hyper-parameters and throws zero::error (invalid_argument)
-//                               naming the field and its valid range. The engine calls it once, at
-//                               construction, where it exists (detected with `requires`, see
-//                               validate_optimizer below), so an optimizer written without one still
-//                               works; it is not part of the concept for that reason.
+//                               naming the field and its valid range. The engine calls it at
+//                               construction and in set_optimizer(), where it exists (detected with
+//                               `requires`, see validate_optimizer below), so an optimizer written
+//                               without one still works; it is not part of the concept for that reason.
 template <class O>
 concept OptimizerState = requires(const O& o, std::uint64_t t, float& w, float g, float* s,
                                   const typename O::step_constants& c) {

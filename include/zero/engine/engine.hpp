@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -22,6 +23,7 @@
 #include "zero/core/elementwise.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/fp.hpp"
+#include "zero/core/hash.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
@@ -92,15 +94,20 @@ class engine {
 
   // ---- set-up ------------------------------------------------------------------------------
 
-  // Fills every tensor from fn; a collective when the source is rank 0.
+  // Fills every tensor from fn; a collective. With every_rank, every rank produces every value, so
+  // the engine then checks that they agree (check_init_agreement: one hash per tensor, all-gathered;
+  // engine_options::verify_init) and throws on every rank, naming the first tensor that differs.
   void initialize(const init_fn& fn, init_source source = init_source::every_rank) {
     std::vector<float> host;
+    const bool check = options_.verify_init && source == init_source::every_rank && layout_.ranks() > 1;
+    std::vector<std::uint64_t> hashes;
     for (std::size_t u = 0; u < spec_.num_units(); ++u) {
       const unit_spec& us = spec_.units()[u];
       for (std::size_t t = 0; t < us.tensors.size(); ++t) {
         const tensor_spec& ts = us.tensors[t];
         host.assign(ts.numel, 0.0f);
         if (source == init_source::every_rank || rank_ == 0) fn(us, ts, std::span<float>(host));
+        if (check) hashes.push_back(fnv1a64(host.data(), host.size() * sizeof(float)));
         if (source == init_source::broadcast_from_rank0) {
           const auto l = label("init", unit_id{u});
           buffer<float, system> wire(ts.numel, mem_category::transient, acct_);
@@ -111,6 +118,7 @@ class engine {
         store(unit_id{u}, layout_.unit(unit_id{u}).tensors[t], host.data());
       }
     }
+    if (check) check_init_agreement(hashes);
   }
 
   // Fills what this rank keeps from fn, chunk by chunk (at most options().init_chunk_elements values
@@ -120,10 +128,16 @@ class engine {
   // parameters, then all-gather them as step() does, rather than every rank producing all of them.
   // With broadcast_from_rank0, rank 0 produces every chunk and broadcasts it, and every rank keeps its
   // part. Either way the result equals initialize() with the same values as whole tensors, bit for bit.
+  // With every_rank, a value is produced by more than one rank only where the master weights are
+  // replicated (stage 0: every rank produces the whole model); there the engine checks agreement as
+  // the whole-tensor form does. In stages 1-3 each element is produced by exactly one rank (its
+  // owner) and reaches the others, if at all, by the all-gather: nothing can disagree, nothing is checked.
   void initialize(const init_range_fn& fn, init_source source = init_source::every_rank) {
     const std::size_t chunk = options_.init_chunk_elements;
     std::vector<float> host;
     const bool broadcast = source == init_source::broadcast_from_rank0;
+    const bool check = options_.verify_init && !broadcast && !P::shards_optimizer_states && layout_.ranks() > 1;
+    std::vector<std::uint64_t> hashes;
     buffer<float, system> wire;
     for (std::size_t u = 0; u < spec_.num_units(); ++u) {
       const unit_spec& us = spec_.units()[u];
@@ -131,6 +145,8 @@ class engine {
       const range keep = broadcast ? range{0, ul.numel} : held_range(unit_id{u});
       for (std::size_t t = 0; t < us.tensors.size(); ++t) {
         const range tr = ul.tensors[t];
+        // The tensor's hash, streamed over its chunks (in order, so it equals the whole tensor's).
+        std::uint64_t h = fnv1a64(nullptr, 0);
         for_each_chunk(intersect(tr, keep), chunk, [&](range c) {
           const range local{c.begin - tr.begin, c.end - tr.begin};  // what the init function sees
           host.resize(std::max(host.size(), c.size()));
@@ -143,10 +159,13 @@ class engine {
             other_comm_.broadcast(wire.data(), wire.data(), c.size(), 0);
             sys_.copy_to_host(host.data(), wire.data(), c.size() * sizeof(float));
           }
+          if (check) h = fnv1a64(host.data(), c.size() * sizeof(float), h);
           store(unit_id{u}, c, host.data());
         });
+        if (check) hashes.push_back(h);
       }
     }
+    if (check) check_init_agreement(hashes);
     if constexpr (gathers_parameters_after_update<P>)
       if (!broadcast) gather_replicated_params(other_comm_, "parameter refresh");
   }
@@ -321,6 +340,36 @@ class engine {
   }
   bool evaluating() const { return evaluating_; }
 
+  // ---- hyper-parameters between steps --------------------------------------------------------
+
+  // Replaces the optimizer's hyper-parameters; the next step() uses them (the step counter, the
+  // moments and the loss scale carry on, so AdamW's bias correction continues at the same t).
+  // Validated exactly as at construction (the same errors, naming the rank); a refused value leaves
+  // the old ones. Refused (protocol) in the middle of a step: while any unit is gathered or has been
+  // reduced since the last step(), the state finish_load() refuses too. grads() alone leaves no mark
+  // (in stages 0-1 it hands out the persistent gradient), so a change after grads() and before the
+  // first reduce() is accepted, harmlessly: only step() reads the optimizer. Not a collective, but a
+  // rank updates its own slice with its own values: every rank must make the same change.
+  void set_optimizer(const Opt& o) {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
+                 "set_optimizer() in the middle of a step (this unit is ",
+                 units_[u].gathered ? "gathered" : "reduced in this step",
+                 "); change hyper-parameters between step() and the next step's first gather or reduce");
+    opt_ = validated(o, rank_);
+  }
+  // The learning rate alone, for optimizers that have one (a member `lr`), e.g. from a schedule
+  // (zero/core/schedule.hpp); set_optimizer's rules. lr 0 is accepted by the library's optimizers
+  // and leaves each weight's value unchanged (w - 0 x d, d finite; the states still advance); the one bit
+  // pattern it can change is a weight of -0, which becomes +0 where its update direction d is negative.
+  void set_learning_rate(float lr)
+    requires requires(Opt& o, float x) { o.lr = x; }
+  {
+    Opt o = opt_;
+    o.lr = lr;
+    set_optimizer(o);
+  }
+
   // The factor user kernels multiply the loss by (1 unless the precision policy scales the loss).
   float loss_scale() const { return scaler_.scale(); }
   const engine_options& options() const { return options_; }
@@ -446,6 +495,7 @@ class engine {
 
   const model_spec& spec() const { return spec_; }
   const zero::layout& layout() const { return layout_; }
+  // The optimizer's current hyper-parameters (as built, or as last set): what a checkpoint records.
   const Opt& optimizer_state() const { return opt_; }
   int rank() const { return rank_; }
   int world_size() const { return layout_.ranks(); }
@@ -779,6 +829,65 @@ class engine {
       const auto l = label(phase, unit_id{u});
       via.all_gather(element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard);
     }
+  }
+
+  // every_rank initialization: all-gathers every rank's per-tensor hashes (fnv1a64 of the fp32
+  // values it produced; two doubles of 32 bits each per hash, exact whatever its value) on the set-up
+  // counter, comm().other. Every rank sees the same table and so decides the same: all return, or all
+  // throw invalid_argument naming the first tensor, in declaration order, that some rank produced
+  // differently from rank 0, and those ranks. The wire is taken from the system directly, outside
+  // memory() (as a checkpoint's control collectives are): 16 bytes per tensor per rank, freed before
+  // initialize() returns, so memory() and plan() keep describing the model states and the protocol.
+  void check_init_agreement(const std::vector<std::uint64_t>& hashes) {
+    if (hashes.empty()) return;  // no tensors: the same on every rank
+    const std::size_t n = 2 * hashes.size(), ranks = static_cast<std::size_t>(layout_.ranks());
+    const std::size_t mine = n * static_cast<std::size_t>(rank_), bytes = n * ranks * sizeof(double);
+    std::vector<double> table(n * ranks);
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+      table[mine + 2 * i] = static_cast<double>(hashes[i] >> 32);
+      table[mine + 2 * i + 1] = static_cast<double>(hashes[i] & 0xffffffffu);
+    }
+    struct wire_free {
+      std::size_t bytes;
+      void operator()(double* p) const { system::deallocate(p, bytes); }
+    };
+    const std::unique_ptr<double, wire_free> wire(static_cast<double*>(system::allocate(bytes)), wire_free{bytes});
+    sys_.copy_from_host(wire.get() + mine, table.data() + mine, n * sizeof(double));
+    {
+      const comm::scoped_label<Comm> l(comm_.inner(), "init check");
+      other_comm_.all_gather(wire.get() + mine, wire.get(), n);
+    }
+    sys_.copy_to_host(table.data(), wire.get(), bytes);
+    const auto hash_of = [&](std::size_t r, std::size_t i) {
+      return (static_cast<std::uint64_t>(table[r * n + 2 * i]) << 32) |
+             static_cast<std::uint64_t>(table[r * n + 2 * i + 1]);
+    };
+    std::size_t i = 0;
+    for (const unit_spec& us : spec_.units()) {
+      for (const tensor_spec& ts : us.tensors) {
+        std::string differing;
+        std::size_t first = 0;
+        for (std::size_t r = 1; r < ranks; ++r)
+          if (hash_of(r, i) != hash_of(0, i)) {
+            differing += detail::concat(differing.empty() ? "" : ", ", r);
+            if (first == 0) first = r;
+          }
+        ZERO_CHECK(differing.empty(), invalid_argument, "rank ", rank_, ": initialize (init_source::every_rank): unit '",
+                   us.name, "', tensor '", ts.name, "': rank(s) ", differing,
+                   " produced other values than rank 0 (hash of the values: ", hex(hash_of(0, i)), " on rank 0, ",
+                   hex(hash_of(first, i)), " on rank ", first, "); every_rank needs an init function that gives "
+                   "every rank the same values (deterministic, not seeded by rank), or use "
+                   "init_source::broadcast_from_rank0. The parameters now disagree across ranks: initialize again "
+                   "or load a checkpoint before training");
+        ++i;
+      }
+    }
+  }
+  static std::string hex(std::uint64_t h) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string s(16, '0');
+    for (int k = 15; k >= 0; --k, h >>= 4) s[static_cast<std::size_t>(k)] = digits[h & 0xf];
+    return s;
   }
 
   std::size_t largest_tensor() const {

@@ -31,6 +31,12 @@ struct engine_options {
   // are checked before anything is allocated (a refusal names each category and the stages that would
   // fit); transient buffers are checked when they are allocated.
   std::size_t memory_limit_bytes = 0;
+  // initialize(..., init_source::every_rank): where more than one rank produced a value (every tensor
+  // of the whole-tensor form; stage 0 of the range form), compare a hash of each tensor across ranks
+  // and throw on every rank, naming the first tensor that differs. Costs one FNV-1a pass over the
+  // values each rank produced (measured: docs/design.md, Initialization) and one all-gather of 16
+  // bytes per tensor per rank (comm().other); false skips both, for an init function known to agree.
+  bool verify_init = true;
 };
 
 }  // namespace zero
