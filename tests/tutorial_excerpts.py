@@ -13,6 +13,8 @@ are compiled and run by the train_gpt tests, so the tutorial's code compiles.
 
 Usage: tutorial_excerpts.py SOURCE_ROOT            check (exit 1 naming each difference)
        tutorial_excerpts.py SOURCE_ROOT --update   rewrite the quoted blocks from the sources
+       ... --doc DOC SOURCE...                     another page and its sources (docs/api.md quotes
+                                                   examples/train_loop.cpp the same way)
 """
 import difflib
 import pathlib
@@ -49,8 +51,15 @@ def regions(root, path):
 
 
 def main():
+    global DOC, SOURCES
     root = pathlib.Path(sys.argv[1])
-    update = "--update" in sys.argv[2:]
+    args = sys.argv[2:]
+    update = "--update" in args
+    args = [a for a in args if a != "--update"]
+    if args[:1] == ["--doc"]:
+        if len(args) < 3:
+            sys.exit("usage: tutorial_excerpts.py SOURCE_ROOT [--update] [--doc DOC SOURCE...]")
+        DOC, SOURCES = args[1], args[2:]
     code = {p: regions(root, p) for p in SOURCES}
     doc = (root / DOC).read_text().split("\n")
     problems, used, out, i = [], set(), [], 0
