@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <numbers>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +23,7 @@ namespace {
 
 struct options {
   int ranks = 4, stage = 3, steps = 40, eval_every = 10, save_every = 0;
+  int schedule_steps = 0;  // the schedule's length: the run as planned, which may stop earlier (0: --steps)
   std::string backend = "threads", save, resume;
   std::uint64_t seed = 1;
 };
@@ -61,11 +61,12 @@ sample make_sample(std::uint64_t seed, int split, std::uint64_t index) {
 }
 
 // tutorial:begin schedule
-// Linear warm-up to the peak, then cosine decay to zero at the last step.
-float scheduled_lr(std::uint64_t t, int total) {
-  if (t < static_cast<std::uint64_t>(warmup)) return peak_lr * static_cast<float>(t + 1) / warmup;
-  const double progress = static_cast<double>(t - warmup) / std::max(1, total - warmup);
-  return static_cast<float>(0.5 * peak_lr * (1.0 + std::cos(std::numbers::pi * std::min(progress, 1.0))));
+// Linear warm-up to the peak, then cosine decay to zero at the last step (zero/core/schedule.hpp):
+// a function of the step alone, so a resumed run continues it where the checkpoint left off.
+zero::warmup_cosine schedule_of(int total) {
+  const zero::warmup_cosine s{.peak = peak_lr, .min = 0.0f, .warmup = warmup, .total = static_cast<std::uint64_t>(total)};
+  s.validate();
+  return s;
 }
 // tutorial:end
 
@@ -140,11 +141,12 @@ void train(Comm& comm, const options& o) {
   std::vector<sample> xs(static_cast<std::size_t>(rows));
   std::vector<float> h(static_cast<std::size_t>(rows) * hidden), dy(static_cast<std::size_t>(rows));
 
+  const zero::warmup_cosine schedule = schedule_of(o.schedule_steps > 0 ? o.schedule_steps : o.steps);
   for (std::uint64_t t = t0; t < static_cast<std::uint64_t>(o.steps); ++t) {
     // tutorial:begin lr
-    const float lr = scheduled_lr(t, o.steps);
-    // The optimizer keeps the rate it was built with until the engine has a setter; this is its call site.
-    (void)lr;  // set_learning_rate: see docs/api.md
+    // The step's rate, applied from this step on (set between steps, before the first gather).
+    const float lr = schedule.at(t);
+    e.set_learning_rate(lr);
     // tutorial:end
 
     // tutorial:begin forward
@@ -201,19 +203,21 @@ void train(Comm& comm, const options& o) {
     const std::uint64_t done = t + 1;
     // tutorial:begin eval
     if (o.eval_every > 0 && (done % static_cast<std::uint64_t>(o.eval_every) == 0 || done == std::uint64_t(o.steps))) {
-      // Forward only: gather without grads. In stage 3 gather is a collective, so every rank
-      // gathers even where it has no held-out rows.
+      // Forward only, inside an evaluation() scope: its gathers are reported in comm().evaluation,
+      // not in the next step's traffic, and grads(), reduce() and step() are refused until it ends.
+      // In stage 3 gather is a collective, so every rank gathers even where it has no held-out rows.
       double eval_loss = 0.0;
-      auto p1 = e.gather(fc1);
-      auto p2 = e.gather(fc2);
-      float hb[hidden];
-      for (int i = rank; i < eval_rows; i += ranks) {
-        const sample s = make_sample(o.seed, 1, static_cast<std::uint64_t>(i));
-        const float err = forward(p1, p2, s, hb) - s.y;
-        eval_loss += 0.5 * static_cast<double>(err) * err;
-      }
-      p1.release();
-      p2.release();
+      {
+        const auto scope = e.evaluation();
+        auto p1 = e.gather(fc1);
+        auto p2 = e.gather(fc2);
+        float hb[hidden];
+        for (int i = rank; i < eval_rows; i += ranks) {
+          const sample s = make_sample(o.seed, 1, static_cast<std::uint64_t>(i));
+          const float err = forward(p1, p2, s, hb) - s.y;
+          eval_loss += 0.5 * static_cast<double>(err) * err;
+        }
+      }  // the handles release both units, then the scope ends
       const double train_mean = global_sum(comm, loss) / batch;
       const double eval_mean = global_sum(comm, eval_loss) / eval_rows;
       if (rank == 0)
@@ -267,6 +271,10 @@ int main(int argc, char** argv) {
   app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
   app.add_option("--steps", o.steps, "train until this step (a resumed run continues to it)")
       ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--schedule-steps", o.schedule_steps,
+                 "the length of the learning-rate schedule, the same in every part of an interrupted run (0: --steps)")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   app.add_option("--backend", o.backend, "threads: ranks as threads; mpi: one rank per MPI process")
       ->check(CLI::IsMember({"threads", "mpi"}))

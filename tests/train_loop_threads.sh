@@ -32,7 +32,8 @@ sys.exit(0 if losses[-1] < 0.5 * losses[0] else 1)
 PY
 
 # Save at N=4 stage 3 (periodically and at step 20), resume at N=2 stage 1 and run to step 40.
-"$exe" --ranks 4 --stage 3 --steps 20 --eval-every 0 --save "$work/ck" --save-every 7 >/dev/null
+# The first part stops at step 20 of a run planned for 40: its schedule is the 40-step one.
+"$exe" --ranks 4 --stage 3 --steps 20 --schedule-steps 40 --eval-every 0 --save "$work/ck" --save-every 7 >/dev/null
 ls "$work/ck" | grep -q '^v-' || fail "no checkpoint version in $work/ck"
 resumed=$("$exe" --ranks 2 --stage 1 "${steps[@]}" --resume "$work/ck" | tee "$work/resumed.txt" | hash_of)
 echo "saved at N=4 stage 3 step 20, resumed at N=2 stage 1 to step 40: $resumed"

@@ -278,8 +278,8 @@ TEST_CASE("comm::mpi: in verify mode, reducing equal-size units in different ord
     what = err.what();
   }
   CAPTURE(what);
-  CHECK(what.find("ranks disagree on the collective: rank 0 calls #0 reduce_scatter(float x ") != std::string::npos);
-  CHECK(what.find(", sum) for reduce unit 'b', rank 1 calls #0 reduce_scatter(float x ") != std::string::npos);
+  CHECK(what.find("ranks disagree on the collective: rank 0 calls #1 reduce_scatter(float x ") != std::string::npos);
+  CHECK(what.find(", sum) for reduce unit 'b', rank 1 calls #1 reduce_scatter(float x ") != std::string::npos);
   CHECK(what.find(", sum) for reduce unit 'a' (they differ in the label)") != std::string::npos);
   CHECK(all_ranks(!what.empty()));
 }

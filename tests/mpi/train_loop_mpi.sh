@@ -23,7 +23,7 @@ for stage in 0 1 2 3; do
   [ "$finals" -eq 1 ] || fail "stage $stage: $finals final lines, expected one (rank 0 only)"
 done
 
-"$exe" --backend threads --ranks 4 --stage 3 --steps 15 --eval-every 0 --save "$work/ck" >/dev/null ||
+"$exe" --backend threads --ranks 4 --stage 3 --steps 15 --schedule-steps 30 --eval-every 0 --save "$work/ck" >/dev/null ||
   fail "threads save exited with $?"
 want=$("$exe" --backend threads --ranks 4 --stage 3 "${steps[@]}" | hash_of)
 got=$("$mpirun" --oversubscribe -np 2 "$exe" --backend mpi --stage 1 "${steps[@]}" --resume "$work/ck" 2>&1 | hash_of)
