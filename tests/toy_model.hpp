@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "zero/zero.hpp"
@@ -106,16 +108,27 @@ struct run_result {
   std::uint64_t model_state_formula = 0, comm_formula = 0, padded = 0;
 };
 
-// Trains the toy model for `steps` steps on N thread ranks under one stage and optimizer.
-template <class Stage, class Opt, class Prec = zero::precision::fp32>
+// The backend itself (run's default wrapper).
+template <class C>
+using same_comm = C;
+
+// Trains the toy model for `steps` steps on N thread ranks under one stage and optimizer; the engine
+// talks to Wrap<comm::threads>, built from the rank's comm::threads (a decorator under test).
+template <class Stage, class Opt, class Prec = zero::precision::fp32, template <class> class Wrap = same_comm>
 run_result run(int n, int steps, Opt opt, zero::engine_options options = {}) {
   run_result res;
   res.memory.resize(static_cast<std::size_t>(n));
   res.comm.resize(static_cast<std::size_t>(n));
   res.reports.resize(static_cast<std::size_t>(n));
   const zero::model_spec s = spec();
-  zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
-    zero::engine<Stage, zero::comm::threads, Opt, Prec> e(comm, s, opt, options);
+  zero::comm::threads::launch(n, [&](zero::comm::threads& base) {
+    using Comm = Wrap<zero::comm::threads>;
+    std::optional<Comm> wrapped;  // the decorator, when there is one
+    Comm& comm = [&]() -> Comm& {
+      if constexpr (std::is_same_v<Comm, zero::comm::threads>) return base;
+      else return wrapped.emplace(base);
+    }();
+    zero::engine<Stage, Comm, Opt, Prec> e(comm, s, opt, options);
     e.initialize(initializer());
     const auto r = static_cast<std::size_t>(comm.rank());
     for (int t = 0; t < steps; ++t) res.reports[r].push_back(train_step(e, comm.rank(), static_cast<std::uint64_t>(t)));

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "zero/comm/call_label.hpp"
+#include "zero/comm/nonblocking.hpp"
 #include "zero/concepts/comm_backend.hpp"
 
 namespace zero::comm {
@@ -82,11 +83,17 @@ struct comm_stats {
   }
 };
 
-// Wraps a backend by reference; forwards every call and adds its bus bytes to stats().
+// Wraps a backend by reference; forwards every call and adds its bus bytes to stats(). It always
+// offers the nonblocking calls (comm/nonblocking.hpp): forwarded where the wrapped backend has them,
+// the blocking call otherwise (its request is complete at once). Bytes are counted when a collective
+// starts.
 template <CommBackend C>
 class counted {
  public:
   using system = typename C::system;
+  using request = request_of_t<C>;
+  // Whether start_* returns before the collective completes.
+  static constexpr bool overlaps = nonblocking<C>;
   explicit counted(C& inner) : inner_(&inner) {}
 
   int rank() const { return inner_->rank(); }
@@ -119,7 +126,37 @@ class counted {
   }
   void barrier() { inner_->barrier(); }
 
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    return start(collective::all_reduce, count * sizeof(T),
+                 [&](auto& c) { return c.start_all_reduce(send, recv, count, op); },
+                 [&](auto& c) { c.all_reduce(send, recv, count, op); });
+  }
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    return start(collective::reduce_scatter, count * sizeof(T) * static_cast<std::size_t>(size()),
+                 [&](auto& c) { return c.start_reduce_scatter(send, recv, count, op); },
+                 [&](auto& c) { c.reduce_scatter(send, recv, count, op); });
+  }
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    return start(collective::all_gather, count * sizeof(T) * static_cast<std::size_t>(size()),
+                 [&](auto& c) { return c.start_all_gather(send, recv, count); },
+                 [&](auto& c) { c.all_gather(send, recv, count); });
+  }
+  void wait(request& r) {
+    if constexpr (overlaps) inner_->wait(r);
+  }
+
  private:
+  template <class Start, class Blocking>
+  request start(collective c, std::uint64_t buffer_bytes, Start nonblocking_call, Blocking blocking_call) {
+    request r{};
+    if constexpr (overlaps) r = nonblocking_call(*inner_);
+    else blocking_call(*inner_);
+    add(c, buffer_bytes);
+    return r;
+  }
   void add(collective c, std::uint64_t buffer_bytes) {
     stats_.bytes[static_cast<int>(c)] += bus_bytes(c, buffer_bytes, size());
     stats_.calls[static_cast<int>(c)] += 1;

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -206,11 +207,14 @@ class engine {
     }
     const unit_layout& ul = layout_.unit(u);
     if constexpr (P::shards_parameters) {
-      s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
-      const auto l = label("gather", u);
-      comm::counted<Comm>& via = evaluating_ ? eval_comm_ : comm_;
-      via.all_gather(element<param_type, true>(params_, ul, layout_.owned(u, rank_).begin), s.full_params.data(),
-                     ul.shard);
+      if (evaluating_) {
+        s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
+        const auto l = label("gather", u);
+        auto r = eval_comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
+        eval_comm_.wait(r);
+      } else {
+        gather_in_step(u, s, ul);
+      }
     }
     // Counted once it succeeded: a gather refused for memory leaves the engine as it was.
     if (!evaluating_) {
@@ -256,26 +260,30 @@ class engine {
                reduce_count_text(s.reduces));
     const unit_layout& ul = layout_.unit(u);
     const std::size_t own = layout_.owned(u, rank_).begin;
-    const auto l = label("reduce", u);
-    if (!uses_bucket()) {
-      // The full gradient is persistent: reduce it in place.
-      grad_type* g = grads_.data() + ul.offset;
-      if constexpr (updates_every_element<P>) comm_.all_reduce(g, g, ul.padded, reduce_op::sum);
-      else comm_.reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
-    } else {
-      if (s.bucket.empty()) s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
-      grad_type* b = s.bucket.data();
-      if constexpr (updates_every_element<P>) comm_.all_reduce(b, b, ul.padded, reduce_op::sum);
-      else comm_.reduce_scatter(b, b + own, ul.shard, reduce_op::sum);
-      // A rank that updates every element keeps the whole unit, the others their slice.
-      const std::size_t from = updates_every_element<P> ? 0 : own;
-      const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
-      with_grad_store([&](auto& store) { store_reduced(store, ul, from, b + from, count, s.reduces == 0); });
-      s.bucket.reset();
+    in_flight_reduce f;
+    f.unit = u;
+    f.first = s.reduces == 0;
+    if (uses_bucket() && s.bucket.empty())
+      s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
+    // Without a bucket the full gradient is persistent and reduced in place; a bucket travels with
+    // its collective and is added into the gradient store when the collective completes.
+    f.bucket = std::move(s.bucket);
+    grad_type* g = uses_bucket() ? f.bucket.data() : grads_.data() + ul.offset;
+    {
+      const auto l = label("reduce", u);
+      if constexpr (updates_every_element<P>) f.pending = comm_.start_all_reduce(g, g, ul.padded, reduce_op::sum);
+      else f.pending = comm_.start_reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
     }
     ++s.reduces;
     ++s.reduce_epoch;
     step_started_ = true;
+    reduces_.push_back(std::move(f));
+    const std::size_t limit = overlapping() ? static_cast<std::size_t>(options_.reduces_in_flight) : 0;
+    while (reduces_.size() > limit) complete_oldest_reduce();
+    if (overlapping()) {
+      ++overlap_.reduces_started;
+      overlap_.max_reduces_in_flight = std::max<std::uint64_t>(overlap_.max_reduces_in_flight, reduces_.size());
+    }
   }
 
   // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
@@ -288,6 +296,13 @@ class engine {
                  "step() before every unit was reduced (this one was not", reduce_count_text(units_[u].reduces), ")");
       ZERO_CHECK(!units_[u].gathered, protocol, where(unit_id{u}), "step() while this unit is still gathered");
     }
+    // Every collective of the step completes first: the norm and the update read the gradients.
+    while (!reduces_.empty()) complete_oldest_reduce();
+    drop_prefetches();
+    gather_order_ = std::move(step_order_);  // the next step's prefetch follows this one's gathers
+    step_order_.clear();
+    next_prefetch_ = 0;
+    order_holds_ = true;
     step_report r;
     r.loss_scale = scaler_.scale();
     // The gradient the optimizer sees: the rank-ordered sum divided by N and by the loss scale, in
@@ -304,8 +319,11 @@ class engine {
     if (!r.skipped) {
       ++step_;
       const auto c = opt_.constants(step_);
-      for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c, divisor, coef);
-      if constexpr (gathers_parameters_after_update<P>) gather_replicated_params(comm_, "step");
+      if constexpr (gathers_parameters_after_update<P>) {
+        update_and_gather_params(c, divisor, coef);
+      } else {
+        for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c, divisor, coef);
+      }
     } else {
       ++skipped_;
     }
@@ -461,6 +479,12 @@ class engine {
   }
 
   const memory_report& memory() const { return acct_.report(); }
+  // What overlapping communication with computation did so far (engine_options::overlap).
+  overlap_report overlap() const {
+    overlap_report r = overlap_;
+    r.active = overlapping();
+    return r;
+  }
   comm_report comm() const {
     return comm_report{comm_.stats(),          last_step_,       other_comm_.stats(),
                        control_comm_.stats(), step_ + skipped_, eval_comm_.stats()};
@@ -577,6 +601,8 @@ class engine {
   };
 
  private:
+  using request = typename comm::counted<Comm>::request;
+
   struct unit_state {
     bool gathered = false;
     int reduces = 0;  // reduce() calls in the current step
@@ -585,7 +611,135 @@ class engine {
     bool reduced(int per_step) const { return reduces >= per_step; }
     buffer<param_type, system> full_params;  // stage 3: the gathered unit
     buffer<grad_type, system> bucket;        // stages 2-3: the unit's full gradient until reduce
+    // Stage 3: an all-gather started before gather(u) asked for it (declared after its buffer, so
+    // the request, whose destructor waits, is destroyed first).
+    buffer<param_type, system> prefetched;
+    request prefetch;
+    bool prefetching = false;
   };
+
+  // A reduce(u) whose collective may still be in flight; completed in the order started, so the
+  // micro-batches of a unit are added into the gradient store in order. The request is declared after
+  // the bucket it writes, so it is destroyed (and waits) first.
+  struct in_flight_reduce {
+    unit_id unit{};
+    bool first = false;               // the step's first reduce of the unit: stored, not added
+    buffer<grad_type, system> bucket;  // empty: the persistent gradient was reduced in place
+    request pending{};
+  };
+
+  bool overlapping() const { return options_.overlap && comm::counted<Comm>::overlaps; }
+  bool prefetching() const {
+    return P::shards_parameters && overlapping() && options_.prefetch_units > 0 && order_holds_ && !evaluating_;
+  }
+
+  // Completes the oldest reduce in flight: waits for it and adds its bucket into the gradient store.
+  void complete_oldest_reduce() {
+    in_flight_reduce f = std::move(reduces_.front());
+    reduces_.pop_front();
+    comm_.wait(f.pending);
+    if (f.bucket.empty()) return;
+    const unit_layout& ul = layout_.unit(f.unit);
+    // A rank that updates every element keeps the whole unit, the others their slice.
+    const std::size_t from = updates_every_element<P> ? 0 : layout_.owned(f.unit, rank_).begin;
+    const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
+    with_grad_store([&](auto& store) { store_reduced(store, ul, from, f.bucket.data() + from, count, f.first); });
+  }
+
+  const param_type* shard_of_params(const unit_layout& ul, unit_id u) const {
+    return element<param_type, true>(params_, ul, layout_.owned(u, rank_).begin);
+  }
+
+  // Stage 3's gather(u) inside a step: takes the unit's prefetch when the step follows the recorded
+  // order, else gathers now; either way starts the prefetches that the order allows next.
+  void gather_in_step(unit_id u, unit_state& s, const unit_layout& ul) {
+    const std::size_t position = step_order_.size();
+    if (order_holds_ && (position >= gather_order_.size() || gather_order_[position] != u.index)) {
+      // This step departs from the last one's order: what was prefetched is not what is asked for.
+      order_holds_ = false;
+      drop_prefetches();
+    }
+    request r{};
+    if (s.prefetching) {
+      s.full_params = std::move(s.prefetched);
+      r = std::move(s.prefetch);
+      s.prefetching = false;
+      ++overlap_.prefetch_hits;
+    } else {
+      s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
+      const auto l = label("gather", u);
+      r = comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
+    }
+    step_order_.push_back(u.index);
+    if (order_holds_ && next_prefetch_ <= position) next_prefetch_ = position + 1;
+    s.gathered = true;  // so that prefetch_ahead does not start this unit again
+    try {
+      if (prefetching()) prefetch_ahead();
+      comm_.wait(r);
+    } catch (...) {
+      s.gathered = false;
+      s.full_params.reset();
+      throw;
+    }
+  }
+
+  // Starts the all-gathers of the units the recorded order gathers next, in that order, up to
+  // prefetch_units ahead of the last gather, while each fits max_live_parameters and the memory
+  // budget. Stops at a unit that is gathered or already prefetched (it is gathered again later in the
+  // order), so the ranks, which see the same calls, start the same collectives in the same order.
+  void prefetch_ahead() {
+    if (step_order_.empty()) return;
+    const std::size_t last = step_order_.size() - 1;
+    const std::size_t end = std::min(gather_order_.size(), last + 1 + static_cast<std::size_t>(options_.prefetch_units));
+    for (; next_prefetch_ < end; ++next_prefetch_) {
+      const unit_id v{gather_order_[next_prefetch_]};
+      unit_state& t = units_[v.index];
+      if (t.gathered || t.prefetching) return;
+      const unit_layout& ul = layout_.unit(v);
+      if (options_.max_live_parameters > 0 && live_parameters() + ul.padded > options_.max_live_parameters) return;
+      const std::size_t bytes = ul.padded * sizeof(param_type);
+      if (acct_.limit() > 0 && acct_.total() + bytes > acct_.limit()) return;
+      t.prefetched = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
+      const auto l = label("gather", v);
+      t.prefetch = comm_.start_all_gather(shard_of_params(ul, v), t.prefetched.data(), ul.shard);
+      t.prefetching = true;
+      ++overlap_.prefetches;
+    }
+  }
+  // Elements of units gathered or being prefetched now.
+  std::size_t live_parameters() const {
+    std::size_t n = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].gathered || units_[u].prefetching) n += layout_.unit(unit_id{u}).padded;
+    return n;
+  }
+  // Completes and frees the prefetches no gather took (the order changed, or the step ended).
+  void drop_prefetches() {
+    for (auto& t : units_) {
+      if (!t.prefetching) continue;
+      comm_.wait(t.prefetch);
+      t.prefetched.reset();
+      t.prefetching = false;
+      ++overlap_.prefetch_misses;
+    }
+  }
+
+  // Stages 1-2: the update of each unit, and the all-gather of its parameters started as soon as it
+  // is updated, so that it runs while the next unit updates (overlap); all complete before return.
+  void update_and_gather_params(const typename Opt::step_constants& c, float divisor, float coef) {
+    std::vector<request> started;
+    started.reserve(units_.size());
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      update_unit(unit_id{u}, c, divisor, coef);
+      const unit_layout& ul = layout_.unit(unit_id{u});
+      param_type* p = params_.data() + ul.offset;
+      const auto l = label("step", unit_id{u});
+      started.push_back(comm_.start_all_gather(
+          element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard));
+      if (!overlapping()) comm_.wait(started.back());
+    }
+    for (auto& r : started) comm_.wait(r);
+  }
 
   // The end of an evaluation() scope: releases what it left gathered (a local operation).
   void end_evaluation() noexcept {
@@ -654,6 +808,10 @@ class engine {
     });
     ZERO_CHECK(o.init_chunk_elements > 0, invalid_argument, "rank ", rank,
                ": engine_options: init_chunk_elements must be > 0, got ", o.init_chunk_elements);
+    ZERO_CHECK(o.prefetch_units >= 0, invalid_argument, "rank ", rank,
+               ": engine_options: prefetch_units must be >= 0 (0: no prefetch), got ", o.prefetch_units);
+    ZERO_CHECK(o.reduces_in_flight >= 1, invalid_argument, "rank ", rank,
+               ": engine_options: reduces_in_flight must be >= 1, got ", o.reduces_in_flight);
     return o;
   }
   // Runs f, prefixing "rank R: " to the message of a zero::error it throws.
@@ -953,6 +1111,13 @@ class engine {
   comm::comm_stats at_step_start_, last_step_;
   bool evaluating_ = false;     // inside an evaluation() scope
   bool step_started_ = false;   // a gather, grads or reduce since the last step() (outside evaluation)
+  // Overlap (engine_options::overlap): reduces in flight, oldest first, and stage 3's prefetch order.
+  std::deque<in_flight_reduce> reduces_;
+  std::vector<std::size_t> gather_order_;  // units in the order the last step gathered them
+  std::vector<std::size_t> step_order_;    // the same for the step under way
+  std::size_t next_prefetch_ = 0;          // the position in gather_order_ of the next prefetch
+  bool order_holds_ = true;                // this step has followed gather_order_ so far
+  overlap_report overlap_;
 };
 
 }  // namespace zero

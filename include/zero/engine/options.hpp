@@ -37,6 +37,22 @@ struct engine_options {
   // values each rank produced (measured: docs/design.md, Initialization) and one all-gather of 16
   // bytes per tensor per rank (comm().other); false skips both, for an init function known to agree.
   bool verify_init = true;
+
+  // Overlap of communication with computation, where the backend has nonblocking collectives
+  // (comm/nonblocking.hpp; e.g. comm::modeled). The results are the same bits either way; on a
+  // backend without them these settings change nothing (each collective completes in its call).
+  //   reduce(u) returns with its collective in flight; step() and the limit below wait for it.
+  //   Stage 3: gather(u) starts the next units' all-gathers in the order the previous step gathered
+  //   them (prefetch). Stages 1-2: step() all-gathers a unit's parameters while it updates the next.
+  bool overlap = true;
+  // Stage 3: gathers started ahead of the unit being gathered, at most; 0 turns prefetch off.
+  int prefetch_units = 2;
+  // Stage 3: the most parameter elements gathered or prefetched at once (a prefetch that would pass
+  // it waits until units are released); 0: bounded by prefetch_units only.
+  std::size_t max_live_parameters = 0;
+  // reduce(u) collectives in flight at once, at most (each holds its unit's gradient bucket in
+  // stages 2-3 or with several micro-batches): the oldest is completed when one more starts.
+  int reduces_in_flight = 4;
 };
 
 }  // namespace zero

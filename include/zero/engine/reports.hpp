@@ -34,4 +34,15 @@ struct comm_report {
   comm::comm_stats evaluation;  // gathers inside engine::evaluation() scopes, since construction: in no step
 };
 
+// What the overlap of communication with computation did (engine_options::overlap), since
+// construction: counts, the same on every rank, so a test can hold them exactly.
+struct overlap_report {
+  bool active = false;               // overlap on and the backend has nonblocking collectives
+  std::uint64_t prefetches = 0;      // stage 3 all-gathers started before their gather(u)
+  std::uint64_t prefetch_hits = 0;   // gather(u) calls that found their prefetch
+  std::uint64_t prefetch_misses = 0;  // prefetches dropped because the gather order changed (bytes spent)
+  std::uint64_t reduces_started = 0;  // reduce(u) calls that returned with the collective in flight
+  std::uint64_t max_reduces_in_flight = 0;
+};
+
 }  // namespace zero

@@ -1,0 +1,246 @@
+// Overlap of communication with computation: the same bits as the blocking protocol, with reduces in
+// flight, stage 3 prefetches and the stage 1-2 parameter gather overlapped, counted exactly.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+
+#include "deferred_comm.hpp"
+#include "toy_model.hpp"
+
+namespace {
+
+static_assert(zero::comm::nonblocking<testing::deferred<zero::comm::threads>>);
+static_assert(!zero::comm::nonblocking<zero::comm::threads>);
+
+template <class C>
+using deferred = testing::deferred<C>;
+
+constexpr int steps = 6;
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+zero::engine_options overlap(bool on) {
+  zero::engine_options o;
+  o.overlap = on;
+  return o;
+}
+
+// The toy model has 4 units, gathered forward 0..3 and backward 3..0 in each step.
+constexpr std::uint64_t units = 4;
+
+}  // namespace
+
+TEST_CASE("overlap on a nonblocking backend: stages 0-3 bit-identical to the reference, traffic = formula") {
+  const zero::optim::adamw opt;
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    const auto ref = toy::reference(n, steps, opt);
+    zero::stages::for_each([&]<class Stage>() {
+      CAPTURE(Stage::stage);
+      const auto r = toy::run<Stage, zero::optim::adamw, zero::precision::fp32, deferred>(n, steps, opt, overlap(true));
+      CHECK(bit_equal(r.params, ref));
+      for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
+    });
+  }
+}
+
+TEST_CASE("overlap on and off give the same bits with bf16 and clipping, every stage") {
+  zero::optim::adamw opt;
+  opt.lr = 3e-3f;
+  zero::stages::for_each([&]<class Stage>() {
+    CAPTURE(Stage::stage);
+    auto on = overlap(true), off = overlap(false);
+    on.clip_norm = off.clip_norm = 0.05f;
+    using bf16 = zero::precision::bf16;
+    const auto a = toy::run<Stage, zero::optim::adamw, bf16, deferred>(4, steps, opt, on);
+    const auto b = toy::run<Stage, zero::optim::adamw, bf16, deferred>(4, steps, opt, off);
+    const auto c = toy::run<Stage, zero::optim::adamw, bf16>(4, steps, opt, off);
+    CHECK(bit_equal(a.params, b.params));
+    CHECK(bit_equal(a.params, c.params));
+    for (std::size_t r = 0; r < 4; ++r)
+      for (int t = 0; t < steps; ++t) {
+        const auto& x = a.reports[r][static_cast<std::size_t>(t)];
+        const auto& y = c.reports[r][static_cast<std::size_t>(t)];
+        CHECK(std::memcmp(&x.grad_norm, &y.grad_norm, sizeof(double)) == 0);
+      }
+  });
+}
+
+// The counts follow from the rules of prefetch_ahead (engine.hpp): the first step has no recorded
+// order; later steps, with 2 units ahead, prefetch every gather but the first of each pass
+// (forward 1, 2, 3; backward 2, 1, 0): 2 x units - 2, all taken.
+TEST_CASE("stage 3 prefetch: every gather after the first step's follows the recorded order and hits") {
+  zero::stages::for_each([&]<class Stage>() {
+    if constexpr (Stage::stage == 3) {
+      const auto r = toy::run<Stage, zero::optim::adamw, zero::precision::fp32, deferred>(2, steps, {}, overlap(true));
+      for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
+    }
+  });
+  zero::comm::threads::launch(2, [&](zero::comm::threads& base) {
+    deferred<zero::comm::threads> comm(base);
+    zero::engine<zero::stage3, deferred<zero::comm::threads>, zero::optim::adamw> e(comm, toy::spec(), {}, overlap(true));
+    e.initialize(toy::initializer());
+    for (int t = 0; t < steps; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    const auto o = e.overlap();
+    CHECK(o.active);
+    CHECK(o.prefetches == (steps - 1) * (2 * units - 2));
+    CHECK(o.prefetch_hits == o.prefetches);
+    CHECK(o.prefetch_misses == 0);
+    CHECK(o.reduces_started == steps * units);
+    CHECK(o.max_reduces_in_flight == units);  // the default limit, 4, holds every unit's reduce
+    CHECK(comm.pending() == 0);               // step() waited for everything
+  });
+}
+
+TEST_CASE("a step that gathers in another order drops the prefetches (counted) and keeps the bits") {
+  std::vector<float> with_overlap, blocking;
+  for (bool on : {true, false}) {
+    zero::comm::threads::launch(2, [&](zero::comm::threads& base) {
+      deferred<zero::comm::threads> comm(base);
+      zero::engine<zero::stage3, deferred<zero::comm::threads>, zero::optim::adamw> e(comm, toy::spec(), {}, overlap(on));
+      e.initialize(toy::initializer());
+      toy::train_step(e, comm.rank(), 0);
+      toy::train_step(e, comm.rank(), 1);
+      // A forward pass that skips unit 2: at the third gather (unit 3 where the order says 2) the
+      // prefetches of units 2 and 3 are dropped, and the rest of the step gathers without prefetch.
+      for (std::size_t u : {0u, 1u, 3u}) e.gather(zero::unit_id{u}).release();
+      const auto base_of = toy::unit_bases(e.spec());
+      for (std::size_t u = units; u-- > 0;) {
+        const zero::unit_id id{u};
+        auto p = e.gather(id);
+        auto g = e.grads(id);
+        const auto pv = p.view();
+        const auto gv = g.view();
+        for (std::size_t j = 0; j < pv.size(); ++j) gv.data()[j] = toy::gradient(pv.data()[j], comm.rank(), 2, base_of[u] + j);
+        e.reduce(id);
+      }
+      e.step();
+      const auto o = e.overlap();
+      if (on) {
+        CHECK(o.prefetch_misses == 2);
+        CHECK(o.prefetch_hits == o.prefetches - o.prefetch_misses);
+      } else {
+        CHECK(!o.active);
+        CHECK(o.prefetches == 0);
+      }
+      auto full = e.full_params();
+      if (comm.rank() == 0) (on ? with_overlap : blocking) = std::move(full);
+    });
+  }
+  CHECK(bit_equal(with_overlap, blocking));
+}
+
+TEST_CASE("max_live_parameters and prefetch_units bound the prefetch; reduces_in_flight bounds the reduces") {
+  const auto ref = toy::run<zero::stage3, zero::optim::adamw>(2, steps, {}).params;
+  const zero::layout l = zero::layout::make(toy::spec(), 2);
+  std::size_t largest = 0;
+  for (std::size_t u = 0; u < units; ++u) largest = std::max(largest, l.unit(zero::unit_id{u}).padded);
+  struct row {
+    int prefetch_units;
+    std::size_t max_live;
+    int reduces;
+  };
+  for (const row w : {row{0, 0, 1}, row{1, 0, 2}, row{2, largest, 4}, row{8, 0, 8}}) {
+    CAPTURE(w.prefetch_units);
+    CAPTURE(w.max_live);
+    zero::engine_options o = overlap(true);
+    o.prefetch_units = w.prefetch_units;
+    o.max_live_parameters = w.max_live;
+    o.reduces_in_flight = w.reduces;
+    const auto r = toy::run<zero::stage3, zero::optim::adamw, zero::precision::fp32, deferred>(2, steps, {}, o);
+    CHECK(bit_equal(r.params, ref));
+    zero::comm::threads::launch(2, [&](zero::comm::threads& base) {
+      deferred<zero::comm::threads> comm(base);
+      zero::engine<zero::stage3, deferred<zero::comm::threads>, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+      e.initialize(toy::initializer());
+      std::size_t peak_transient = 0;
+      for (int t = 0; t < steps; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+      peak_transient = e.memory().peak[static_cast<int>(zero::mem_category::transient)];
+      const auto ov = e.overlap();
+      CHECK(ov.max_reduces_in_flight == std::min<std::uint64_t>(units, static_cast<std::uint64_t>(w.reduces)));
+      if (w.prefetch_units == 0) CHECK(ov.prefetches == 0);
+      if (w.max_live > 0) {
+        // One unit gathered and nothing else live at a time, besides the reduce buckets.
+        CHECK(ov.prefetches < (steps - 1) * (2 * units - 2));
+      }
+      if (w.prefetch_units >= 2 && w.max_live == 0) CHECK(ov.prefetches == (steps - 1) * (2 * units - 2));
+      CHECK(peak_transient > 0);
+    });
+  }
+}
+
+TEST_CASE("gradient accumulation with reduces in flight: the micro-batches add up in order, bit-identical") {
+  // M = 3 micro-batches per step, each reduced: buckets in flight for the same unit complete oldest first.
+  auto train = [](bool on, auto stage_tag) {
+    using Stage = decltype(stage_tag);
+    std::vector<float> out;
+    zero::comm::threads::launch(3, [&](zero::comm::threads& base) {
+      deferred<zero::comm::threads> comm(base);
+      zero::engine_options o = overlap(on);
+      o.micro_batches = 3;
+      o.reduces_in_flight = 16;
+      zero::engine<Stage, deferred<zero::comm::threads>, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+      e.initialize(toy::initializer());
+      const auto base_of = toy::unit_bases(e.spec());
+      for (std::uint64_t t = 0; t < 4; ++t) {
+        for (int m = 0; m < 3; ++m) {
+          for (std::size_t u = 0; u < units; ++u) e.gather(zero::unit_id{u}).release();
+          for (std::size_t u = units; u-- > 0;) {
+            const zero::unit_id id{u};
+            auto p = e.gather(id);
+            auto g = e.grads(id);
+            const auto pv = p.view();
+            const auto gv = g.view();
+            for (std::size_t j = 0; j < pv.size(); ++j)
+              gv.data()[j] = toy::gradient(pv.data()[j], comm.rank() * 3 + m, t, base_of[u] + j);
+            e.reduce(id);
+          }
+        }
+        e.step();
+      }
+      if (on) CHECK(e.overlap().max_reduces_in_flight == 3 * units);
+      auto full = e.full_params();
+      if (comm.rank() == 0) out = std::move(full);
+    });
+    return out;
+  };
+  zero::stages::for_each([&]<class Stage>() {
+    CAPTURE(Stage::stage);
+    CHECK(bit_equal(train(true, Stage{}), train(false, Stage{})));
+  });
+}
+
+TEST_CASE("a blocking backend: overlap changes nothing and reports itself inactive") {
+  zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
+    zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, overlap(true));
+    e.initialize(toy::initializer());
+    for (int t = 0; t < 3; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    const auto o = e.overlap();
+    CHECK(!o.active);
+    CHECK(o.prefetches == 0);
+    CHECK(o.reduces_started == 0);
+  });
+}
+
+TEST_CASE("engine_options: prefetch_units and reduces_in_flight are checked") {
+  auto message = [](auto change) {
+    std::string m;
+    zero::comm::threads::launch(1, [&](zero::comm::threads& comm) {
+      zero::engine_options o;
+      change(o);
+      try {
+        zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+      } catch (const zero::error& e) {
+        m = e.what();
+      }
+    });
+    return m;
+  };
+  CHECK(message([](auto& o) { o.prefetch_units = -1; }) ==
+        "rank 0: engine_options: prefetch_units must be >= 0 (0: no prefetch), got -1");
+  CHECK(message([](auto& o) { o.reduces_in_flight = 0; }) ==
+        "rank 0: engine_options: reduces_in_flight must be >= 1, got 0");
+}
