@@ -95,6 +95,27 @@ TEST_CASE("stage 3 prefetch: every gather after the first step's follows the rec
   });
 }
 
+TEST_CASE("stages 1-2: step() leaves the parameter all-gathers in flight; gather(u) waits for its own") {
+  zero::stages::for_each([&]<class Stage>() {
+    if constexpr (Stage::stage == 1 || Stage::stage == 2) {
+      CAPTURE(Stage::stage);
+      zero::comm::threads::launch(2, [&](zero::comm::threads& base) {
+        deferred<zero::comm::threads> comm(base);
+        zero::engine<Stage, deferred<zero::comm::threads>, zero::optim::adamw> e(comm, toy::spec(), {}, overlap(true));
+        e.initialize(toy::initializer());
+        toy::train_step(e, comm.rank(), 0);
+        CHECK(comm.pending() == units);  // one all-gather per unit, not yet run
+        e.gather(zero::unit_id{0}).release();
+        CHECK(comm.pending() == units - 1);  // unit 0's (the oldest) ran; deferred runs in start order
+        e.gather(zero::unit_id{3}).release();
+        CHECK(comm.pending() == 0);
+        CHECK(e.overlap().parameter_gathers_started == units);
+        e.full_params();  // between steps: nothing in flight, a plain read
+      });
+    }
+  });
+}
+
 TEST_CASE("a step that gathers in another order drops the prefetches (counted) and keeps the bits") {
   std::vector<float> with_overlap, blocking;
   for (bool on : {true, false}) {
@@ -243,4 +264,75 @@ TEST_CASE("engine_options: prefetch_units and reduces_in_flight are checked") {
         "rank 0: engine_options: prefetch_units must be >= 0 (0: no prefetch), got -1");
   CHECK(message([](auto& o) { o.reduces_in_flight = 0; }) ==
         "rank 0: engine_options: reduces_in_flight must be >= 1, got 0");
+}
+
+TEST_CASE("reduce buckets: consecutive units share one reduce-scatter, the same bits and bytes") {
+  const zero::optim::adamw opt;
+  const auto ref = toy::reference(3, steps, opt);
+  const zero::layout l = zero::layout::make(toy::spec(), 3);
+  std::size_t total = 0;
+  for (std::size_t u = 0; u < units; ++u) total += l.unit(zero::unit_id{u}).padded;
+  zero::stages::for_each([&]<class Stage>() {
+    if constexpr (Stage::stage >= 2) {
+      for (std::size_t bucket : {std::size_t{1}, std::size_t{100}, std::size_t{500}, total}) {
+        CAPTURE(Stage::stage);
+        CAPTURE(bucket);
+        for (bool on : {true, false}) {
+          zero::engine_options o = overlap(on);
+          o.reduce_bucket_elements = bucket;
+          const auto a = toy::run<Stage, zero::optim::adamw, zero::precision::fp32, deferred>(3, steps, opt, o);
+          const auto b = toy::run<Stage, zero::optim::adamw>(3, steps, opt, o);
+          CHECK(bit_equal(a.params, ref));
+          CHECK(bit_equal(b.params, ref));
+          for (const auto& c : b.comm) {
+            CHECK(c.last_step.total_bytes() == b.comm_formula);
+            const auto calls = c.last_step.calls[static_cast<int>(zero::comm::collective::reduce_scatter)];
+            if (bucket == total) CHECK(calls == 1);   // the whole backward in one collective
+            if (bucket == 1) CHECK(calls == units);  // every unit fills a bucket of its own
+          }
+        }
+      }
+    }
+  });
+  // Stage 1 fuses only where it reduces buckets: with several reduced micro-batches (test below).
+}
+
+TEST_CASE("reduce buckets with micro-batches in stage 1-3: a unit's micro-batches add up in order") {
+  auto train = [](std::size_t bucket, auto stage_tag) {
+    using Stage = decltype(stage_tag);
+    std::vector<float> out;
+    zero::comm::threads::launch(2, [&](zero::comm::threads& base) {
+      deferred<zero::comm::threads> comm(base);
+      zero::engine_options o = overlap(true);
+      o.micro_batches = 2;
+      o.reduce_bucket_elements = bucket;
+      zero::engine<Stage, deferred<zero::comm::threads>, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+      e.initialize(toy::initializer());
+      const auto base_of = toy::unit_bases(e.spec());
+      for (std::uint64_t t = 0; t < 3; ++t) {
+        for (int m = 0; m < 2; ++m)
+          for (std::size_t u = units; u-- > 0;) {
+            const zero::unit_id id{u};
+            auto p = e.gather(id);
+            auto g = e.grads(id);
+            const auto pv = p.view();
+            const auto gv = g.view();
+            for (std::size_t j = 0; j < pv.size(); ++j)
+              gv.data()[j] = toy::gradient(pv.data()[j], comm.rank() * 2 + m, t, base_of[u] + j);
+            e.reduce(id);
+          }
+        e.step();
+      }
+      if (bucket > 0 && Stage::stage >= 1) CHECK(e.overlap().fused_reduces > 0);
+      auto full = e.full_params();
+      if (comm.rank() == 0) out = std::move(full);
+    });
+    return out;
+  };
+  zero::stages::for_each([&]<class Stage>() {
+    CAPTURE(Stage::stage);
+    const auto plain = train(0, Stage{});
+    CHECK(bit_equal(train(1u << 20, Stage{}), plain));  // both micro-batches of every unit in one bucket
+    CHECK(bit_equal(train(700, Stage{}), plain));
+  });
 }

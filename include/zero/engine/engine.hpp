@@ -99,6 +99,7 @@ class engine {
   // the engine then checks that they agree (check_init_agreement: one hash per tensor, all-gathered;
   // engine_options::verify_init) and throws on every rank, naming the first tensor that differs.
   void initialize(const init_fn& fn, init_source source = init_source::every_rank) {
+    complete_parameter_gathers();
     std::vector<float> host;
     const bool check = options_.verify_init && source == init_source::every_rank && layout_.ranks() > 1;
     std::vector<std::uint64_t> hashes;
@@ -134,6 +135,7 @@ class engine {
   // the whole-tensor form does. In stages 1-3 each element is produced by exactly one rank (its
   // owner) and reaches the others, if at all, by the all-gather: nothing can disagree, nothing is checked.
   void initialize(const init_range_fn& fn, init_source source = init_source::every_rank) {
+    complete_parameter_gathers();
     const std::size_t chunk = options_.init_chunk_elements;
     std::vector<float> host;
     const bool broadcast = source == init_source::broadcast_from_rank0;
@@ -215,6 +217,8 @@ class engine {
       } else {
         gather_in_step(u, s, ul);
       }
+    } else {
+      complete_parameter_gather(s);  // the last step's all-gather of this unit, if still in flight
     }
     // Counted once it succeeded: a gather refused for memory leaves the engine as it was.
     if (!evaluating_) {
@@ -259,31 +263,34 @@ class engine {
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
                reduce_count_text(s.reduces));
     const unit_layout& ul = layout_.unit(u);
-    const std::size_t own = layout_.owned(u, rank_).begin;
-    in_flight_reduce f;
-    f.unit = u;
-    f.first = s.reduces == 0;
     if (uses_bucket() && s.bucket.empty())
       s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
+    const bool first = s.reduces == 0;
+    ++s.reduces;
+    ++s.reduce_epoch;
+    step_started_ = true;
+    if (fuses_reduces()) {
+      // Joins the open bucket; the bucket's one reduce-scatter starts when the next unit would not fit.
+      if (!fusing_.empty() && fusing_elements_ + ul.padded > options_.reduce_bucket_elements) start_fused_reduce();
+      fusing_elements_ += ul.padded;
+      fusing_.push_back(fused_part{u, first, std::move(s.bucket)});
+      if (fusing_elements_ >= options_.reduce_bucket_elements) start_fused_reduce();
+      return;
+    }
+    const std::size_t own = layout_.owned(u, rank_).begin;
+    in_flight_reduce f;
     // Without a bucket the full gradient is persistent and reduced in place; a bucket travels with
-    // its collective and is added into the gradient store when the collective completes.
+    // its collective and is added into the gradient store when the collective completes. A rank that
+    // updates every element keeps the whole unit, the others their slice.
     f.bucket = std::move(s.bucket);
+    if (!f.bucket.empty()) f.parts.push_back({u, first, updates_every_element<P> ? 0 : own});
     grad_type* g = uses_bucket() ? f.bucket.data() : grads_.data() + ul.offset;
     {
       const auto l = label("reduce", u);
       if constexpr (updates_every_element<P>) f.pending = comm_.start_all_reduce(g, g, ul.padded, reduce_op::sum);
       else f.pending = comm_.start_reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
     }
-    ++s.reduces;
-    ++s.reduce_epoch;
-    step_started_ = true;
-    reduces_.push_back(std::move(f));
-    const std::size_t limit = overlapping() ? static_cast<std::size_t>(options_.reduces_in_flight) : 0;
-    while (reduces_.size() > limit) complete_oldest_reduce();
-    if (overlapping()) {
-      ++overlap_.reduces_started;
-      overlap_.max_reduces_in_flight = std::max<std::uint64_t>(overlap_.max_reduces_in_flight, reduces_.size());
-    }
+    launched(std::move(f));
   }
 
   // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
@@ -296,8 +303,11 @@ class engine {
                  "step() before every unit was reduced (this one was not", reduce_count_text(units_[u].reduces), ")");
       ZERO_CHECK(!units_[u].gathered, protocol, where(unit_id{u}), "step() while this unit is still gathered");
     }
-    // Every collective of the step completes first: the norm and the update read the gradients.
+    // Every collective of the step completes first: the norm and the update read the gradients, and
+    // the update writes the parameters that a unit never gathered in this step may still be receiving.
+    start_fused_reduce();
     while (!reduces_.empty()) complete_oldest_reduce();
+    complete_parameter_gathers();
     drop_prefetches();
     gather_order_ = std::move(step_order_);  // the next step's prefetch follows this one's gathers
     step_order_.clear();
@@ -397,6 +407,7 @@ class engine {
   // The fp32 (master) parameters of the whole model, unpadded, tensors in declaration order. A
   // collective in stages that shard the master weights.
   std::vector<float> full_params() {
+    complete_parameter_gathers();
     std::vector<float> out(layout_.numel());
     std::size_t at = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -408,6 +419,7 @@ class engine {
   // The same for one unit: host memory for one unit at a time (a streaming hash, an export).
   std::vector<float> full_params(unit_id u) {
     state_check(u);
+    complete_parameter_gathers();
     std::vector<float> out(layout_.unit(u).numel);
     copy_full_params(u, out.data());
     return out;
@@ -430,6 +442,8 @@ class engine {
 
   // Copies master weights (fp32) and each optimizer slot of unit-local range r (within
   // held_range(u)) to host memory: master[r.size()], slots[k][r.size()] for k < Opt::slots.
+  // Needs no wait for step()'s parameter all-gathers still in flight (stages 1-2): it reads only this
+  // rank's own slice, which those collectives send from and never write.
   void read_state(unit_id u, range r, float* master, float* const* slots) const {
     const unit_layout& ul = checked_state_range(u, r, "read_state");
     constexpr bool os = P::shards_optimizer_states;
@@ -443,6 +457,7 @@ class engine {
   // parameters follow only at finish_load().
   void write_state(unit_id u, range r, const float* master, const float* const* slots) {
     const unit_layout& ul = checked_state_range(u, r, "write_state");
+    complete_parameter_gathers();
     constexpr bool os = P::shards_optimizer_states;
     if (r.empty()) return;
     sys_.copy_from_host(master_element(ul, r.begin), master, r.size() * sizeof(float));
@@ -456,6 +471,7 @@ class engine {
     for (std::size_t u = 0; u < units_.size(); ++u)
       ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
                  "finish_load() in the middle of a step");
+    complete_parameter_gathers();
     for (auto& s : units_) s.step_gathers = 0;  // a loaded engine starts a step afresh
     step_started_ = false;
     step_ = ts.step;
@@ -616,17 +632,86 @@ class engine {
     buffer<param_type, system> prefetched;
     request prefetch;
     bool prefetching = false;
+    // Stages 1-2: the all-gather of the unit's updated parameters, started by step().
+    request parameter_gather;
+    bool parameter_gather_pending = false;
   };
 
   // A reduce(u) whose collective may still be in flight; completed in the order started, so the
   // micro-batches of a unit are added into the gradient store in order. The request is declared after
   // the bucket it writes, so it is destroyed (and waits) first.
   struct in_flight_reduce {
-    unit_id unit{};
-    bool first = false;               // the step's first reduce of the unit: stored, not added
-    buffer<grad_type, system> bucket;  // empty: the persistent gradient was reduced in place
+    struct part {
+      unit_id unit{};
+      bool first = false;  // the step's first reduce of the unit: stored, not added
+      std::size_t at = 0;  // where the unit's reduced elements (whole unit or this rank's slice) start in the bucket
+    };
+    std::vector<part> parts;           // the units the bucket carries, in reduce order
+    buffer<grad_type, system> bucket;  // empty (and no parts): the persistent gradient was reduced in place
     request pending{};
   };
+  // A unit's gradient waiting in the open bucket of reduce_bucket_elements.
+  struct fused_part {
+    unit_id unit{};
+    bool first = false;
+    buffer<grad_type, system> bucket;
+  };
+
+  bool fuses_reduces() const {
+    return options_.reduce_bucket_elements > 0 && uses_bucket() && !updates_every_element<P>;
+  }
+
+  // Starts one reduce-scatter for the units in the open bucket. A unit alone is reduced from its own
+  // bucket. Several are interleaved into one buffer, rank r's slices of every unit side by side at
+  // [r S, (r+1) S) (S = the sum of their shards), so each rank receives its slices together; each
+  // element is summed over the ranks in rank order as in a unit's own collective: the same bits.
+  void start_fused_reduce() {
+    std::vector<fused_part> parts = std::move(fusing_);
+    fusing_.clear();
+    fusing_elements_ = 0;
+    if (parts.empty()) return;
+    in_flight_reduce f;
+    if (parts.size() == 1) {
+      const unit_layout& ul = layout_.unit(parts[0].unit);
+      const std::size_t own = layout_.owned(parts[0].unit, rank_).begin;
+      f.bucket = std::move(parts[0].bucket);
+      f.parts.push_back({parts[0].unit, parts[0].first, own});
+      const auto l = label("reduce", parts[0].unit);
+      f.pending = comm_.start_reduce_scatter(f.bucket.data(), f.bucket.data() + own, ul.shard, reduce_op::sum);
+      return launched(std::move(f));
+    }
+    std::size_t shard_sum = 0;
+    for (const auto& p : parts) shard_sum += layout_.unit(p.unit).shard;
+    const auto ranks = static_cast<std::size_t>(layout_.ranks());
+    f.bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, acct_);
+    std::size_t off = 0;
+    for (auto& p : parts) {
+      const std::size_t shard = layout_.unit(p.unit).shard;
+      for (std::size_t r = 0; r < ranks; ++r)
+        sys_.copy(f.bucket.data() + r * shard_sum + off, p.bucket.data() + r * shard, shard * sizeof(grad_type));
+      f.parts.push_back({p.unit, p.first, static_cast<std::size_t>(rank_) * shard_sum + off});
+      off += shard;
+      p.bucket.reset();  // copied: freed before the collective starts
+    }
+    {
+      const auto l = label("reduce bucket", parts[0].unit);
+      f.pending = comm_.start_reduce_scatter(f.bucket.data(), f.bucket.data() + static_cast<std::size_t>(rank_) * shard_sum,
+                                             shard_sum, reduce_op::sum);
+    }
+    ++overlap_.fused_reduces;
+    launched(std::move(f));
+  }
+
+  // Files a started reduce, completing the oldest while more than reduces_in_flight are pending.
+  void launched(in_flight_reduce f) {
+    reduces_.push_back(std::move(f));
+    const std::size_t limit = overlapping() ? static_cast<std::size_t>(options_.reduces_in_flight) : 0;
+    while (reduces_.size() > limit) complete_oldest_reduce();
+    if (overlapping()) {
+      ++overlap_.reduces_started;
+      overlap_.max_reduces_in_flight = std::max<std::uint64_t>(overlap_.max_reduces_in_flight, reduces_.size());
+    }
+  }
 
   bool overlapping() const { return options_.overlap && comm::counted<Comm>::overlaps; }
   bool prefetching() const {
@@ -638,12 +723,12 @@ class engine {
     in_flight_reduce f = std::move(reduces_.front());
     reduces_.pop_front();
     comm_.wait(f.pending);
-    if (f.bucket.empty()) return;
-    const unit_layout& ul = layout_.unit(f.unit);
-    // A rank that updates every element keeps the whole unit, the others their slice.
-    const std::size_t from = updates_every_element<P> ? 0 : layout_.owned(f.unit, rank_).begin;
-    const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
-    with_grad_store([&](auto& store) { store_reduced(store, ul, from, f.bucket.data() + from, count, f.first); });
+    for (const auto& part : f.parts) {
+      const unit_layout& ul = layout_.unit(part.unit);
+      const std::size_t from = updates_every_element<P> ? 0 : layout_.owned(part.unit, rank_).begin;
+      const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
+      with_grad_store([&](auto& store) { store_reduced(store, ul, from, f.bucket.data() + part.at, count, part.first); });
+    }
   }
 
   const param_type* shard_of_params(const unit_layout& ul, unit_id u) const {
@@ -726,19 +811,33 @@ class engine {
 
   // Stages 1-2: the update of each unit, and the all-gather of its parameters started as soon as it
   // is updated, so that it runs while the next unit updates (overlap); all complete before return.
+  // With overlap, the all-gathers stay in flight after step() returns: the next step's gather(u)
+  // waits for its unit's (the forward pass overlaps them), anything else that reads or writes the
+  // parameters for all of them (complete_parameter_gathers).
   void update_and_gather_params(const typename Opt::step_constants& c, float divisor, float coef) {
-    std::vector<request> started;
-    started.reserve(units_.size());
     for (std::size_t u = 0; u < units_.size(); ++u) {
       update_unit(unit_id{u}, c, divisor, coef);
       const unit_layout& ul = layout_.unit(unit_id{u});
       param_type* p = params_.data() + ul.offset;
-      const auto l = label("step", unit_id{u});
-      started.push_back(comm_.start_all_gather(
-          element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard));
-      if (!overlapping()) comm_.wait(started.back());
+      unit_state& s = units_[u];
+      {
+        const auto l = label("step", unit_id{u});
+        s.parameter_gather = comm_.start_all_gather(
+            element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard);
+      }
+      s.parameter_gather_pending = true;
+      if (!overlapping()) complete_parameter_gather(s);
+      else ++overlap_.parameter_gathers_started;
     }
-    for (auto& r : started) comm_.wait(r);
+  }
+  void complete_parameter_gather(unit_state& s) {
+    if (!s.parameter_gather_pending) return;
+    s.parameter_gather_pending = false;
+    comm_.wait(s.parameter_gather);
+  }
+  // Before anything but gather(u) reads or writes the parameters (stages 1-2; nothing elsewhere).
+  void complete_parameter_gathers() {
+    for (auto& s : units_) complete_parameter_gather(s);
   }
 
   // The end of an evaluation() scope: releases what it left gathered (a local operation).
@@ -1113,6 +1212,8 @@ class engine {
   bool step_started_ = false;   // a gather, grads or reduce since the last step() (outside evaluation)
   // Overlap (engine_options::overlap): reduces in flight, oldest first, and stage 3's prefetch order.
   std::deque<in_flight_reduce> reduces_;
+  std::vector<fused_part> fusing_;  // the open bucket of reduce_bucket_elements, in reduce order
+  std::size_t fusing_elements_ = 0;
   std::vector<std::size_t> gather_order_;  // units in the order the last step gathered them
   std::vector<std::size_t> step_order_;    // the same for the step under way
   std::size_t next_prefetch_ = 0;          // the position in gather_order_ of the next prefetch

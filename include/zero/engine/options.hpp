@@ -53,6 +53,12 @@ struct engine_options {
   // reduce(u) collectives in flight at once, at most (each holds its unit's gradient bucket in
   // stages 2-3 or with several micro-batches): the oldest is completed when one more starts.
   int reduces_in_flight = 4;
+  // Stages 2-3 (and stage 1 with several reduced micro-batches): consecutive reduce(u) calls share
+  // one reduce-scatter until their padded elements reach this many (fewer, larger collectives: one
+  // latency instead of one per small unit; each gradient is copied once into the shared bucket, and
+  // the bucket starts when full or at step()). Independent of `overlap`; the same bits. 0: every
+  // unit is reduced on its own.
+  std::size_t reduce_bucket_elements = 0;
 };
 
 }  // namespace zero

@@ -41,8 +41,10 @@ struct overlap_report {
   std::uint64_t prefetches = 0;      // stage 3 all-gathers started before their gather(u)
   std::uint64_t prefetch_hits = 0;   // gather(u) calls that found their prefetch
   std::uint64_t prefetch_misses = 0;  // prefetches dropped because the gather order changed (bytes spent)
-  std::uint64_t reduces_started = 0;  // reduce(u) calls that returned with the collective in flight
+  std::uint64_t reduces_started = 0;  // reduce collectives left in flight by reduce(u) (or step(), for a last bucket)
   std::uint64_t max_reduces_in_flight = 0;
+  std::uint64_t parameter_gathers_started = 0;  // stages 1-2: step()'s all-gathers left in flight
+  std::uint64_t fused_reduces = 0;  // reduce-scatters that carried several units (reduce_bucket_elements)
 };
 
 }  // namespace zero
