@@ -757,7 +757,7 @@ class engine {
     }
     step_order_.push_back(u.index);
     if (order_holds_ && next_prefetch_ <= position) next_prefetch_ = position + 1;
-    s.gathered = true;  // so that prefetch_ahead does not start this unit again
+    s.gathered = true;  // counted as live by prefetch_ahead
     try {
       if (prefetching()) prefetch_ahead();
       comm_.wait(r);
@@ -770,8 +770,10 @@ class engine {
 
   // Starts the all-gathers of the units the recorded order gathers next, in that order, up to
   // prefetch_units ahead of the last gather, while each fits max_live_parameters and the memory
-  // budget. Stops at a unit that is gathered or already prefetched (it is gathered again later in the
-  // order), so the ranks, which see the same calls, start the same collectives in the same order.
+  // budget. A unit gathered now may be prefetched for its next gather (into a buffer of its own: the
+  // backward pass gathers the last layer again right after the forward released it), but a unit
+  // already prefetched stops the walk until that prefetch is taken. The decisions depend only on the
+  // calls, which every rank makes alike, so the ranks start the same collectives in the same order.
   void prefetch_ahead() {
     if (step_order_.empty()) return;
     const std::size_t last = step_order_.size() - 1;
@@ -779,7 +781,7 @@ class engine {
     for (; next_prefetch_ < end; ++next_prefetch_) {
       const unit_id v{gather_order_[next_prefetch_]};
       unit_state& t = units_[v.index];
-      if (t.gathered || t.prefetching) return;
+      if (t.prefetching) return;
       const unit_layout& ul = layout_.unit(v);
       if (options_.max_live_parameters > 0 && live_parameters() + ul.padded > options_.max_live_parameters) return;
       const std::size_t bytes = ul.padded * sizeof(param_type);
@@ -791,11 +793,11 @@ class engine {
       ++overlap_.prefetches;
     }
   }
-  // Elements of units gathered or being prefetched now.
+  // Elements of units gathered or being prefetched now (a unit that is both counts twice: two buffers).
   std::size_t live_parameters() const {
     std::size_t n = 0;
     for (std::size_t u = 0; u < units_.size(); ++u)
-      if (units_[u].gathered || units_[u].prefetching) n += layout_.unit(unit_id{u}).padded;
+      n += (std::size_t{units_[u].gathered} + std::size_t{units_[u].prefetching}) * layout_.unit(unit_id{u}).padded;
     return n;
   }
   // Completes and frees the prefetches no gather took (the order changed, or the step ended).
