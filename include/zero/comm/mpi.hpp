@@ -754,6 +754,7 @@ class mpi {
   template <class T>
   T* op_scratch(op& o, std::size_t elems) {
     const std::size_t bytes = elems * sizeof(T);
+    if (bytes == 0) return nullptr;  // MPI reads no buffer for zero counts
     auto& pool = q_->pool;
     // The smallest free buffer that fits, else a new one.
     auto best = pool.end();
@@ -871,8 +872,9 @@ class mpi {
   // spinning for opt_.spin, then sleeping between polls (backoff). When opt_.timeout passes first
   // (a positive one), probes the peers and throws zero::error naming `f`, the MPI call and the
   // peers; the communicator is then unusable.
+  // `call` is read when the timeout passes: a started all_reduce may be in its second MPI call by then.
   template <class Done>
-  void poll(Done done, const fingerprint& f, const char* call) {
+  void poll(Done done, const fingerprint& f, const char* const& call) {
     const bool timed = opt_.timeout.count() > 0;
     const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
     backoff wait(opt_.spin, opt_.max_sleep);
