@@ -744,6 +744,9 @@ class mpi {
     const std::uint64_t id = o->id;
     q_->ops.push_back(std::move(o));
     w_->in_flight = static_cast<std::int32_t>(q_->ops.size());
+    // MPI moves a nonblocking collective's data only inside MPI calls (Open MPI has no progress
+    // thread by default): each start also advances the collectives already in flight.
+    progress();
     return request(q_, id);
   }
   // A collective that completed when started (one rank, no MPI call).
