@@ -18,7 +18,7 @@ LAYERS = [
     ("gpu", ["gpu/"]),
     ("systems", ["sys/"]),
     ("comm helpers", ["comm/detail/", "comm/backoff.hpp", "comm/call_label.hpp", "comm/counted.hpp",
-                      "comm/fingerprint.hpp", "comm/flight_recorder.hpp", "comm/mpi_session.hpp",
+                      "comm/fingerprint.hpp", "comm/flight_recorder.hpp", "comm/mpi_session.hpp", "comm/nonblocking.hpp",
                       "comm/peer_process.hpp", "comm/termination_report.hpp"]),
     ("comm backends", ["comm/"]),
     ("engine", ["engine/"]),
