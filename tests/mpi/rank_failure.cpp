@@ -60,7 +60,9 @@ int waiting_cpu(zero::comm::mpi& c) {
 // complete; the others then wait in collective #1, an all_reduce that rank 1 does not enter (in time):
 //   throw, return, late (60 s asleep), exit0, exit1, abort, sigkill, sigterm (dies 0.3 s into the
 //   others' wait), skip (calls the barrier #2 instead of the all_reduce #1), skip-verify (the same
-//   with mpi_options::verify), stop (SIGSTOP, never resumed), cpu (see waiting_cpu).
+//   with mpi_options::verify), stop (SIGSTOP, never resumed), cpu (see waiting_cpu), never-start
+//   (the others start the all_reduce #1 and an all_gather #2 as nonblocking collectives and wait for
+//   #2 first; rank 1 sleeps 60 s instead of starting them).
 int main(int argc, char** argv) {
   zero::comm::mpi_session session(argc, argv);
   const std::string how = argc > 1 ? argv[1] : "throw";
@@ -78,6 +80,19 @@ int main(int argc, char** argv) {
         }
         std::vector<float> x(1000, 1.0f);
         c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
+        if (how == "never-start") {
+          if (c.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::seconds(60));
+            return;
+          }
+          std::vector<float> z(1000, 2.0f), y(1000 * static_cast<std::size_t>(c.size()));
+          auto a = c.start_all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
+          auto b = c.start_all_gather(z.data(), y.data(), 1000);
+          c.wait(b);
+          c.wait(a);
+          c.barrier();
+          return;
+        }
         if (c.rank() == 1) {
           if (how == "throw") throw std::runtime_error("injected failure");
           if (how == "return") return;

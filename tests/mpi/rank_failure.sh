@@ -20,7 +20,7 @@ run() {
   shift
   rm -f "$logs"/rank.*
   start=$(date +%s.%N)
-  out=$(timeout 120 "$mpirun" --oversubscribe -np 3 "$@" \
+  out=$(timeout -k 10 120 "$mpirun" --oversubscribe -np 3 "$@" \
     bash -c 'log=$1; shift; exec "$@" 2>"$log.$OMPI_COMM_WORLD_RANK"' _ "$logs/rank" "$exe" "$how" 2>&1)
   rc=$?
   elapsed=$(echo "$(date +%s.%N) - $start" | bc)
@@ -79,6 +79,12 @@ for how in return late stop; do
 done
 grep -Eq 'rank 1: no answer \(pid [0-9]+ on this machine: stopped' <<<"$out" ||
   bad "stop: no rank says that rank 1 is stopped"
+# The same with nonblocking collectives: the others start #1 and #2 and wait for #2, which rank 1
+# never starts; the wait times out after 1 s like a blocking call, and the report shows both in flight.
+started='#2 all_gather\(float x 1000\)'
+expect never-start 30 "rank [02] failed: comm::mpi rank [02] of 3: $started waited 1000 ms in MPI_Allgather" \
+  'no answer from rank 1 ' &&
+  survivors "$call: \+[0-9.]+ s, not ended" "$started: \+[0-9.]+ s, not ended"
 # Rank 1 dies 0.3 s into the others' wait: mpirun notices and ends the job with SIGTERM (the timeout
 # is 20 s), and each survivor prints where it was and that rank 1's process is gone.
 for how in exit0 exit1 abort sigkill sigterm; do

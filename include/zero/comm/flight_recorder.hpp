@@ -35,14 +35,22 @@ class flight_recorder {
   explicit flight_recorder(std::size_t capacity = 8, std::int64_t origin_ns = monotonic_ns())
       : ring_(capacity > 0 ? capacity : 1), origin_(origin_ns) {}
 
-  void begin(const fingerprint& f) {
+  // Returns the entry's number (0, 1, ...), for end(number) when collectives overlap.
+  std::uint64_t begin(const fingerprint& f) {
     std::lock_guard lk(m_);
     ring_[recorded_ % ring_.size()] = entry{f, now(), -1};
-    ++recorded_;
+    return recorded_++;
   }
+  // Ends the newest entry.
   void end() {
     std::lock_guard lk(m_);
     if (recorded_ > 0) ring_[(recorded_ - 1) % ring_.size()].end_ns = now();
+  }
+  // Ends entry `number` (a nonblocking collective completes after later ones started), unless the
+  // ring has overwritten it since.
+  void end(std::uint64_t number) {
+    std::lock_guard lk(m_);
+    if (number < recorded_ && recorded_ - number <= ring_.size()) ring_[number % ring_.size()].end_ns = now();
   }
 
   // Nanoseconds since the origin.

@@ -28,6 +28,7 @@
 #include "zero/comm/fingerprint.hpp"
 #include "zero/comm/flight_recorder.hpp"
 #include "zero/comm/mpi_session.hpp"  // <mpi.h> without the deprecated C++ bindings
+#include "zero/comm/nonblocking.hpp"
 #include "zero/comm/peer_process.hpp"
 #include "zero/comm/termination_report.hpp"
 #include "zero/concepts/comm_backend.hpp"
@@ -137,6 +138,8 @@ inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::siz
 struct rank_status {
   std::int32_t in_collective = 0;
   std::int32_t answered = 0;
+  std::int32_t in_flight = 0;  // nonblocking collectives started and not yet waited for
+  std::int32_t reserved = 0;
   std::int64_t for_ns = 0;
   std::uint64_t recorded = 0;
   fingerprint call;
@@ -163,14 +166,27 @@ struct mpi_watch {
   std::vector<rank_status> answers;                         // this rank's own probe round
   std::vector<MPI_Request> answer_reqs, probe_reqs;
   int report_slot = -1;
+  // The call this rank is in (a blocking collective, or the wait for a started one), since when
+  // it started; a call that failed stays set, as its recorder entry stays "not ended".
+  bool waiting = false;
+  fingerprint wait_call;
+  std::int64_t wait_start_ns = 0;
+  std::int32_t in_flight = 0;  // started, not waited for
+
+  void wait_in(const fingerprint& f, std::int64_t start_ns) {
+    waiting = true;
+    wait_call = f;
+    wait_start_ns = start_ns;
+  }
 
   rank_status status() const {
     rank_status s;
     const auto last = rec.last();
     s.recorded = rec.recorded();
-    s.call = last.call;
-    s.in_collective = s.recorded > 0 && last.end_ns < 0;
-    s.for_ns = rec.now() - (s.recorded == 0 ? 0 : s.in_collective ? last.start_ns : last.end_ns);
+    s.in_flight = in_flight;
+    s.in_collective = waiting;
+    s.call = waiting ? wait_call : last.call;
+    s.for_ns = rec.now() - (waiting ? wait_start_ns : s.recorded == 0 ? 0 : last.end_ns >= 0 ? last.end_ns : last.start_ns);
     return s;
   }
 
@@ -287,6 +303,13 @@ class mpi {
       check(MPI_Irecv(&w_->token_in, 1, MPI_INT, MPI_ANY_SOURCE, detail::mpi_watch::tag_probe, w_->side, &w_->incoming),
             "MPI_Irecv", "construction");
     }
+    // The second step of a started deterministic all_reduce runs on its own communicator (see
+    // progress()), so that when it starts cannot disturb the order of the collectives on comm_.
+    if (size_ > 1) {
+      check(MPI_Comm_dup(comm_, &comm2_), "MPI_Comm_dup", "construction");
+      check(MPI_Comm_set_errhandler(comm2_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "construction");
+    }
+    q_->owner = this;
     w_->report_slot = termination::add(&detail::mpi_watch::write_report, w_.get());
   }
   mpi(const mpi&) = delete;
@@ -297,21 +320,40 @@ class mpi {
         rank_(o.rank_),
         size_(o.size_),
         stuck_(o.stuck_),
+        comm2_(std::exchange(o.comm2_, MPI_COMM_NULL)),
         w_(std::move(o.w_)),
+        q_(std::exchange(o.q_, nullptr)),
         scratch_(std::move(o.scratch_)),
-        scratch_bytes_(std::exchange(o.scratch_bytes_, 0)) {}
+        scratch_bytes_(std::exchange(o.scratch_bytes_, 0)) {
+    if (q_) q_->owner = this;  // started requests follow the backend
+  }
   mpi& operator=(mpi&&) = delete;
   ~mpi() {
     if (w_) termination::remove(w_->report_slot);
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // Requests still held by the caller: their collectives complete here (errors are swallowed, as
+    // in a request's destructor), and the requests are detached from this backend.
+    if (q_ && !stuck_ && !finalized)
+      while (!q_->ops.empty()) {
+        try {
+          finish(q_->ops.front()->id);
+        } catch (...) {
+          break;  // stuck_ now: what is in flight stays
+        }
+      }
+    if (q_) q_->owner = nullptr;
     // A timed-out collective is still pending on the communicator; freeing it would be erroneous,
-    // and MPI may still write into the probe buffers: both are left alone (the job is ending).
+    // and MPI may still write into the probe buffers and the in-flight collectives' buffers: all are
+    // left alone (the job is ending).
     if (stuck_ || finalized) {
       (void)w_.release();
+      if (q_)
+        for (auto& o : q_->ops) (void)o.release();
       return;
     }
     if (w_ && w_->side != MPI_COMM_NULL && !close_side()) (void)w_.release();
+    if (comm2_ != MPI_COMM_NULL) MPI_Comm_free(&comm2_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
@@ -358,12 +400,161 @@ class mpi {
     if (!s.empty() && s.back() == '\n') s.pop_back();
     return s;
   }
-  // Bytes held by the exchange buffer of the deterministic mode: the largest full buffer so far.
-  std::size_t scratch_bytes() const { return scratch_bytes_; }
+  // Bytes held by the exchange buffers of the deterministic mode: the largest full buffer of a
+  // blocking collective so far, plus one buffer per started collective that needs one (kept for
+  // reuse once it completes: as many as were ever in flight at once).
+  std::size_t scratch_bytes() const { return scratch_bytes_ + q_->held_bytes; }
+  // Frees the exchange buffers not in use by a started collective.
   void release_scratch() {
     scratch_.reset();
     scratch_bytes_ = 0;
+    for (const auto& b : q_->pool) q_->held_bytes -= b.bytes;
+    q_->pool.clear();
   }
+
+  // ---- nonblocking collectives (comm/nonblocking.hpp) -----------------------------------------
+ private:
+  //
+  // start_* records the call, verifies it (verify mode), and posts the MPI_I* collective; wait()
+  // polls it as a blocking call polls its own, with the same backoff, probes, errors and timeout,
+  // the deadline counted from the start of the wait (time the caller spends computing between
+  // start and wait is not the peers' delay). Whatever needs the received data runs when the
+  // collective is found complete, in any wait or blocking call of this backend: the rank-ordered
+  // sum of the deterministic mode, the copy of an in-place fast reduce_scatter, and, for a
+  // deterministic all_reduce, its second step, the MPI_Iallgatherv of the summed chunks. That one
+  // is started on a second communicator, in the order the all_reduces were started (an older one
+  // still in its first step holds back the younger ones'), so every rank starts the same sequence
+  // on both communicators whatever order it waits in. Each started collective that needs an
+  // exchange buffer has its own. With timeout 0 a wait polls without a deadline.
+
+  struct queue;
+
+ public:
+  // A started collective. Movable; a default-constructed (or waited) request is complete. Its
+  // destructor waits (and swallows an error). Wait for it, or drop it, before the backend is
+  // destroyed; the backend's destructor completes the collectives still in flight.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : q_(std::move(o.q_)), id_(std::exchange(o.id_, 0)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        finish();
+        q_ = std::move(o.q_);
+        id_ = std::exchange(o.id_, 0);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { finish(); }
+    // Whether wait() has work left: the collective was started and not yet waited for.
+    bool pending() const { return q_ != nullptr; }
+
+   private:
+    friend class mpi;
+    request(std::shared_ptr<struct queue> q, std::uint64_t id) : q_(std::move(q)), id_(id) {}
+    void finish() noexcept {
+      if (!q_) return;
+      try {
+        if (q_->owner) q_->owner->wait(*this);
+      } catch (...) {
+      }
+      q_.reset();
+    }
+    std::shared_ptr<struct queue> q_;
+    std::uint64_t id_ = 0;
+  };
+
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    auto o = begin_op(make<T>(coll_kind::all_reduce, count, op, 0));
+    const MPI_Datatype type = mpi_datatype<T>::get();
+    const int n = checked_count(count, "all_reduce");
+    if (opt_.mode == mpi_mode::fast && !is_half_v<T>) {
+      const void* in = send == recv ? MPI_IN_PLACE : send;
+      const MPI_Op mop = detail::mpi_op(op);
+      return post(std::move(o), "MPI_Allreduce", [&](MPI_Request* r) { return MPI_Iallreduce(in, recv, n, type, mop, comm_, r); });
+    }
+    if (size_ == 1) {
+      system::copy(recv, send, count * sizeof(T));
+      return done_op(*o);
+    }
+    // As the blocking all_reduce; the counts live with the request until it completes (MPI reads
+    // them while the collective runs).
+    const auto N = static_cast<std::size_t>(size_);
+    o->counts.resize(4 * N);
+    int *sc = o->counts.data(), *sd = sc + N, *rc = sd + N, *rd = rc + N;
+    for (std::size_t k = 0; k < N; ++k) {
+      sd[k] = static_cast<int>(count * k / N);
+      sc[k] = static_cast<int>(count * (k + 1) / N) - sd[k];
+    }
+    const std::size_t mine = static_cast<std::size_t>(sc[rank_]);
+    for (std::size_t k = 0; k < N; ++k) {
+      rc[k] = static_cast<int>(mine);
+      rd[k] = static_cast<int>(k * mine);
+    }
+    T* slices = op_scratch<T>(*o, N * mine);
+    T* chunk = recv + sd[rank_];
+    o->local = [slices, mine, chunk, op](mpi& m) { m.sum_in_rank_order(slices, mine, chunk, op); };
+    o->second_call = "MPI_Allgatherv";
+    o->second = [recv, sc, sd, type](mpi& m, MPI_Request* r) {
+      return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, sc, sd, type, m.comm2_, r);
+    };
+    return post(std::move(o), "MPI_Alltoallv",
+                [&](MPI_Request* r) { return MPI_Ialltoallv(send, sc, sd, type, slices, rc, rd, type, comm_, r); });
+  }
+
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    auto o = begin_op(make<T>(coll_kind::reduce_scatter, count, op, 0));
+    const MPI_Datatype type = mpi_datatype<T>::get();
+    const int n = checked_count(count, "reduce_scatter");
+    const auto N = static_cast<std::size_t>(size_);
+    if (opt_.mode == mpi_mode::fast && !is_half_v<T>) {
+      const bool aliased = detail::overlaps(send, N * count * sizeof(T), recv, count * sizeof(T));
+      T* out = aliased ? op_scratch<T>(*o, count) : recv;
+      if (aliased) o->local = [recv, out, count](mpi&) { system::copy(recv, out, count * sizeof(T)); };
+      const MPI_Op mop = detail::mpi_op(op);
+      return post(std::move(o), "MPI_Reduce_scatter_block",
+                  [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, out, n, type, mop, comm_, r); });
+    }
+    if (size_ == 1) {
+      system::copy(recv, send, count * sizeof(T));
+      return done_op(*o);
+    }
+    T* slices = op_scratch<T>(*o, N * count);
+    o->local = [slices, count, recv, op](mpi& m) { m.sum_in_rank_order(slices, count, recv, op); };
+    return post(std::move(o), "MPI_Alltoall",
+                [&](MPI_Request* r) { return MPI_Ialltoall(send, n, type, slices, n, type, comm_, r); });
+  }
+
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    auto o = begin_op(make<T>(coll_kind::all_gather, count, reduce_op::sum, 0));
+    const MPI_Datatype type = mpi_datatype<T>::get();
+    const int n = checked_count(count, "all_gather");
+    const bool in_place = send == recv + count * static_cast<std::size_t>(rank_);
+    const void* in = in_place ? MPI_IN_PLACE : send;
+    const int in_count = in_place ? 0 : n;
+    const MPI_Datatype in_type = in_place ? MPI_DATATYPE_NULL : type;
+    return post(std::move(o), "MPI_Allgather",
+                [&](MPI_Request* r) { return MPI_Iallgather(in, in_count, in_type, recv, n, type, comm_, r); });
+  }
+
+  // Returns when r's collective has completed (at once for a complete request). A timeout, or an
+  // MPI failure of this or another started collective found while polling, throws zero::error (kind
+  // comm) and leaves the communicator unusable. r is complete afterwards either way.
+  void wait(request& r) {
+    if (!r.q_) return;
+    const std::shared_ptr<queue> q = std::move(r.q_);
+    r.q_ = nullptr;
+    ZERO_CHECK(q.get() == q_.get(), invalid_argument, "comm::mpi rank ", rank_,
+               ": wait() for a request started on another comm::mpi");
+    finish(std::exchange(r.id_, 0));
+  }
+  // Collectives started and not yet waited for.
+  std::size_t in_flight() const { return q_->ops.size(); }
 
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
@@ -477,12 +668,15 @@ class mpi {
   // a normal return. A collective that throws stays "not ended", which is where this rank stopped.
   class call_scope {
    public:
-    call_scope(mpi& m, const fingerprint& f) : m_(m), uncaught_(std::uncaught_exceptions()) {
-      m_.w_->rec.begin(f);
+    call_scope(mpi& m, const fingerprint& f)
+        : m_(m), uncaught_(std::uncaught_exceptions()), entry_(m_.w_->rec.begin(f)) {
+      m_.w_->wait_in(f, m_.w_->rec.now());
       m_.verify(f);
     }
     ~call_scope() {
-      if (std::uncaught_exceptions() == uncaught_) m_.w_->rec.end();
+      if (std::uncaught_exceptions() != uncaught_) return;
+      m_.w_->rec.end(entry_);
+      m_.w_->waiting = false;
     }
     call_scope(const call_scope&) = delete;
     call_scope& operator=(const call_scope&) = delete;
@@ -490,7 +684,160 @@ class mpi {
    private:
     mpi& m_;
     int uncaught_;
+    std::uint64_t entry_;
   };
+
+  // ---- the started collectives ----
+
+  struct host_free {
+    void operator()(std::byte* p) const noexcept { system::deallocate(p, 0); }
+  };
+  // An exchange buffer of a started collective.
+  struct block {
+    std::unique_ptr<std::byte, host_free> data;
+    std::size_t bytes = 0;
+  };
+  // One started collective: its first MPI call, what runs when that completes, and, for a
+  // deterministic all_reduce, a second MPI call.
+  struct op {
+    enum class stage { first, second, done };
+    std::uint64_t id = 0;
+    fingerprint call;
+    std::uint64_t entry = 0;     // in the flight recorder
+    std::int64_t start_ns = 0;   // recorder time
+    const char* mpi_call = "";  // the MPI call in flight, for errors
+    stage at = stage::first;
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::function<void(mpi&)> local;                  // after the first call: the sum, a copy
+    std::function<int(mpi&, MPI_Request*)> second;    // then this, on comm2_, when its turn comes
+    const char* second_call = "";
+    bool second_started = false;
+    std::vector<int> counts;  // MPI_Ialltoallv's and MPI_Iallgatherv's counts and displacements
+    block scratch;
+  };
+  // The started collectives in start order, and the exchange buffers of finished ones for reuse;
+  // on the heap, shared with the requests, so that a moved backend keeps its requests.
+  struct queue {
+    mpi* owner = nullptr;
+    std::deque<std::unique_ptr<op>> ops;
+    std::vector<block> pool;
+    std::size_t held_bytes = 0;  // pool + the in-flight collectives' buffers
+    std::uint64_t last_id = 0;
+  };
+
+  // Records and verifies a collective about to start (what call_scope does for a blocking one).
+  std::unique_ptr<op> begin_op(const fingerprint& f) {
+    if (stuck_) unusable(f);
+    auto o = std::make_unique<op>();
+    o->call = f;
+    o->entry = w_->rec.begin(f);
+    o->start_ns = w_->rec.now();
+    verify(f);
+    return o;
+  }
+  // Posts the first MPI call and queues the collective.
+  template <class Post>
+  request post(std::unique_ptr<op> o, const char* call, Post first) {
+    o->mpi_call = call;
+    check(first(&o->req), call, to_string(o->call.kind));
+    o->id = ++q_->last_id;
+    const std::uint64_t id = o->id;
+    q_->ops.push_back(std::move(o));
+    w_->in_flight = static_cast<std::int32_t>(q_->ops.size());
+    // MPI moves a nonblocking collective's data only inside MPI calls (Open MPI has no progress
+    // thread by default): each start also advances the collectives already in flight.
+    progress();
+    return request(q_, id);
+  }
+  // A collective that completed when started (one rank, no MPI call).
+  request done_op(const op& o) {
+    w_->rec.end(o.entry);
+    return request{};
+  }
+  template <class T>
+  T* op_scratch(op& o, std::size_t elems) {
+    const std::size_t bytes = elems * sizeof(T);
+    if (bytes == 0) return nullptr;  // MPI reads no buffer for zero counts
+    auto& pool = q_->pool;
+    // The smallest free buffer that fits, else a new one.
+    auto best = pool.end();
+    for (auto it = pool.begin(); it != pool.end(); ++it)
+      if (it->bytes >= bytes && (best == pool.end() || it->bytes < best->bytes)) best = it;
+    if (best != pool.end()) {
+      o.scratch = std::move(*best);
+      pool.erase(best);
+    } else {
+      o.scratch.data.reset(static_cast<std::byte*>(system::allocate(bytes)));
+      o.scratch.bytes = bytes;
+      q_->held_bytes += bytes;
+    }
+    return reinterpret_cast<T*>(o.scratch.data.get());
+  }
+
+  // Advances the started collectives, oldest first: tests each one's MPI call; runs its local step
+  // when the first call has completed; starts a deterministic all_reduce's second call once every
+  // older one's has started (the same order on every rank). True if something completed.
+  bool progress() {
+    bool moved = false, in_order = true;
+    for (auto& p : q_->ops) {
+      op& o = *p;
+      if (o.at != op::stage::done && o.req != MPI_REQUEST_NULL) {
+        int done = 0;
+        const int rc = MPI_Test(&o.req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+          stuck_ = true;  // the order of the second calls can no longer be kept
+          check(rc, o.mpi_call, to_string(o.call.kind));
+        }
+        if (done) {
+          moved = true;
+          if (o.at == op::stage::first && o.local) o.local(*this);
+          // The buffer was read by the local step; the second call does not use it.
+          if (o.scratch.data) q_->pool.push_back(std::move(o.scratch));
+          if (o.second && !o.second_started) {
+            o.at = op::stage::second;
+          } else {
+            o.at = op::stage::done;
+            w_->rec.end(o.entry);
+          }
+        }
+      }
+      if (o.at == op::stage::second && !o.second_started && in_order) {
+        o.mpi_call = o.second_call;
+        o.second_started = true;
+        const int rc = o.second(*this, &o.req);
+        if (rc != MPI_SUCCESS) {
+          stuck_ = true;
+          check(rc, o.mpi_call, to_string(o.call.kind));
+        }
+      }
+      if (o.second && !o.second_started) in_order = false;
+    }
+    return moved;
+  }
+
+  // Waits for the started collective `id` and removes it.
+  void finish(std::uint64_t id) {
+    auto& ops = q_->ops;
+    auto it = std::find_if(ops.begin(), ops.end(), [id](const auto& p) { return p->id == id; });
+    if (it == ops.end()) return;
+    const op& o = **it;
+    if (o.at != op::stage::done) {
+      if (stuck_) unusable(o.call);
+      w_->wait_in(o.call, o.start_ns);
+      poll([&] {
+        progress();
+        return o.at == op::stage::done;
+      }, o.call, o.mpi_call);
+      w_->waiting = false;
+    }
+    ops.erase(it);
+    w_->in_flight = static_cast<std::int32_t>(ops.size());
+  }
+
+  [[noreturn]] void unusable(const fingerprint& f) const {
+    fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", f.str(),
+         ": the communicator is unusable after an earlier collective timed out or failed");
+  }
 
   void check(int rc, const char* call, const char* operation) const {
     detail::mpi_check(rc, call, operation, rank_, size_);
@@ -506,33 +853,48 @@ class mpi {
   template <class Blocking, class Nonblocking>
   void collective(const char* call, Blocking blocking, Nonblocking nonblocking) {
     // A timed-out collective is still pending: a new one could match its messages.
-    if (stuck_)
-      fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", w_->rec.last().call.str(),
-           ": the communicator is unusable after an earlier collective timed out");
+    const fingerprint f = w_->rec.last().call;
+    if (stuck_) unusable(f);
     auto ok = [&](int rc) {
       if (rc != MPI_SUCCESS) check(rc, call, operation());
     };
-    if (opt_.timeout.count() <= 0) return ok(blocking());
+    // Blocking MPI calls only when no started collective is in flight: one whose second step this
+    // rank has yet to start would leave a peer waiting for it while this rank waits for that peer.
+    if (opt_.timeout.count() <= 0 && q_->ops.empty()) return ok(blocking());
     MPI_Request req = MPI_REQUEST_NULL;
     ok(nonblocking(&req));
+    poll([&] {
+      int done = 0;
+      ok(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (!q_->ops.empty()) progress();
+      return done != 0;
+    }, f, call);
+  }
+
+  // Polls done() (which tests MPI requests and so drives MPI's progress) until it returns true:
+  // spinning for opt_.spin, then sleeping between polls (backoff). When opt_.timeout passes first
+  // (a positive one), probes the peers and throws zero::error naming `f`, the MPI call and the
+  // peers; the communicator is then unusable.
+  // `call` is read when the timeout passes: a started all_reduce may be in its second MPI call by then.
+  template <class Done>
+  void poll(Done done, const fingerprint& f, const char* const& call) {
+    const bool timed = opt_.timeout.count() > 0;
     const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
     backoff wait(opt_.spin, opt_.max_sleep);
     for (unsigned polls = 0;; ++polls) {
-      int done = 0;
       const std::int64_t before = wait.sleeping() ? thread_cpu_ns() : 0;
-      ok(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-      if (done) return;
+      if (done()) return;
       // An idle MPI_Test costs about a microsecond of CPU; one that copied data cost more. (CPU time,
       // not wall time: a poll that was merely preempted did no work.)
       if (wait.sleeping() && thread_cpu_ns() - before > 20000) wait.progressed(opt_.spin);
       if (wait.sleeping() || polls % 256 == 0) w_->serve_probes();
-      if (std::chrono::steady_clock::now() > deadline) break;
+      if (timed && std::chrono::steady_clock::now() > deadline) break;
       wait.pause();
     }
     stuck_ = true;
-    const std::string peers = probe_peers();
-    fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", w_->rec.last().call.str(), " waited ",
-         opt_.timeout.count(), " ms in ", call,
+    const std::string peers = probe_peers(f);
+    fail(error_kind::comm, "comm::mpi rank ", rank_, " of ", size_, ": ", f.str(), " waited ", opt_.timeout.count(),
+         " ms in ", call,
          " without completing: a peer failed, stopped, is unreachable, returned without calling it, or called "
          "another collective\n",
          peers, report());
@@ -542,7 +904,7 @@ class mpi {
   // (at most 2 s) for the answers. A peer answers while it waits in a comm::mpi collective; one that
   // does not answer is stopped, dead, unreachable, or busy outside comm::mpi (returned, computing).
   // The requests and buffers stay with the watch, which outlives a timed-out communicator.
-  std::string probe_peers() {
+  std::string probe_peers(const fingerprint& mine) {
     detail::mpi_watch& w = *w_;
     if (w.side == MPI_COMM_NULL) return "";
     const auto window = std::clamp(opt_.timeout / 4, std::chrono::milliseconds(1), std::chrono::milliseconds(2000));
@@ -570,7 +932,6 @@ class mpi {
       if (all || std::chrono::steady_clock::now() > deadline) break;
       wait.pause();
     }
-    const fingerprint& mine = w.rec.last().call;
     std::string silent, lines;
     for (int k = 0; k < size_; ++k) {
       if (k == rank_) continue;
@@ -600,6 +961,7 @@ class mpi {
         a.call.format(t);
         t << ')';
       }
+      if (a.answered && a.in_flight > 0) t << ", " << a.in_flight << " started and not waited for";
       lines += t.str();
       lines += '\n';
     }
@@ -717,19 +1079,18 @@ class mpi {
     }
     return reinterpret_cast<T*>(scratch_.get());
   }
-  struct host_free {
-    void operator()(std::byte* p) const noexcept { system::deallocate(p, 0); }
-  };
-
   options opt_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = -1, size_ = 0;
   bool stuck_ = false;  // a collective timed out and is still pending
+  MPI_Comm comm2_ = MPI_COMM_NULL;  // the second step of started deterministic all_reduces
   std::unique_ptr<detail::mpi_watch> w_;
+  std::shared_ptr<queue> q_ = std::make_shared<queue>();
   std::unique_ptr<std::byte, host_free> scratch_;
   std::size_t scratch_bytes_ = 0;
   std::vector<int> counts_, displs_, from_counts_, from_displs_;  // reused by all_reduce
 };
 static_assert(CommBackend<mpi>);
+static_assert(nonblocking<mpi>);
 
 }  // namespace zero::comm
