@@ -15,10 +15,6 @@ import statistics
 import sys
 from collections import defaultdict
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on CI machines
-import matplotlib.pyplot as plt  # noqa: E402
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
 TABLE_SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]
@@ -71,6 +67,11 @@ def nearest(table, size):
 
 
 def plot(machine, memcpy, coll, out):
+    import matplotlib  # here, so that --targets runs without it
+
+    matplotlib.use("Agg")  # no display on CI machines
+    import matplotlib.pyplot as plt
+
     ranks = sorted({n for n, _, _ in coll})
     series = sorted({s for _, s, _ in coll}, key=series_order)
     colors = {s: f"C{i}" for i, s in enumerate(series)}

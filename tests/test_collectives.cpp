@@ -19,6 +19,7 @@
 #include "collective_conformance.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
+#include "zero/comm/detail/streaming_copy.hpp"
 #include "zero/comm/threads.hpp"
 #include "zero/core/half_types.hpp"
 #include "zero/core/numeric.hpp"
@@ -849,4 +850,77 @@ TEST_CASE("threads: a rank that stops after many collectives still ends its peer
                     "rank 1)") != std::string::npos);
   CHECK(o.waited >= 0.24);
   CHECK(o.waited < 2.0);
+}
+
+TEST_CASE("streaming_copy: the bytes of memcpy at every alignment and length, nothing outside") {
+  std::vector<unsigned char> src(256), dst(256);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+  for (std::size_t d = 0; d < 20; ++d)
+    for (std::size_t s = 0; s < 20; ++s)
+      for (std::size_t len = 0; len < 100; ++len) {
+        std::fill(dst.begin(), dst.end(), static_cast<unsigned char>(0xa5));
+        zero::comm::detail::streaming_copy(dst.data() + d, src.data() + s, len);
+        zero::comm::detail::streaming_fence();
+        bool ok = true;
+        for (std::size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= d && i < d + len;
+          ok = ok && dst[i] == (inside ? src[s + i - d] : 0xa5);
+        }
+        if (!ok) FAIL("streaming_copy(dst + ", d, ", src + ", s, ", ", len, ") wrote the wrong bytes");
+      }
+}
+
+// Outputs of at least detail::streaming_threshold bytes per rank take the non-temporal path: same
+// bits, at an odd alignment (head and tail of plain stores), in place and out of place.
+TEST_CASE("threads: outputs above the streaming threshold are bit-identical to the rank-order reference") {
+  constexpr std::size_t floats = zero::comm::detail::streaming_threshold / sizeof(float);
+  threads::options opt;
+  opt.timeout = std::chrono::seconds(60);
+  threads::launch(
+      2,
+      [&](threads& c) {
+        const int r = c.rank();
+        {  // all_reduce: each rank writes its half to both ranks, count * 4 bytes in all
+          const std::size_t count = floats + 5;
+          const auto want = rank_order_reference<float>(2, count, 1001, zero::reduce_op::sum);
+          const auto send = mixed_input<float>(r, count, 1001);
+          std::vector<float> recv(count + 1);
+          c.all_reduce(send.data(), recv.data() + 1, count, zero::reduce_op::sum);  // 4 bytes past alignment
+          const std::vector<float> got(recv.begin() + 1, recv.end());
+          expect_bits(got, want.data(), count, r, 1001, "streaming all_reduce");
+        }
+        {  // reduce_scatter in place: recv is this rank's slice of send, odd count so rank 1's is unaligned
+          const std::size_t count = floats + 1;
+          const auto want = rank_order_reference<float>(2, 2 * count, 1002, zero::reduce_op::sum);
+          auto send = mixed_input<float>(r, 2 * count, 1002);
+          const std::size_t base = count * static_cast<std::size_t>(r);
+          c.reduce_scatter(send.data(), send.data() + base, count, zero::reduce_op::sum);
+          const std::vector<float> got(send.begin() + static_cast<std::ptrdiff_t>(base),
+                                       send.begin() + static_cast<std::ptrdiff_t>(base + count));
+          expect_bits(got, want.data() + base, count, r, 1002, "streaming reduce_scatter in place");
+        }
+        {  // all_gather of bf16, 2 bytes past alignment
+          const std::size_t count = floats + 3;  // bf16 per rank: 8 MiB each, 16 MiB written
+          std::vector<zero::bf16> want;
+          for (int k = 0; k < 2; ++k) {
+            const auto x = mixed_input<zero::bf16>(k, count, 1003);
+            want.insert(want.end(), x.begin(), x.end());
+          }
+          const auto mine = mixed_input<zero::bf16>(r, count, 1003);
+          std::vector<zero::bf16> recv(2 * count + 1);
+          c.all_gather(mine.data(), recv.data() + 1, count);
+          const std::vector<zero::bf16> got(recv.begin() + 1, recv.end());
+          expect_bits(got, want.data(), 2 * count, r, 1003, "streaming all_gather");
+        }
+        {  // broadcast from rank 1
+          const std::size_t count = floats + 7;
+          const auto want = mixed_input<float>(1, count, 1004);
+          const auto send = mixed_input<float>(r, count, 1004);
+          std::vector<float> recv(count + 3);
+          c.broadcast(send.data(), recv.data() + 3, count, 1);
+          const std::vector<float> got(recv.begin() + 3, recv.end());
+          expect_bits(got, want.data(), count, r, 1004, "streaming broadcast");
+        }
+      },
+      opt);
 }
