@@ -153,7 +153,7 @@ class threads {
   // the result at [at, at + len) of each of the `outs` buffers in out. One pass: a group of elements
   // (256 bytes of T) is read from every input and combined in registers or L1 before it is stored, so
   // each input byte is read once and each output byte written once, with the inputs read as N
-  // parallel streams (a block of kilobytes per input, one after the other, measured 1.3-1.6x slower
+  // parallel streams (a block of kilobytes per input, one after the other, measured 1.3-2x slower
   // at 64 MiB). A group is complete before it is stored, so an output that is an input at the same
   // element (in place) is safe. 2-byte floats are summed in fp32 and rounded once; every NaN stored
   // is the canonical one. `streaming`: the output is written with non-temporal stores.

@@ -15,9 +15,10 @@ namespace zero::comm::detail {
 // A collective that writes at least this many bytes on one rank in one call writes them with
 // non-temporal stores. Output that large does not stay in the caches anyway, and a plain store
 // first reads every destination line (read for ownership): a third of a copy's memory traffic. On a
-// 2-vCPU Xeon guest whose two cores share little memory bandwidth, a 64 MiB reduce_scatter at N = 2
-// took 0.74-0.89 of the time with streaming stores, an all_gather 0.67-0.89 (bench/collectives.cpp).
-// Below it, plain stores keep the output in cache for whoever reads it next.
+// 2-vCPU Xeon guest whose two cores share little memory bandwidth (a standalone loop, at a load
+// average of 11), the 64 MiB reduce_scatter pattern at N = 2 took 0.56-0.89 of the time with
+// streaming stores and the all_gather pattern 0.67-0.89. Below the threshold, plain stores keep the
+// output in cache for whoever reads it next.
 inline constexpr std::size_t streaming_threshold = std::size_t{16} << 20;
 
 // memcpy with non-temporal stores where the platform has them (x86: SSE2, which every x86-64 has);
