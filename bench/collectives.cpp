@@ -25,6 +25,11 @@
 // mean per call of the slowest rank, in the best of 3 rounds (mean_time_us averages the rounds);
 // algbw = bytes / time; busbw = algbw * bus_factor(op, N), the rate each rank's link must sustain,
 // comparable across N and across collectives. GB = 1e9 bytes.
+//
+// --latency-calls C adds, before the sweep, the distribution of single calls: C back-to-back
+// all_reduces of --latency-bytes (1 KiB), each timed on every rank; a call's time is the slowest
+// rank's, and the record gives the median, p10, p90 and mean over the calls (the mean includes the
+// calls that lost their core to another process; the median does not).
 
 namespace {
 
@@ -40,6 +45,9 @@ struct settings {
   double target_ms = 60;  // time spent per measured point, after one warm-up call
   int max_iters = 1000;
   bool blocking = false;  // comm::mpi: blocking MPI collectives (no timeout) instead of polled nonblocking ones
+  int latency_calls = 0;  // > 0: time that many single all_reduces of latency_bytes first
+  std::size_t latency_bytes = 1 << 10;
+  bool sweep = true;  // false: only the latency record
 };
 
 double seconds(clock_type::time_point a, clock_type::time_point b) {
@@ -83,6 +91,42 @@ template <class Comm>
 double max_over_ranks(Comm& c, double v) {
   c.all_reduce(&v, &v, 1, zero::reduce_op::max);
   return v;
+}
+
+// The per-call time distribution of a small all_reduce (see the comment at the top).
+template <class Comm>
+void bench_latency(Comm& c, const settings& s, const nlohmann::json& tags) {
+  const std::size_t count = s.latency_bytes / sizeof(float);
+  const auto calls = static_cast<std::size_t>(s.latency_calls);
+  std::vector<float> send(count, 1.0f), recv(count, 0.0f);
+  std::vector<double> mine(calls), all(calls * static_cast<std::size_t>(c.size()));
+  for (int i = 0; i < 100; ++i) c.all_reduce(send.data(), recv.data(), count, zero::reduce_op::sum);  // warm-up
+  c.barrier();
+  for (std::size_t i = 0; i < calls; ++i) {
+    const auto t0 = clock_type::now();
+    c.all_reduce(send.data(), recv.data(), count, zero::reduce_op::sum);
+    mine[i] = seconds(t0, clock_type::now());
+  }
+  c.all_gather(mine.data(), all.data(), calls);
+  if (c.rank() != 0) return;
+  std::vector<double> slowest(calls, 0.0);
+  for (std::size_t k = 0; k < all.size(); ++k) slowest[k % calls] = std::max(slowest[k % calls], all[k]);
+  double total = 0;
+  for (double t : slowest) total += t;
+  std::sort(slowest.begin(), slowest.end());
+  auto quantile = [&](double q) { return slowest[static_cast<std::size_t>(q * static_cast<double>(calls - 1))] * 1e6; };
+  nlohmann::json r = {{"record", "latency"},
+                      {"ranks", c.size()},
+                      {"op", "all_reduce"},
+                      {"dtype", "float"},
+                      {"bytes", count * sizeof(float)},
+                      {"calls", calls},
+                      {"median_us", quantile(0.5)},
+                      {"p10_us", quantile(0.1)},
+                      {"p90_us", quantile(0.9)},
+                      {"mean_us", total / static_cast<double>(calls) * 1e6}};
+  r.update(tags);
+  emit(r);
 }
 
 // `tags` names the configuration (backend, mode, ...) in every record.
@@ -196,6 +240,13 @@ int main(int argc, char** argv) {
   app.add_option("--target-ms", s.target_ms, "measured time per point")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--latency-calls", s.latency_calls, "time this many single all_reduces of --latency-bytes first")
+      ->check(CLI::Range(0, 10000000))
+      ->capture_default_str();
+  app.add_option("--latency-bytes", s.latency_bytes, "size of the timed single all_reduces")
+      ->check(CLI::Range(4, 1 << 30))
+      ->capture_default_str();
+  app.add_flag("!--no-sweep", s.sweep, "only the latency record, no size sweep");
   app.add_flag("--blocking", s.blocking,
                "comm::mpi with timeout 0: MPI's blocking collectives rather than nonblocking ones polled against "
                "the timeout");
@@ -207,8 +258,10 @@ int main(int argc, char** argv) {
       bench_memcpy(s);
     } else if (s.backend == "threads") {
       emit(machine(s, s.ranks));
-      zero::comm::threads::launch(
-          s.ranks, [&](zero::comm::threads& c) { bench_collectives(c, s, tags(s)); });
+      zero::comm::threads::launch(s.ranks, [&](zero::comm::threads& c) {
+        if (s.latency_calls > 0) bench_latency(c, s, tags(s));
+        if (s.sweep) bench_collectives(c, s, tags(s));
+      });
     } else {
 #if ZERO_WITH_MPI
       zero::comm::mpi_session session(argc, argv);
@@ -218,7 +271,8 @@ int main(int argc, char** argv) {
       zero::comm::mpi::run(
           [&](zero::comm::mpi& c) {
             if (c.rank() == 0) emit(machine(s, c.size()));
-            bench_collectives(c, s, tags(s));
+            if (s.latency_calls > 0) bench_latency(c, s, tags(s));
+            if (s.sweep) bench_collectives(c, s, tags(s));
           },
           opt);
 #else

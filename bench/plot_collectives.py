@@ -2,17 +2,19 @@
 """Draws bus bandwidth against size per backend from bench_collectives' JSON lines, with memcpy as the yardstick.
 
 Usage: plot_collectives.py RESULTS.jsonl OUT.png [--table]
+       plot_collectives.py RESULTS.jsonl --targets
 --table also prints a Markdown table of busbw (GB/s) and its ratio to memcpy at a few sizes.
+--targets prints, as JSON lines, comm::threads against its targets (docs/performance.md): the 1 KiB
+all_reduce median at N = 2 and 4 (limit 5 us at N = 2), and busbw at 64 MiB over memcpy at 64 MiB for
+all_reduce, reduce_scatter and all_gather at N = 2 (limit 0.5). With several runs (records tagged
+"run", see run_collectives.sh) each figure is the median over the runs, with the runs' min and max;
+a run's memcpy is the mean of its memcpy records (before and after its collectives).
 """
 import json
 import statistics
 import sys
 from collections import defaultdict
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on CI machines
-import matplotlib.pyplot as plt  # noqa: E402
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
 TABLE_SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]
@@ -65,6 +67,11 @@ def nearest(table, size):
 
 
 def plot(machine, memcpy, coll, out):
+    import matplotlib  # here, so that --targets runs without it
+
+    matplotlib.use("Agg")  # no display on CI machines
+    import matplotlib.pyplot as plt
+
     ranks = sorted({n for n, _, _ in coll})
     series = sorted({s for _, s, _ in coll}, key=series_order)
     colors = {s: f"C{i}" for i, s in enumerate(series)}
@@ -113,8 +120,61 @@ def table(memcpy, coll):
             print(f"| {s} | {n} | {op} | " + " | ".join(cells) + " |")
 
 
+TARGET_BYTES = 1 << 26
+LATENCY_LIMIT_US = {2: 5.0}
+BUSBW_LIMIT = 0.5
+
+
+def spread(values):
+    def g(v):
+        return float(f"{v:.4g}")
+    return {"median": g(statistics.median(values)), "min": g(min(values)), "max": g(max(values)), "runs": len(values)}
+
+
+def targets(path):
+    """The target records: one per (figure, N), each the median over runs with the min and max."""
+    memcpy, latency, busbw = defaultdict(list), defaultdict(lambda: defaultdict(list)), defaultdict(dict)
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            run = r.get("run", 1)
+            if r["record"] == "memcpy" and r["bytes"] == TARGET_BYTES:
+                memcpy[run].append(r["gbps"])
+            elif r["record"] == "latency" and r.get("backend") == "threads":
+                for k in ("median_us", "p10_us", "p90_us", "mean_us"):
+                    latency[r["ranks"]][k].append(r[k])
+            elif (r["record"] == "collective" and r.get("backend") == "threads" and r["ranks"] == 2
+                  and abs(r["bytes"] - TARGET_BYTES) <= TARGET_BYTES // 8):
+                busbw[run][r["op"]] = r["busbw_gbps"]
+    out = []
+    for n, figs in sorted(latency.items()):
+        rec = {"record": "target", "backend": "threads", "what": "all_reduce 1 KiB per-call time", "ranks": n}
+        rec.update({k: spread(v) for k, v in figs.items()})
+        if n in LATENCY_LIMIT_US:
+            rec["limit_median_us"] = LATENCY_LIMIT_US[n]
+            rec["met"] = rec["median_us"]["median"] <= LATENCY_LIMIT_US[n]
+        out.append(rec)
+    for op in ("all_reduce", "reduce_scatter", "all_gather"):
+        runs = [run for run in sorted(busbw) if op in busbw[run] and memcpy.get(run)]
+        if not runs:
+            continue
+        fractions = [busbw[run][op] / statistics.mean(memcpy[run]) for run in runs]
+        out.append({"record": "target", "backend": "threads", "what": "busbw at 64 MiB / memcpy at 64 MiB", "op": op,
+                    "ranks": 2, "busbw_gbps": spread([busbw[run][op] for run in runs]),
+                    "memcpy_gbps": spread([statistics.mean(memcpy[run]) for run in runs]),
+                    "fraction": spread(fractions), "limit": BUSBW_LIMIT,
+                    "met": statistics.median(fractions) >= BUSBW_LIMIT})
+    for rec in out:
+        print(json.dumps(rec))
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--targets" in sys.argv and len(args) == 1:
+        targets(args[0])
+        return
     if len(args) != 2:
         sys.exit(__doc__)
     machine, memcpy, coll = load(args[0])

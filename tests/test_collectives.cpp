@@ -3,9 +3,14 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -14,7 +19,10 @@
 #include "collective_conformance.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
+#include "zero/comm/detail/streaming_copy.hpp"
 #include "zero/comm/threads.hpp"
+#include "zero/core/half_types.hpp"
+#include "zero/core/numeric.hpp"
 #include "zero/error.hpp"
 
 namespace {
@@ -607,4 +615,312 @@ TEST_CASE("threads: a broadcast root outside the world is an error on every rank
     }
   });
   CHECK(errors.load() == 3);
+}
+
+// The lock-free rendezvous (detail::arrivals) and the one-pass reduction (threads::reduce_range):
+// long runs of back-to-back collectives of mixed kinds, types and sizes, against a reference
+// computed on every rank from every rank's input, in rank order, bit for bit.
+namespace {
+
+// Element i of rank r's input in call `call`: random sign, mantissa and exponent (as in the
+// conformance suite), with a NaN of an arbitrary payload or an infinity now and then, so that the
+// canonical NaN and the rank order are both exercised.
+template <class T>
+T mixed_value(int rank, std::size_t i, std::uint64_t call) {
+  const std::uint64_t h =
+      conformance::mix(call * 0x10001 ^ conformance::mix(static_cast<std::uint64_t>(rank) ^ (i << 8)));
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<std::int64_t>(h % 2001) - 1000);
+  } else {
+    const int kind = static_cast<int>(h % 997);
+    const double mantissa = 1.0 + std::ldexp(static_cast<double>(h >> 40), -24);
+    const double v = std::ldexp(mantissa, static_cast<int>((h >> 20) % 31) - 15);
+    const double s = (h >> 63) ? -v : v;
+    if constexpr (std::is_same_v<T, zero::bf16> || std::is_same_v<T, zero::fp16>) {
+      if (kind == 0) return T::from_bits(static_cast<std::uint16_t>(0x7f81u + (h >> 48) % 64));  // a NaN, not canonical
+      if (kind == 1) return T(std::numeric_limits<float>::infinity());
+      return T(static_cast<float>(s));
+    } else {
+      if (kind == 0) {  // a NaN with a payload, not the canonical one
+        if constexpr (sizeof(T) == 4)
+          return std::bit_cast<T>(0xffc00001u + static_cast<std::uint32_t>((h >> 40) % 1000));
+        else return std::bit_cast<T>(0xfff0000000000001ull + (h >> 40) % 1000);
+      }
+      if (kind == 1) return (h & 2) ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity();
+      return static_cast<T>(s);
+    }
+  }
+}
+
+template <class T>
+std::vector<T> mixed_input(int rank, std::size_t n, std::uint64_t call) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = mixed_value<T>(rank, i, call);
+  return v;
+}
+
+// acc = x0; acc op= x1; ... per element (2-byte floats in fp32, rounded once), stored as store_as
+// stores it: the determinism contract, written independently of the backend's code.
+template <class T>
+std::vector<T> rank_order_reference(int n, std::size_t count, std::uint64_t call, zero::reduce_op op) {
+  using A = zero::accumulate_as_t<T>;
+  std::vector<A> acc(count);
+  for (int k = 0; k < n; ++k) {
+    const auto x = mixed_input<T>(k, count, call);
+    for (std::size_t i = 0; i < count; ++i) {
+      const A v = static_cast<A>(x[i]);
+      if (k == 0) acc[i] = v;
+      else if (op == zero::reduce_op::sum) acc[i] = acc[i] + v;
+      else acc[i] = std::max(acc[i], v);
+    }
+  }
+  std::vector<T> out(count);
+  for (std::size_t i = 0; i < count; ++i) out[i] = zero::store_as<T>(acc[i]);
+  return out;
+}
+
+template <class T>
+void expect_bits(const std::vector<T>& got, const T* want, std::size_t count, int rank, std::uint64_t call,
+                 const char* what) {
+  for (std::size_t i = 0; i < count; ++i)
+    if (std::memcmp(&got[i], want + i, sizeof(T)) != 0)
+      throw std::runtime_error("rank " + std::to_string(rank) + ", call " + std::to_string(call) + " (" + what +
+                               "): element " + std::to_string(i) + " of " + std::to_string(count) +
+                               " differs from the rank-order reference");
+}
+
+// One call of the sequence: its kind, type, size, placement and (some calls) a rank that arrives
+// late, all drawn from the call number alone so that every rank makes the same call.
+template <class T>
+void mixed_call(threads& c, std::uint64_t call, std::uint64_t h) {
+  const int n = c.size(), r = c.rank();
+  // Mostly small (the rendezvous dominates), sometimes large enough for many reduction groups and
+  // uneven chunks: 0, 1, odd, a few thousand, up to 70 000.
+  static constexpr std::size_t sizes[] = {0, 1, 3, 17, 64, 65, 255, 1000, 4097, 70001};
+  const std::size_t size = sizes[(h >> 8) % (sizeof sizes / sizeof sizes[0])];
+  const auto N = static_cast<std::size_t>(n);
+  const auto kind = (h >> 20) % 5;
+  // reduce_scatter and all_gather take a count per rank: their whole buffer is about `size`.
+  const std::size_t count = (kind == 1 || kind == 2) ? (size + N - 1) / N : size;
+  const bool in_place = (h >> 16) & 1;
+  const zero::reduce_op op = ((h >> 17) % 4 == 0) ? zero::reduce_op::max : zero::reduce_op::sum;
+  switch (kind) {
+    case 0: {  // all_reduce
+      const auto want = rank_order_reference<T>(n, count, call, op);
+      auto send = mixed_input<T>(r, count, call);
+      if (in_place) {
+        c.all_reduce(send.data(), send.data(), count, op);
+        expect_bits(send, want.data(), count, r, call, "all_reduce in place");
+      } else {
+        std::vector<T> recv(count);
+        c.all_reduce(send.data(), recv.data(), count, op);
+        expect_bits(recv, want.data(), count, r, call, "all_reduce");
+      }
+      break;
+    }
+    case 1: {  // reduce_scatter: count per rank
+      const auto want = rank_order_reference<T>(n, count * N, call, op);
+      auto send = mixed_input<T>(r, count * N, call);
+      const std::size_t base = count * static_cast<std::size_t>(r);
+      std::vector<T> recv(count);
+      if (in_place) {
+        c.reduce_scatter(send.data(), send.data() + base, count, op);
+        recv.assign(send.begin() + static_cast<std::ptrdiff_t>(base),
+                    send.begin() + static_cast<std::ptrdiff_t>(base + count));
+      } else {
+        c.reduce_scatter(send.data(), recv.data(), count, op);
+      }
+      expect_bits(recv, want.data() + base, count, r, call, "reduce_scatter");
+      break;
+    }
+    case 2: {  // all_gather
+      std::vector<T> recv(count * N), want;
+      for (int k = 0; k < n; ++k) {
+        const auto x = mixed_input<T>(k, count, call);
+        want.insert(want.end(), x.begin(), x.end());
+      }
+      const auto mine = mixed_input<T>(r, count, call);
+      if (in_place) {
+        const std::size_t base = count * static_cast<std::size_t>(r);
+        std::copy(mine.begin(), mine.end(), recv.begin() + static_cast<std::ptrdiff_t>(base));
+        c.all_gather(recv.data() + count * static_cast<std::size_t>(r), recv.data(), count);
+      } else {
+        c.all_gather(mine.data(), recv.data(), count);
+      }
+      expect_bits(recv, want.data(), count * N, r, call, "all_gather");
+      break;
+    }
+    case 3: {  // broadcast
+      const int root = static_cast<int>((h >> 24) % N);
+      const auto want = mixed_input<T>(root, count, call);
+      auto send = mixed_input<T>(r, count, call);
+      std::vector<T> recv(count);
+      c.broadcast(send.data(), in_place ? send.data() : recv.data(), count, root);
+      expect_bits(in_place ? send : recv, want.data(), count, r, call, "broadcast");
+      break;
+    }
+    default: c.barrier();
+  }
+}
+
+// `calls` collectives on n ranks. Every 7th call one rank (chosen by the call) arrives `late`: the
+// others then spin, yield and park, and the late rank must wake them.
+void run_mixed(int n, int calls, std::chrono::microseconds late, threads::options opt = {}) {
+  threads::launch(
+      n,
+      [&](threads& c) {
+        for (int i = 0; i < calls; ++i) {
+          const auto call = static_cast<std::uint64_t>(i);
+          const std::uint64_t h = conformance::mix(call ^ 0xc0ffee);
+          if (late.count() > 0 && i % 7 == 3 && static_cast<int>(h % static_cast<std::uint64_t>(n)) == c.rank())
+            std::this_thread::sleep_for(late);
+          switch (h % 6) {
+            case 0: mixed_call<double>(c, call, h); break;
+            case 1: mixed_call<zero::bf16>(c, call, h); break;
+            case 2: mixed_call<std::int32_t>(c, call, h); break;
+            case 3: mixed_call<zero::fp16>(c, call, h); break;
+            default: mixed_call<float>(c, call, h);
+          }
+        }
+        CHECK(c.recorder().recorded() == static_cast<std::uint64_t>(calls));
+      },
+      opt);
+}
+
+}  // namespace
+
+TEST_CASE("threads: back-to-back collectives of mixed kinds, types and sizes equal the rank-order reference") {
+  threads::options opt;
+  opt.timeout = std::chrono::seconds(20);  // a lost wake-up fails the test instead of hanging it
+  for (int n : {2, 3, 4, 8}) {
+    CAPTURE(n);
+    const auto t0 = clock_type::now();
+    const int calls = n == 8 ? 100 : 300;
+    run_mixed(n, calls, std::chrono::microseconds(0), opt);
+    MESSAGE("N = ", n, ": ", calls, " mixed collectives in ", seconds_since(t0), " s");
+  }
+}
+
+TEST_CASE("threads: ranks arriving late (spin, yield and park paths) still get the rank-order result") {
+  threads::options opt;
+  opt.timeout = std::chrono::seconds(20);
+  for (int n : {2, 3, 4, 8}) {
+    CAPTURE(n);
+    run_mixed(n, 120, std::chrono::microseconds(n == 8 ? 300 : 1500), opt);  // past the 20 us spin: parked
+  }
+  // No spin at all: every wait parks at once, every arrival that completes a rendezvous wakes.
+  opt.spin = std::chrono::microseconds(0);
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    run_mixed(n, 200, std::chrono::microseconds(0), opt);
+    run_mixed(n, 60, std::chrono::microseconds(500), opt);
+  }
+}
+
+TEST_CASE("threads: a rank that stops after many collectives still ends its peers' wait at the timeout") {
+  threads::options opt;
+  opt.timeout = std::chrono::milliseconds(250);
+  std::vector<outcome> seen(2);
+  std::atomic<bool> gave_up{false};
+  try {
+    threads::launch(
+        2,
+        [&](threads& c) {
+          std::vector<float> x(300, 1.0f);
+          for (int i = 0; i < 1000; ++i) c.all_reduce(x.data(), x.data(), x.size(), zero::reduce_op::sum);
+          if (c.rank() == 1) {  // alive but stopped, until the peer has given up (at most 10 s)
+            const auto t0 = clock_type::now();
+            while (!gave_up && seconds_since(t0) < 10.0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            return;
+          }
+          try {
+            record(seen[0], [&] { c.all_gather(x.data(), x.data(), 100); });
+          } catch (...) {
+            gave_up = true;
+            throw;
+          }
+        },
+        opt);
+  } catch (const zero::error&) {
+  }
+  const outcome& o = seen[0];
+  CHECK(o.failed);
+  CHECK(o.kind == zero::error_kind::comm);
+  CHECK(o.what.find("rank 0 waited 250 ms in #1000 all_gather(float x 100) but only 1 of 2 ranks arrived (missing: "
+                    "rank 1)") != std::string::npos);
+  CHECK(o.waited >= 0.24);
+  CHECK(o.waited < 2.0);
+}
+
+TEST_CASE("streaming_copy: the bytes of memcpy at every alignment and length, nothing outside") {
+  std::vector<unsigned char> src(256), dst(256);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+  for (std::size_t d = 0; d < 20; ++d)
+    for (std::size_t s = 0; s < 20; ++s)
+      for (std::size_t len = 0; len < 100; ++len) {
+        std::fill(dst.begin(), dst.end(), static_cast<unsigned char>(0xa5));
+        zero::comm::detail::streaming_copy(dst.data() + d, src.data() + s, len);
+        zero::comm::detail::streaming_fence();
+        bool ok = true;
+        for (std::size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= d && i < d + len;
+          ok = ok && dst[i] == (inside ? src[s + i - d] : 0xa5);
+        }
+        if (!ok) FAIL("streaming_copy(dst + ", d, ", src + ", s, ", ", len, ") wrote the wrong bytes");
+      }
+}
+
+// Outputs of at least detail::streaming_threshold bytes per rank take the non-temporal path: same
+// bits, at an odd alignment (head and tail of plain stores), in place and out of place.
+TEST_CASE("threads: outputs above the streaming threshold are bit-identical to the rank-order reference") {
+  constexpr std::size_t floats = zero::comm::detail::streaming_threshold / sizeof(float);
+  threads::options opt;
+  opt.timeout = std::chrono::seconds(60);
+  threads::launch(
+      2,
+      [&](threads& c) {
+        const int r = c.rank();
+        {  // all_reduce: each rank writes its half to both ranks, count * 4 bytes in all
+          const std::size_t count = floats + 5;
+          const auto want = rank_order_reference<float>(2, count, 1001, zero::reduce_op::sum);
+          const auto send = mixed_input<float>(r, count, 1001);
+          std::vector<float> recv(count + 1);
+          c.all_reduce(send.data(), recv.data() + 1, count, zero::reduce_op::sum);  // 4 bytes past alignment
+          const std::vector<float> got(recv.begin() + 1, recv.end());
+          expect_bits(got, want.data(), count, r, 1001, "streaming all_reduce");
+        }
+        {  // reduce_scatter in place: recv is this rank's slice of send, odd count so rank 1's is unaligned
+          const std::size_t count = floats + 1;
+          const auto want = rank_order_reference<float>(2, 2 * count, 1002, zero::reduce_op::sum);
+          auto send = mixed_input<float>(r, 2 * count, 1002);
+          const std::size_t base = count * static_cast<std::size_t>(r);
+          c.reduce_scatter(send.data(), send.data() + base, count, zero::reduce_op::sum);
+          const std::vector<float> got(send.begin() + static_cast<std::ptrdiff_t>(base),
+                                       send.begin() + static_cast<std::ptrdiff_t>(base + count));
+          expect_bits(got, want.data() + base, count, r, 1002, "streaming reduce_scatter in place");
+        }
+        {  // all_gather of bf16, 2 bytes past alignment
+          const std::size_t count = floats + 3;  // bf16 per rank: 8 MiB each, 16 MiB written
+          std::vector<zero::bf16> want;
+          for (int k = 0; k < 2; ++k) {
+            const auto x = mixed_input<zero::bf16>(k, count, 1003);
+            want.insert(want.end(), x.begin(), x.end());
+          }
+          const auto mine = mixed_input<zero::bf16>(r, count, 1003);
+          std::vector<zero::bf16> recv(2 * count + 1);
+          c.all_gather(mine.data(), recv.data() + 1, count);
+          const std::vector<zero::bf16> got(recv.begin() + 1, recv.end());
+          expect_bits(got, want.data(), 2 * count, r, 1003, "streaming all_gather");
+        }
+        {  // broadcast from rank 1
+          const std::size_t count = floats + 7;
+          const auto want = mixed_input<float>(1, count, 1004);
+          const auto send = mixed_input<float>(r, count, 1004);
+          std::vector<float> recv(count + 3);
+          c.broadcast(send.data(), recv.data() + 3, count, 1);
+          const std::vector<float> got(recv.begin() + 3, recv.end());
+          expect_bits(got, want.data(), count, r, 1004, "streaming broadcast");
+        }
+      },
+      opt);
 }
