@@ -84,8 +84,11 @@ print(f"{r['flags']:<50} step {ms('time_step_s'):7.2f} ms = compute {ms('time_co
 PY
 done < <(combinations)
 echo "wrote $out" >&2
-if python3 -c 'import matplotlib' 2>/dev/null; then
-  python3 "$root/bench/plot_step_time.py" "$out" "${out%.jsonl}.png"
+# Debian's python3-matplotlib lives under /usr/bin/python3 (a python3 earlier on PATH may lack it).
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+if "$py" -c 'import matplotlib' 2>/dev/null; then
+  "$py" "$root/bench/plot_step_time.py" "$out" "${out%.jsonl}.png" --table
 else
   echo "no matplotlib (Debian: python3-matplotlib): no plot" >&2
 fi
