@@ -6,13 +6,26 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "zero/zero.hpp"
+#if MLP_WITH_OPENBLAS
+#include "mlp_blas.hpp"
+#endif
 
 namespace mlp {
+
+// The GEMM kernels of the linear layers: the loops below (everywhere), or OpenBLAS (mlp_blas.hpp,
+// where the build found it). They sum in different orders, so a run's param_hash depends on the choice.
+enum class gemm { loops, blas };
+#if MLP_WITH_OPENBLAS
+inline constexpr bool have_blas = true;
+#else
+inline constexpr bool have_blas = false;
+#endif
 
 struct config {
   int layers = 4;      // linear layers; ReLU between them
@@ -151,6 +164,24 @@ void linear_backward(const float* in, const P* w, const float* dout, G* gw, G* g
     }
 }
 
+template <class P>
+void linear_forward(gemm k, const float* in, const P* w, const P* bias, float* out, int rows, int n_in, int n_out) {
+#if MLP_WITH_OPENBLAS
+  if (k == gemm::blas) return blas::linear_forward(in, w, bias, out, rows, n_in, n_out);
+#endif
+  (void)k;
+  linear_forward(in, w, bias, out, rows, n_in, n_out);
+}
+template <class P, class G>
+void linear_backward(gemm k, const float* in, const P* w, const float* dout, G* gw, G* gb, float* din, int rows,
+                     int n_in, int n_out) {
+#if MLP_WITH_OPENBLAS
+  if (k == gemm::blas) return blas::linear_backward(in, w, dout, gw, gb, din, rows, n_in, n_out);
+#endif
+  (void)k;
+  linear_backward(in, w, dout, gw, gb, din, rows, n_in, n_out);
+}
+
 // Mean softmax cross-entropy over the rows; writes dlogits = (softmax - onehot) / rows and counts hits.
 inline double softmax_xent(const float* logits, const int* y, float* dlogits, int rows, int classes, int& correct) {
   double loss = 0.0;
@@ -174,6 +205,17 @@ inline double softmax_xent(const float* logits, const int* y, float* dlogits, in
 struct step_times {
   double gather = 0, reduce = 0, update = 0;  // gather(), reduce(), step()
   double compute = 0;                         // the forward and backward kernels, loss included
+  // With step_options::comm_seconds: the time spent inside collectives during the step (every
+  // engine call), and the part of it inside step(); 0 without.
+  double comm = 0, update_comm = 0;
+};
+
+// How train_step runs, beyond the model: the GEMM kernels, and a clock of the time this rank has
+// spent inside collectives so far (e.g. comm::modeled's stats().blocked_s), read at the step's start,
+// around step() and at its end, so the step's time can be split into its parts.
+struct step_options {
+  gemm kernels = gemm::loops;
+  std::function<double()> comm_seconds;  // empty: not measured
 };
 
 struct step_result {
@@ -189,8 +231,11 @@ struct step_result {
 // the engine's loss scale and divided by the number of micro-batches, so the accumulated gradient
 // is that of the mean loss over the rank's rows.
 template <class Engine>
-step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank, int ranks, int micro_batches = 1) {
+step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank, int ranks, int micro_batches = 1,
+                       const step_options& so = {}) {
   using clock = std::chrono::steady_clock;
+  auto comm_now = [&so] { return so.comm_seconds ? so.comm_seconds() : 0.0; };
+  const double comm_start = comm_now();
   const int rows = c.batch / ranks / micro_batches;
   const batch full = make_batch(c, step, rank * rows * micro_batches, rows * micro_batches);
   step_result res;
@@ -214,8 +259,8 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
       const int n_in = dim(c, l), n_out = dim(c, l + 1);
       auto& out = acts[static_cast<std::size_t>(l) + 1];
       out.resize(static_cast<std::size_t>(rows) * n_out);
-      linear_forward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), p["b"].data(), out.data(), rows, n_in,
-                     n_out);
+      linear_forward(so.kernels, acts[static_cast<std::size_t>(l)].data(), p["w"].data(), p["b"].data(), out.data(),
+                     rows, n_in, n_out);
       if (l + 1 < c.layers)
         for (auto& v : out) v = v > 0.0f ? v : 0.0f;
       lap(res.times.compute);
@@ -237,8 +282,8 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
       lap(res.times.gather);
       const int n_in = dim(c, l), n_out = dim(c, l + 1);
       din.assign(l > 0 ? static_cast<std::size_t>(rows) * n_in : 0, 0.0f);
-      linear_backward(acts[static_cast<std::size_t>(l)].data(), p["w"].data(), dout.data(), g["w"].data(),
-                      g["b"].data(), l > 0 ? din.data() : nullptr, rows, n_in, n_out);
+      linear_backward(so.kernels, acts[static_cast<std::size_t>(l)].data(), p["w"].data(), dout.data(),
+                      g["w"].data(), g["b"].data(), l > 0 ? din.data() : nullptr, rows, n_in, n_out);
       lap(res.times.compute);
       e.reduce(u);
       lap(res.times.reduce);
@@ -252,8 +297,12 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
     }
   }
   lap(res.times.compute);
+  const double comm_before_update = comm_now();
   res.report = e.step();
   lap(res.times.update);
+  const double comm_end = comm_now();
+  res.times.update_comm = comm_end - comm_before_update;
+  res.times.comm = comm_end - comm_start;
   return res;
 }
 

@@ -34,6 +34,9 @@ struct step_record {
   // The step's time split (ms): the engine's gather/release, reduce and step() calls, their
   // collectives included, and the trainer's kernels; negative: not measured by this trainer.
   double gather_ms = -1, reduce_ms = -1, update_ms = -1, compute_ms = -1;
+  // The step's time split (seconds; docs/performance.md defines each part): compute + comm_exposed +
+  // optimizer + other = step; negative: not measured by this trainer.
+  double time_step_s = -1, time_compute_s = -1, time_comm_exposed_s = -1, time_optimizer_s = -1, time_other_s = -1;
 };
 
 // The engine's side of a record: its step report, memory and traffic.
@@ -120,6 +123,14 @@ class run_log {
         {"gather_ms", s.gather_ms}, {"reduce_ms", s.reduce_ms}, {"update_ms", s.update_ms}, {"compute_ms", s.compute_ms}};
     for (const auto& [name, ms] : split)
       if (ms >= 0) j[name] = ms;
+    const std::pair<const char*, double> parts[] = {
+        {"time_step_s", s.time_step_s},
+        {"time_compute_s", s.time_compute_s},
+        {"time_comm_exposed_s", s.time_comm_exposed_s},
+        {"time_optimizer_s", s.time_optimizer_s},
+        {"time_other_s", s.time_other_s}};
+    for (const auto& [name, v] : parts)
+      if (v >= 0) j[name] = v;
     line(j);
   }
 

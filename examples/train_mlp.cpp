@@ -2,10 +2,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -14,6 +17,7 @@
 #include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
+#include "zero/comm/modeled.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
 #include <optional>
@@ -38,20 +42,24 @@ double global_max(Comm& comm, double v) {
   return v;
 }
 
+// `comm` is the backend wrapped in comm::modeled (a pass-through without --link-*): the engine's
+// collectives go through it, which times them; the trainer's own reductions of what it reports
+// (loss, accuracy, maxima) go to the backend underneath, off the modeled link.
 template <class Stage, class Opt, class Prec, class Comm>
-void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
+void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, summary& out) {
+  Comm& report = comm.inner();
   const zero::model_spec spec = mlp::make_spec(o.model);
   const zero::engine_options eo = trainer::engine_options_of(o);
   const auto setup_start = std::chrono::steady_clock::now();
   const double setup_cpu_start = trainer::thread_cpu_seconds();
-  zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
+  zero::engine<Stage, zero::comm::modeled<Comm>, Opt, Prec> e(comm, spec, opt, eo);
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
   // whatever world size and stage saved it.
   const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, mlp::initializer(o.model));
   const double setup_cpu = trainer::thread_cpu_seconds() - setup_cpu_start;
   out.setup_seconds =
-      global_max(comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
-  out.setup_cpu_seconds = global_max(comm, setup_cpu);
+      global_max(report, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
+  out.setup_cpu_seconds = global_max(report, setup_cpu);
   const int rank = comm.rank(), ranks = comm.size();
   // Rank 0 reports: the progress line on stderr, and the --log file.
   std::optional<trainer::progress> bar;
@@ -62,6 +70,9 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
       log.emplace(o.log);
       log->run("train_mlp", o, e, t0,
               {{"batch", o.model.batch},
+               {"gemm", o.gemm},
+               {"link_gbps", o.link_gbps},
+               {"link_latency_us", o.link_latency_us},
                {"model", {{"layers", o.model.layers}, {"hidden", o.model.hidden}, {"in", o.model.in},
                           {"classes", o.model.classes}}}});
     }
@@ -70,13 +81,32 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   out.first_step = t0;
   out.last_step = t0;  // --steps 0: nothing trained
   trainer::step_traffic step_bytes;  // what the summary reports as the step's traffic
+  mlp::step_options how;
+  how.kernels = o.gemm == "blas" ? mlp::gemm::blas : mlp::gemm::loops;
+  how.comm_seconds = [&comm] { return comm.stats().blocked_s; };
+  // The time split, summed over this rank's steps (docs/performance.md, "Step time").
+  double sum_step = 0, sum_compute = 0, sum_comm = 0, sum_optimizer = 0, sum_other = 0, sum_modeled = 0, sum_waited = 0;
   for (int i = 0; i < o.steps; ++i) {
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
+    const zero::comm::link_stats link_before = comm.stats();
     const auto step_start = std::chrono::steady_clock::now();
-    const auto r = mlp::train_step(e, o.model, t, rank, ranks, o.accum);
+    const auto r = mlp::train_step(e, o.model, t, rank, ranks, o.accum, how);
     const auto step_end = std::chrono::steady_clock::now();
-    const double loss = global_sum(comm, r.loss) / ranks;
-    const double correct = global_sum(comm, r.correct);
+    const double secs = std::chrono::duration<double>(step_end - step_start).count();
+    // Compute: the kernels; optimizer: step() less the collectives inside it; exposed communication:
+    // time inside collectives; other: the rest (the batch's drawing, the engine's own copies in
+    // gather/reduce/release), >= 0 as the parts are disjoint intervals of the step.
+    const double optimizer = r.times.update - r.times.update_comm;
+    const double other = std::max(0.0, secs - r.times.compute - r.times.comm - optimizer);
+    sum_step += secs;
+    sum_compute += r.times.compute;
+    sum_comm += r.times.comm;
+    sum_optimizer += optimizer;
+    sum_other += other;
+    sum_modeled += comm.stats().modeled_s - link_before.modeled_s;
+    sum_waited += comm.stats().waited_s - link_before.waited_s;
+    const double loss = global_sum(report, r.loss) / ranks;
+    const double correct = global_sum(report, r.correct);
     if (i == 0) out.loss_first = loss;
     out.loss_last = loss;
     out.accuracy_last = correct / o.model.batch;
@@ -91,7 +121,6 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
         rec.step = t + 1;
         rec.loss = loss;
         rec.accuracy = out.accuracy_last;
-        const double secs = std::chrono::duration<double>(step_end - step_start).count();
         rec.items_per_s = secs > 0 ? o.model.batch / secs : 0.0;
         rec.step_ms = secs * 1e3;
         rec.elapsed_s = std::chrono::duration<double>(step_end - start).count();
@@ -99,6 +128,11 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
         rec.reduce_ms = r.times.reduce * 1e3;
         rec.update_ms = r.times.update * 1e3;
         rec.compute_ms = r.times.compute * 1e3;
+        rec.time_step_s = secs;
+        rec.time_compute_s = r.times.compute;
+        rec.time_comm_exposed_s = r.times.comm;
+        rec.time_optimizer_s = optimizer;
+        rec.time_other_s = other;
         log->step(rec);
       }
       bar->update(t + 1, loss, r.report.skipped ? "  (skipped: non-finite gradients)" : "");
@@ -107,24 +141,56 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out) {
   }
   if (bar) bar->finish();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.steps > 0) {  // means over ranks and steps: the parts still add up to the step
+    const double per = 1.0 / (static_cast<double>(ranks) * o.steps);
+    out.time_step_s = global_sum(report, sum_step) * per;
+    out.time_compute_s = global_sum(report, sum_compute) * per;
+    out.time_comm_exposed_s = global_sum(report, sum_comm) * per;
+    out.time_optimizer_s = global_sum(report, sum_optimizer) * per;
+    out.time_other_s = global_sum(report, sum_other) * per;
+    if (o.link()) {
+      out.link_modeled_s = global_sum(report, sum_modeled) * per;
+      out.link_waited_s = global_sum(report, sum_waited) * per;
+    }
+  }
   out.param_hash = mlp::param_hash(e);
   out.padded = e.layout().padded();
   out.numel = e.layout().numel();
   const auto& mem = e.memory();
-  out.model_state_bytes = global_max(comm, static_cast<double>(mem.model_state_bytes()));
+  out.model_state_bytes = global_max(report, static_cast<double>(mem.model_state_bytes()));
   out.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
   for (int c = 0; c < zero::mem_category_count; ++c)
-    out.by_category[c] = global_max(comm, static_cast<double>(mem.current[c]));
-  out.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
-  out.comm_bytes = global_max(comm, static_cast<double>(step_bytes.bytes));
+    out.by_category[c] = global_max(report, static_cast<double>(mem.current[c]));
+  out.transient_peak =
+      global_max(report, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
+  out.comm_bytes = global_max(report, static_cast<double>(step_bytes.bytes));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   trainer::finish(e, comm, o);
 }
 
+// The backend under comm::modeled: the link of --link-gbps/--link-latency-us, or a pass-through.
 template <class Comm>
-void dispatch(Comm& comm, const options& o, summary& out) {
-  trainer::with_printable_errors(
-      [&] { trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out); }); });
+void dispatch(Comm& backend, const options& o, summary& out) {
+  trainer::with_printable_errors([&] {
+    const zero::comm::link_model link =
+        o.link() ? zero::comm::link_model::of(o.link_latency_us,
+                                              o.link_gbps > 0 ? o.link_gbps : std::numeric_limits<double>::infinity())
+                 : zero::comm::link_model{};
+    zero::comm::modeled<Comm> comm(backend, link);
+    trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out); });
+  });
+}
+
+// A decimal number as a double: finite, and > 0 (or >= 0 with zero_ok); CLI11's ranges let nan through.
+double double_flag(const std::string& flag, const std::string& text, bool zero_ok) {
+  double v = 0;
+  const char* first = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
+  const auto [end, ec] = std::from_chars(first, text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || first == end || !std::isfinite(v))
+    throw CLI::ValidationError(flag, "'" + text + "' is not a finite number");
+  if (zero_ok ? !(v >= 0) : !(v > 0))
+    throw CLI::ValidationError(flag, "must be " + std::string(zero_ok ? ">= 0" : "> 0") + ", got " + text);
+  return v;
 }
 
 }  // namespace
@@ -147,7 +213,27 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 7 * 86400.0))
       ->capture_default_str();
   trainer::add_common_flags(app, o);
+  o.gemm = mlp::have_blas ? "blas" : "loops";
+  app.add_option("--gemm", o.gemm,
+                 "the linear layers' GEMMs: blas (OpenBLAS, one thread per rank) or loops (the hand-written ones; "
+                 "the two sum in different orders, so param_hash depends on the choice)")
+      ->check(mlp::have_blas ? CLI::IsMember({"loops", "blas"}) : CLI::IsMember({"loops"}))
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--link-gbps", [&o](const std::string& v) { o.link_gbps = double_flag("--link-gbps", v, false); },
+         "model a link of this bandwidth (GB/s, per rank): each collective of the engine is held to latency + "
+         "bytes / bandwidth, bytes being what the rank sends (comm::modeled); results stay bit-identical")
+      ->type_name("FLOAT");
+  app.add_option_function<std::string>(
+         "--link-latency-us",
+         [&o](const std::string& v) { o.link_latency_us = double_flag("--link-latency-us", v, true); },
+         "the modeled link's latency per collective, in microseconds (alone: a link of unlimited bandwidth)")
+      ->type_name("FLOAT")
+      ->default_str("0");
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
+#if MLP_WITH_OPENBLAS
+  mlp::blas::single_threaded();  // before the ranks start: one thread per rank
+#endif
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
   // Checked as parsed (CLI11's range lets nan through) and as used: whole milliseconds, at least 1.
   if (!(o.comm_timeout >= 0.001 && o.comm_timeout <= 7 * 86400.0))

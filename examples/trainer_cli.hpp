@@ -21,6 +21,7 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <utility>
 
 #include "mlp.hpp"
 #include "zero/zero.hpp"
@@ -42,6 +43,11 @@ struct options {
   double comm_timeout = 300;  // seconds a rank waits in a collective before the run fails
   std::uint64_t memory_limit = 0;  // engine_options::memory_limit_bytes: bytes per rank, 0: no budget
   std::string log;  // --log FILE: JSON lines, one per step (run_log.hpp)
+  // train_mlp's own: the GEMM kernels ("loops" or "blas"; empty: the trainer's only kind), and a
+  // modeled link (comm::modeled) when link_gbps > 0 or link_latency_us > 0 (0 GB/s: no bandwidth term).
+  std::string gemm;
+  double link_gbps = 0, link_latency_us = 0;
+  bool link() const { return link_gbps > 0 || link_latency_us > 0; }
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).
@@ -55,6 +61,10 @@ struct summary {
   double grad_norm = 0, loss_scale = 1;
   std::uint64_t overflow_steps = 0, first_step = 0, last_step = 0;
   std::string device;  // empty on the host
+  // The mean step's time split, seconds (mean over ranks and steps; negative: not measured; the
+  // definitions are in docs/performance.md): compute + comm_exposed + optimizer + other = step.
+  double time_step_s = -1, time_compute_s = -1, time_comm_exposed_s = -1, time_optimizer_s = -1, time_other_s = -1;
+  double link_modeled_s = -1, link_waited_s = -1;  // per step, with a modeled link: its cost, and the time held
 };
 
 // ---- flag values, checked after their conversion ---------------------------------------------
@@ -341,6 +351,13 @@ inline void print_summary(const options& o, const summary& s) {
     std::printf("  gradient norm %.4g (last step)", s.grad_norm);
   std::printf(", loss scale %g, %llu overflow step(s) skipped\n", s.loss_scale,
               static_cast<unsigned long long>(s.overflow_steps));
+  if (s.time_step_s >= 0)
+    std::printf("  step %.3f ms = compute %.3f + exposed communication %.3f + optimizer %.3f + other %.3f ms%s%s%s\n",
+                1e3 * s.time_step_s, 1e3 * s.time_compute_s, 1e3 * s.time_comm_exposed_s, 1e3 * s.time_optimizer_s,
+                1e3 * s.time_other_s, o.gemm.empty() ? "" : " (GEMMs: ", o.gemm.c_str(), o.gemm.empty() ? "" : ")");
+  if (s.link_modeled_s >= 0)
+    std::printf("  modeled link %g GB/s, %g us: %.3f ms of communication per step, %.3f ms of it held\n", o.link_gbps,
+                o.link_latency_us, 1e3 * s.link_modeled_s, 1e3 * s.link_waited_s);
 }
 
 inline nlohmann::json summary_json(const options& o, const summary& s) {
@@ -374,6 +391,18 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
       {"comm_formula_bytes", static_cast<std::uint64_t>(s.comm_formula)},
   };
   if (!s.device.empty()) j["device"] = s.device;
+  if (!o.gemm.empty()) j["gemm"] = o.gemm;
+  const std::pair<const char*, double> split[] = {
+      {"time_step_s", s.time_step_s},           {"time_compute_s", s.time_compute_s},
+      {"time_comm_exposed_s", s.time_comm_exposed_s}, {"time_optimizer_s", s.time_optimizer_s},
+      {"time_other_s", s.time_other_s},         {"link_modeled_s", s.link_modeled_s},
+      {"link_waited_s", s.link_waited_s}};
+  for (const auto& [name, v] : split)
+    if (v >= 0) j[name] = v;
+  if (o.link()) {
+    j["link_gbps"] = o.link_gbps;
+    j["link_latency_us"] = o.link_latency_us;
+  }
   return j;
 }
 

@@ -7,7 +7,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZERO_BUILD_DIR:-$root/build}
 
 packages=(meson ninja-build g++ pkg-config cmake python3 python3-matplotlib doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
-          libopenmpi-dev openmpi-bin bc iproute2 clang libclang-rt-dev)
+          libopenmpi-dev openmpi-bin libopenblas-dev bc iproute2 clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

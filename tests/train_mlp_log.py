@@ -57,6 +57,19 @@ with tempfile.TemporaryDirectory() as tmp:
         # The split covers train_step; the step's time adds only the loss and accuracy reductions.
         check(0 < split <= s["step_ms"] + 1e-6, f"step {s['step']}: split {split} ms vs step {s['step_ms']} ms")
         check(s["samples_per_s"] > 0 and s["transient_bytes"] == 0, f"step {s['step']}: {s}")
+        # The time split: measured parts that add up to the step (docs/performance.md, "Step time").
+        parts = [s["time_compute_s"], s["time_comm_exposed_s"], s["time_optimizer_s"], s["time_other_s"]]
+        check(all(p >= 0 for p in parts) and abs(sum(parts) - s["time_step_s"]) <= 1e-9,
+              f"step {s['step']}: parts {parts} vs step {s['time_step_s']} s")
+        check(abs(s["time_step_s"] * 1e3 - s["step_ms"]) <= 1e-6, f"step {s['step']}: step_ms vs time_step_s")
+        check(s["time_compute_s"] * 1e3 == s["compute_ms"], f"step {s['step']}: compute_ms vs time_compute_s")
+        # step() of stage 2 has the all-gather in it: the optimizer part excludes it.
+        check(s["time_optimizer_s"] * 1e3 <= s["update_ms"] + 1e-9, f"step {s['step']}: optimizer vs update_ms")
+    # The summary's split: the means over ranks and steps, adding up as well.
+    parts = [summary[k] for k in ("time_compute_s", "time_comm_exposed_s", "time_optimizer_s", "time_other_s")]
+    check(abs(sum(parts) - summary["time_step_s"]) <= 1e-9 and min(parts) >= 0,
+          f"summary: parts {parts} vs step {summary['time_step_s']}")
+    check(summary["time_comm_exposed_s"] > 0, "three ranks of stage 2 spent no time in collectives")
     # The progress line, one line per update off a terminal: the first and the last step at least.
     progress = [line for line in r.stderr.splitlines() if line.startswith("step ")]
     pattern = re.compile(r"^step +(\d+)/12  loss (\d+\.\d{4})  \d+ samples/s  \d+\.\d ms/step  ETA \d+:\d\d$")

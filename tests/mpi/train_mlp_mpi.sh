@@ -25,7 +25,14 @@ for stage in 0 1 2 3; do
   [ "$json_lines" -eq 1 ] && [ "$summaries" -eq 1 ] || fail "stage $stage: expected output from rank 0 only"
   grep -q '"backend":"mpi"' <<<"$mpi_out" || fail "stage $stage: the JSON line does not say backend mpi"
   grep -q "\"ranks\":$np" <<<"$mpi_out" || fail "stage $stage: the JSON line does not say $np ranks"
+  last_want=$want
 done
+
+# Through a modeled link (comm::modeled over comm::mpi): the same bits as threads without one.
+got=$("$mpirun" --oversubscribe -np $np "$exe" --backend mpi --stage 3 "${steps[@]}" --link-gbps 1 \
+        --link-latency-us 50 --json 2>/dev/null | tail -n1 | hash_of)
+echo "stage 3 over a modeled link: mpi $got"
+[ -n "$got" ] && [ "$got" = "$last_want" ] || fail "modeled link: param_hash '$got', threads without it '$last_want'"
 
 # A --ranks equal to the communicator's size is accepted; a different one is refused.
 "$mpirun" --oversubscribe -np $np "$exe" --backend mpi --ranks $np --steps 1 >/dev/null 2>&1 ||
