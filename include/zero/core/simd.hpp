@@ -58,6 +58,8 @@ ZERO_SIMD_INLINE void assign_where(lanes<std::uint32_t, W>& r, const lanes<std::
 template <int W>
 struct mask {
   lanes<std::int32_t, W> m;
+  mask(const lanes<std::int32_t, W>& c) : m(c) {}
+  mask(const mask& o) : m(o.m) {}  // passed through memory on every target, as a pack (below)
 };
 
 template <int W>
@@ -71,9 +73,20 @@ struct pack {
 
   pack() = default;
   static_assert(alignof(f32) == alignof(float));
-  // W copies of x, bit for bit (0.0f + x would turn -0 into +0; the compiler emits one broadcast).
+  // User-provided, hence not trivial: the C++ ABI then passes and returns a pack through memory on
+  // every target. A rule's own functions (an optimizer's update, lion::sign) take and return packs
+  // and are not always inlined; passed in registers, a pack would travel in a zmm register from the
+  // AVX-512 loop and be looked for in xmm registers or on the stack by a callee compiled for SSE2.
+  ZERO_SIMD_INLINE pack(const pack& o) : v(o.v) {}
+  ZERO_SIMD_INLINE pack& operator=(const pack& o) {
+    v = o.v;
+    return *this;
+  }
+  // W copies of x, bit for bit: an integer add of zeros (0.0f + x would turn -0 into +0; writing
+  // lanes one by one into an unset vector reads it, which GCC -O3 miscompiled here).
   ZERO_SIMD_INLINE pack(float x) {
-    for (int i = 0; i < W; ++i) v[i] = x;
+    const u32 b = u32{} + __builtin_bit_cast(std::uint32_t, x);
+    v = reinterpret_cast<const f32&>(b);
   }
 
   ZERO_SIMD_INLINE const u32& bits() const { return reinterpret_cast<const u32&>(v); }
