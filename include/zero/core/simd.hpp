@@ -7,8 +7,7 @@
 // written with GCC/Clang vector extensions (which either compiler lowers to the widest registers
 // the enclosing function's target allows: SSE2, AVX2 or AVX-512, see sys/host_loop.hpp), so
 // add, sub, mul and div are the same IEEE operations as on a float, lane by lane: not one bit
-// changes. sqrt uses the SSE sqrtps of 4 lanes at a time: it is IEEE (correctly rounded, no errno)
-// and part of the x86-64 baseline, so it needs no target attribute and inlines into any of them.
+// changes. sqrt is the sqrtps instruction of the pack's width: IEEE (correctly rounded), no errno.
 //
 // The operations are hidden friends, found by argument-dependent lookup: a rule that calls
 // add(mul(c.beta1, m), ...) unqualified (with `using namespace zero::fp` for the float overloads)
@@ -17,7 +16,7 @@
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__))
 #define ZERO_HOST_SIMD 1
 
-#include <xmmintrin.h>
+#include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
@@ -54,6 +53,31 @@ ZERO_SIMD_INLINE void assign_where(lanes<std::uint32_t, W>& r, const lanes<std::
   r = (m & a) | (~m & r);
 }
 
+// IEEE sqrt (correctly rounded, no errno) of 4, 8 or 16 lanes with the instruction of that width.
+// The wider two are compiled for AVX and AVX-512 and are not always_inline: GCC refuses to inline
+// an always_inline function of a wider target into a caller of the baseline target (an optimizer's
+// update<pack<16>>), while `flatten` in sys/host_loop.hpp inlines them into the loop of their
+// target. Arguments by reference, so that a call that stays a call has one convention on every
+// target. Only the loop of that width calls each, after checking that the CPU has the instructions.
+ZERO_SIMD_INLINE void sqrt_lanes(lanes<float, 4>& r, const lanes<float, 4>& a) {
+  __m128 x;
+  std::memcpy(&x, &a, sizeof x);
+  x = _mm_sqrt_ps(x);
+  std::memcpy(&r, &x, sizeof x);
+}
+__attribute__((target("avx"))) inline void sqrt_lanes(lanes<float, 8>& r, const lanes<float, 8>& a) {
+  __m256 x;
+  std::memcpy(&x, &a, sizeof x);
+  x = _mm256_sqrt_ps(x);
+  std::memcpy(&r, &x, sizeof x);
+}
+__attribute__((target("avx512f"))) inline void sqrt_lanes(lanes<float, 16>& r, const lanes<float, 16>& a) {
+  __m512 x;
+  std::memcpy(&x, &a, sizeof x);
+  x = _mm512_mask_sqrt_ps(x, 0xffff, x);  // the unmasked form reads an undefined register (GCC 12 warns)
+  std::memcpy(&r, &x, sizeof x);
+}
+
 // A lane-wise comparison result: all ones (true) or zero (false) per lane.
 template <int W>
 struct mask {
@@ -64,7 +88,7 @@ struct mask {
 
 template <int W>
 struct pack {
-  static_assert(W % 4 == 0, "sqrt works on groups of 4 lanes");
+  static_assert(W == 4 || W == 8 || W == 16, "the widths of SSE, AVX and AVX-512 registers");
   static constexpr int width = W;
   using f32 = lanes<float, W>;
   using i32 = lanes<std::int32_t, W>;
@@ -111,12 +135,7 @@ struct pack {
   friend ZERO_SIMD_INLINE pack div(const pack& a, const pack& b) { return from_f32(a.v / b.v); }
   friend ZERO_SIMD_INLINE pack sqrt(const pack& a) {
     pack r;
-    for (int i = 0; i < W; i += 4) {
-      __m128 x;
-      std::memcpy(&x, reinterpret_cast<const char*>(&a.v) + 4 * i, sizeof x);
-      x = _mm_sqrt_ps(x);
-      std::memcpy(reinterpret_cast<char*>(&r.v) + 4 * i, &x, sizeof x);
-    }
+    sqrt_lanes(r.v, a.v);
     return r;
   }
   friend ZERO_SIMD_INLINE mask<W> operator>(const pack& a, const pack& b) { return {a.v > b.v}; }
