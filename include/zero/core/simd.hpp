@@ -34,18 +34,15 @@ namespace zero::simd {
 // W lanes of T as a GCC/Clang vector (through a class so that the size stays a dependent type:
 // GCC drops a dependent vector_size written on an alias template's type). may_alias: the bits of
 // a float vector are read as an integer vector of the same size, as the intrinsics' types allow.
-// Aligned as T: loads and stores are unaligned anyway, and a pack passed by value (an optimizer's
-// gradient argument) then has no 32- or 64-byte alignment whose passing convention GCC warns about.
 template <class T, int W>
 struct lanes_of {
-  using natural [[gnu::vector_size(sizeof(T) * W), gnu::may_alias]] = T;
-  using type [[gnu::aligned(sizeof(T))]] = natural;
+  using type [[gnu::vector_size(sizeof(T) * W), gnu::may_alias]] = T;
 };
 template <class T, int W>
 using lanes = typename lanes_of<T, W>::type;
 
 // r[i] = a[i] where c[i] (a comparison's all-ones lane), bit for bit, on W 32-bit lanes. (W is
-// given, not deduced: deduction would see the vector type without its alignment.)
+// given: it cannot be deduced through the lanes alias.)
 template <int W>
 ZERO_SIMD_INLINE void assign_where(lanes<std::uint32_t, W>& r, const lanes<std::int32_t, W>& c,
                                    const lanes<std::uint32_t, W>& a) {
@@ -96,7 +93,6 @@ struct pack {
   f32 v;
 
   pack() = default;
-  static_assert(alignof(f32) == alignof(float));
   // User-provided, hence not trivial: the C++ ABI then passes and returns a pack through memory on
   // every target. A rule's own functions (an optimizer's update, lion::sign) take and return packs
   // and are not always inlined; passed in registers, a pack would travel in a zmm register from the
