@@ -24,7 +24,7 @@ for kind in "${kinds[@]}"; do
       sanitize=address,undefined
       # Every CPU unit suite (the compile-fail diagnostics need no sanitizer).
       tests=(layout collectives equivalence formulas errors options half_types state_access precision optimizers plan gpt_model
-             tied_weights hyper_parameters
+             tied_weights hyper_parameters host_loops
              checkpoint checkpoint_corruption checkpoint_kill checkpoint_export
              checkpoint_python_reader safetensors_python_reader)
       targets=(tests/checkpoint_fixture tools/zero_export)

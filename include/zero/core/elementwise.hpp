@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #include "zero/config.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/numeric.hpp"
+#include "zero/core/simd_lanes.hpp"
 
 namespace zero::elementwise {
 
@@ -34,11 +36,41 @@ operand<T> inout(T* p) {
   return {p, true, true};
 }
 
+// ---- element access ----------------------------------------------------------------------------
+
+// A rule is written once over a value type V: float (element j) or, in the host loop, simd::pack<W>
+// (elements j..j+W-1, core/simd.hpp), whose operations are the same IEEE ones lane by lane.
+// load: the element(s) widened to float, exactly as static_cast<float>(a[j]).
+template <class V, class T>
+ZERO_HD inline V load(const T* a, std::size_t j) {
+  if constexpr (std::is_same_v<V, float>) return static_cast<float>(a[j]);
+#if defined(ZERO_HOST_SIMD)
+  else return simd::load_lanes<V::width>(a + j);
+#endif
+}
+// store: the value(s) written as store_as<T> does (rounded to T, every NaN canonical).
+template <class T, class V>
+ZERO_HD inline void store(T* a, std::size_t j, V x) {
+  if constexpr (std::is_same_v<V, float>) a[j] = store_as<T>(x);
+#if defined(ZERO_HOST_SIMD)
+  else simd::store_lanes<V::width>(a + j, x);
+#endif
+}
+
+// Whether optimizer Opt's update rule is written over a value type (a template, as optim::sgd,
+// adamw and lion): then the host loop runs it on packs. An optimizer written for float only still
+// works everywhere; the host runs it one element at a time.
+template <class Opt, class V>
+concept update_over = requires(const typename Opt::step_constants& c, V& w, V g, V* s) { Opt::update(c, w, g, s); };
+
 // ---- rules -------------------------------------------------------------------------------------
 // A rule is called as rule(j, arrays...) for each element j in [0, n), with the operands' arrays in
 // the order they were passed to the system's for_each. It touches element j only, so any loop (in
 // order, vectorized, a grid of device threads) computes the same bits. Every value stored is
 // NaN-canonical (store_as), so a step that produces a NaN stores the same bits on every system.
+// rule.apply<V>(j, arrays...) is the same step on value type V (see load above); rule(j, ...) is
+// apply<float>. Calls are unqualified (with `using namespace zero::fp`) so that a pack's operations
+// are found by argument-dependent lookup.
 
 // The optimizer step without a separate parameter copy (the master weights are the parameters):
 // the averaged, unscaled (and clipped) gradient, then the optimizer's rule on the master weight and
@@ -51,22 +83,28 @@ struct update_in_place_rule {
 
   template <class G, class... Slots>
   ZERO_HD void operator()(std::size_t j, const G* g, float* w, Slots*... slots) const {
-    (void)step(j, g, w, slots...);
+    (void)step<float>(j, g, w, slots...);
+  }
+  template <class V, class G, class... Slots>
+    requires update_over<Opt, V>
+  ZERO_HD void apply(std::size_t j, const G* g, float* w, Slots*... slots) const {
+    (void)step<V>(j, g, w, slots...);
   }
 
-  // The step on element j; returns the new (canonical) master weight.
-  template <class G, class... Slots>
-  ZERO_HD float step(std::size_t j, const G* g, float* w, Slots*... slots) const {
+  // The step on element(s) j; returns the new (canonical) master weight.
+  template <class V, class G, class... Slots>
+  ZERO_HD V step(std::size_t j, const G* g, float* w, Slots*... slots) const {
     static_assert(sizeof...(Slots) == static_cast<std::size_t>(Opt::slots), "one array per optimizer slot");
-    float gj = fp::div(static_cast<float>(g[j]), divisor);
-    if (coef != 1.0f) gj = fp::mul(gj, coef);
-    float s[Opt::slots > 0 ? Opt::slots : 1] = {static_cast<float>(slots[j])...};
-    float wj = w[j];
+    using namespace zero::fp;
+    V gj = div(load<V>(g, j), V(divisor));
+    if (coef != 1.0f) gj = mul(gj, V(coef));
+    V s[Opt::slots > 0 ? Opt::slots : 1] = {load<V>(slots, j)...};
+    V wj = load<V>(w, j);
     Opt::update(c, wj, gj, s);
-    wj = fp::canonical(wj);
-    w[j] = wj;
+    wj = canonical(wj);
+    store(w, j, wj);
     int k = 0;
-    ((slots[j] = fp::canonical(s[k++])), ...);
+    (store(slots, j, s[k++]), ...);
     return wj;
   }
 };
@@ -77,7 +115,12 @@ template <class Opt>
 struct update_rule : update_in_place_rule<Opt> {
   template <class G, class P, class... Slots>
   ZERO_HD void operator()(std::size_t j, const G* g, float* w, P* p, Slots*... slots) const {
-    p[j] = store_as<P>(this->step(j, g, w, slots...));
+    store(p, j, this->template step<float>(j, g, w, slots...));
+  }
+  template <class V, class G, class P, class... Slots>
+    requires update_over<Opt, V>
+  ZERO_HD void apply(std::size_t j, const G* g, float* w, P* p, Slots*... slots) const {
+    store(p, j, this->template step<V>(j, g, w, slots...));
   }
 };
 
@@ -88,8 +131,12 @@ struct accumulate_rule {
   bool first;
   template <class D, class S>
   ZERO_HD void operator()(std::size_t j, D* dst, const S* src) const {
-    dst[j] = first ? store_as<D>(static_cast<float>(src[j]))
-                   : store_as<D>(fp::add(static_cast<float>(dst[j]), static_cast<float>(src[j])));
+    apply<float>(j, dst, src);
+  }
+  template <class V, class D, class S>
+  ZERO_HD void apply(std::size_t j, D* dst, const S* src) const {
+    using namespace zero::fp;
+    store(dst, j, first ? load<V>(src, j) : add(load<V>(dst, j), load<V>(src, j)));
   }
 };
 
@@ -97,7 +144,11 @@ struct accumulate_rule {
 struct cast_rule {
   template <class D>
   ZERO_HD void operator()(std::size_t j, D* dst, const float* src) const {
-    dst[j] = store_as<D>(src[j]);
+    apply<float>(j, dst, src);
+  }
+  template <class V, class D>
+  ZERO_HD void apply(std::size_t j, D* dst, const float* src) const {
+    store(dst, j, load<V>(src, j));
   }
 };
 

@@ -48,6 +48,9 @@ inline constexpr unsigned long long canonical_nan_bits64 = 0x7ff8000000000000ull
 ZERO_HD inline float canonical(float x) { return x != x ? __builtin_bit_cast(float, canonical_nan_bits32) : x; }
 ZERO_HD inline double canonical(double x) { return x != x ? __builtin_bit_cast(double, canonical_nan_bits64) : x; }
 
+// c ? a : b, written as a function so that a rule can branch per lane on a simd::pack (core/simd.hpp).
+ZERO_HD inline float select(bool c, float a, float b) { return c ? a : b; }
+
 ZERO_HD inline float sqrt(float a) {
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a);

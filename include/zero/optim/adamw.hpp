@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/config.hpp"
@@ -57,15 +58,18 @@ struct adamw {
   }
 
   // w <- w - lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
-  ZERO_HD static void update(const step_constants& c, float& w, float g, float* s) {
+  // Written over a value type V: float, or a simd::pack of floats in the host loop (same IEEE
+  // operations lane by lane, found unqualified; core/elementwise.hpp).
+  template <class V>
+  ZERO_HD static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
     using namespace zero::fp;
-    const float m = add(mul(c.beta1, s[0]), mul(c.one_minus_beta1, g));
-    const float v = add(mul(c.beta2, s[1]), mul(c.one_minus_beta2, mul(g, g)));
+    const V m = add(mul(c.beta1, s[0]), mul(c.one_minus_beta1, g));
+    const V v = add(mul(c.beta2, s[1]), mul(c.one_minus_beta2, mul(g, g)));
     s[0] = m;
     s[1] = v;
-    const float m_hat = div(m, c.bias_correction1);
-    const float v_hat = div(v, c.bias_correction2);
-    const float step = add(div(m_hat, add(fp::sqrt(v_hat), c.eps)), mul(c.weight_decay, w));
+    const V m_hat = div(m, c.bias_correction1);
+    const V v_hat = div(v, c.bias_correction2);
+    const V step = add(div(m_hat, add(sqrt(v_hat), c.eps)), mul(c.weight_decay, w));
     w = sub(w, mul(c.lr, step));
   }
 };

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/config.hpp"
@@ -51,13 +52,20 @@ struct lion {
 
   // sign(0) is 0, as torch.sign: an element whose interpolated direction is exactly zero only decays.
   // A NaN stays NaN (the engine skips a step whose gradient norm is not finite, and canonicalizes).
-  ZERO_HD static float sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
+  // Over a value type V as update (select: per lane on a pack).
+  template <class V>
+  ZERO_HD static V sign(V x) {
+    using fp::select;
+    return select(x > V(0.0f), V(1.0f), select(x < V(0.0f), V(-1.0f), x));
+  }
 
   // w <- w - lr * (sign(b1 m + (1 - b1) g) + wd * w);  m <- b2 m + (1 - b2) g
-  ZERO_HD static void update(const step_constants& c, float& w, float g, float* s) {
+  // Over a value type V as optim::adamw's.
+  template <class V>
+  ZERO_HD static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
     using namespace zero::fp;
-    const float m = s[0];
-    const float direction = add(mul(c.beta1, m), mul(c.one_minus_beta1, g));
+    const V m = s[0];
+    const V direction = add(mul(c.beta1, m), mul(c.one_minus_beta1, g));
     w = sub(w, mul(c.lr, add(sign(direction), mul(c.weight_decay, w))));
     s[0] = add(mul(c.beta2, m), mul(c.one_minus_beta2, g));
   }

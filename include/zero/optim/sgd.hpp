@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/config.hpp"
@@ -48,13 +49,14 @@ struct sgd {
   }
 
   // g' = g + wd*w; buf = mu*buf + g' (buf = g' on the first step); d = nesterov ? g' + mu*buf : buf;
-  // w <- w - lr*d
-  ZERO_HD static void update(const step_constants& c, float& w, float g, float* s) {
+  // w <- w - lr*d. Over a value type V as optim::adamw's.
+  template <class V>
+  ZERO_HD static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
     using namespace zero::fp;
-    const float gd = add(g, mul(c.weight_decay, w));
-    const float buf = c.first_step ? gd : add(mul(c.momentum, s[0]), gd);
+    const V gd = add(g, mul(c.weight_decay, w));
+    const V buf = c.first_step ? gd : add(mul(c.momentum, s[0]), gd);
     s[0] = buf;
-    const float d = c.nesterov ? add(gd, mul(c.momentum, buf)) : buf;
+    const V d = c.nesterov ? add(gd, mul(c.momentum, buf)) : buf;
     w = sub(w, mul(c.lr, d));
   }
 };

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "zero/core/elementwise.hpp"
+#include "zero/sys/host_loop.hpp"
 
 namespace zero::sys {
 
@@ -41,11 +42,12 @@ struct host {
   static void copy_from_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
   static void synchronize() {}
 
-  // The one element-wise loop: rule(j, operands' arrays...) for j in [0, n), in order (the rules of
+  // The one element-wise loop: rule(j, operands' arrays...) for j in [0, n) (the rules of
   // core/elementwise.hpp; any rule that touches only element j). Adding a step is adding a rule.
+  // Vectorized for the CPU it runs on (sys/host_loop.hpp), with the bits of the in-order loop.
   template <class Rule, class... Ts>
   static void for_each(std::size_t n, const Rule& rule, elementwise::operand<Ts>... ops) {
-    for (std::size_t j = 0; j < n; ++j) rule(j, ops.data...);
+    host_loop::run(n, rule, ops.data...);
   }
   // The gradient norm's reduction (elementwise::square per element).
   // Summed left to right: the engine depends on the order being fixed, not on it being this one.

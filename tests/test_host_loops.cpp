@@ -1,0 +1,302 @@
+// sys::host::for_each on SIMD packs against the plain per-element loop, bit for bit, on every ISA level this CPU has.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "zero/zero.hpp"
+
+namespace {
+
+using namespace zero;
+namespace hl = zero::sys::host_loop;
+
+// The levels to check: every one up to what the CPU has (scalar: the fallback loop itself).
+std::vector<hl::isa> levels() {
+  std::vector<hl::isa> r{hl::isa::scalar};
+#if defined(ZERO_HOST_SIMD)
+  for (hl::isa i : {hl::isa::sse2, hl::isa::avx2, hl::isa::avx512})
+    if (i <= hl::detected()) r.push_back(i);
+#endif
+  return r;
+}
+
+// Restores the process-wide cap when a check ends (also when it throws).
+struct cap_guard {
+  hl::isa previous;
+  explicit cap_guard(hl::isa level) : previous(hl::set_cap(level)) {}
+  ~cap_guard() { hl::set_cap(previous); }
+};
+
+// Float inputs every rule sees: NaNs with several payloads and signs (quiet and signalling),
+// infinities, zeros, subnormals, huge values, values at bf16 and fp16 rounding ties and overflow
+// thresholds, then random values of mixed magnitudes.
+std::vector<float> special_floats() {
+  const std::uint32_t bits[] = {
+      0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fc00001u, 0x7fffffffu, 0xffffffffu, 0x7fa00000u,
+      0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu,
+      0x00400000u, 0x00800000u, 0x7f7fffffu, 0xff7fffffu, 0x7f000000u, 0x3f808000u, 0x3f818000u, 0x3f80c000u,
+      0x477fe000u, 0x477ff000u, 0xc77ff000u, 0x477fefffu, 0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u,
+      0x32ffffffu, 0x33800000u, 0x34400000u, 0x38000000u, 0x37800000u, 0x3f800000u, 0xbf800000u, 0x3a83126fu};
+  std::vector<float> v;
+  for (std::uint32_t b : bits) v.push_back(__builtin_bit_cast(float, b));
+  return v;
+}
+
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return T(x);
+}
+
+// n values of type T: the special floats first (cycled), then random ones; the 2-byte types also
+// get raw bit patterns (their own NaNs with payloads, subnormals).
+template <class T>
+std::vector<T> inputs(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mag(-8.0f, 8.0f);
+  std::uniform_int_distribution<int> pick(0, 9);
+  const std::vector<float> special = special_floats();
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int k = pick(rng);
+    float x = std::ldexp(mag(rng), static_cast<int>(mag(rng) * 4));
+    if (k < 2) x = special[(i + seed) % special.size()];
+    if constexpr (std::is_same_v<T, float>) {
+      v[i] = x;
+    } else {
+      v[i] = T(x);
+      if (k == 2) v[i] = T::from_bits(static_cast<std::uint16_t>(rng()));
+    }
+  }
+  return v;
+}
+
+// Runs `rule` over arrays (of the types of `init`) through sys::host::for_each at every level and
+// through the per-element reference loop rule(j, ...), starting `offset` elements into each array,
+// and requires the same bytes in every array. `mode` gives each operand's flags (in/out/inout).
+template <class Rule, class... Ts>
+void check_rule(const std::string& what, const Rule& rule, std::size_t n, std::size_t offset,
+                const std::tuple<std::vector<Ts>...>& init, const std::array<int, sizeof...(Ts)>& modes) {
+  constexpr std::size_t K = sizeof...(Ts);
+  auto reference = init;
+  std::apply([&](auto&... a) {
+    for (std::size_t j = 0; j < n; ++j) rule(j, (a.data() + offset)...);
+  }, reference);
+  for (hl::isa level : levels()) {
+    const cap_guard g(level);
+    auto got = init;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      auto op = [&](auto& a, int mode) {
+        using T = typename std::remove_reference_t<decltype(a)>::value_type;
+        return elementwise::operand<T>{a.data() + offset, mode != 1, mode != 0};
+      };
+      sys::host::for_each(n, rule, op(std::get<I>(got), modes[I])...);
+    }(std::make_index_sequence<K>{});
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      auto same = [&](const auto& a, const auto& b, std::size_t k) {
+        // The first element whose bytes differ (a.size() if none), to name in a failure.
+        std::size_t first = 0;
+        while (first < a.size() && std::memcmp(&a[first], &b[first], sizeof(a[0])) == 0) ++first;
+        INFO(what, " n=", n, " offset=", offset, " level=", std::string(hl::name(level)), " array ", k,
+             " element ", first);
+        CHECK(first == a.size());
+      };
+      (same(std::get<I>(got), std::get<I>(reference), I), ...);
+    }(std::make_index_sequence<K>{});
+  }
+}
+
+constexpr std::size_t lengths[] = {0, 1, 7, 33, 1003};
+constexpr std::size_t offsets[] = {0, 1, 3};
+constexpr int in_mode = 0, out_mode = 1, inout_mode = 2;
+
+// A user's optimizer written for float only (the concept's minimum): runs one element at a time.
+struct user_scalar {
+  static constexpr int slots = 1;
+  static constexpr std::string_view name = "user_scalar";
+  static constexpr std::array<std::string_view, slots> slot_names = {"acc"};
+  float lr = 0.1f;
+  static constexpr auto hyper_parameters() { return std::tuple{field("lr", &user_scalar::lr)}; }
+  struct step_constants {
+    float lr;
+  };
+  step_constants constants(std::uint64_t) const { return {lr}; }
+  static void update(const step_constants& c, float& w, float g, float* s) {
+    s[0] = fp::add(s[0], fp::mul(g, g));  // Adagrad
+    w = fp::sub(w, fp::div(fp::mul(c.lr, g), fp::add(fp::sqrt(s[0]), 1e-10f)));
+  }
+};
+static_assert(OptimizerState<user_scalar>);
+
+// The same written over a value type, as the library's optimizers: runs on packs.
+struct user_generic : user_scalar {
+  template <class V>
+  static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
+    using namespace zero::fp;
+    s[0] = add(s[0], mul(g, g));
+    w = sub(w, div(mul(c.lr, g), add(sqrt(s[0]), 1e-10f)));
+  }
+};
+static_assert(OptimizerState<user_generic>);
+
+#if defined(ZERO_HOST_SIMD)
+static_assert(hl::vectorizable<elementwise::update_rule<optim::adamw>, const bf16, float, fp16, float, float>);
+static_assert(hl::vectorizable<elementwise::update_in_place_rule<user_generic>, const float, float, float>);
+static_assert(!hl::vectorizable<elementwise::update_in_place_rule<user_scalar>, const float, float, float>);
+static_assert(!hl::vectorizable<elementwise::accumulate_rule, double, const double>);  // not a lane type
+#endif
+
+template <class Opt, class G, class P>
+void check_optimizer(const std::string& what, const typename Opt::step_constants& c, float divisor, float coef) {
+  std::uint32_t seed = 1;
+  for (std::size_t n : lengths)
+    for (std::size_t off : offsets) {
+      const std::size_t len = n + off;
+      std::vector<std::vector<float>> slot_init;
+      auto slots_tuple = [&]<std::size_t... K>(std::index_sequence<K...>) {
+        return std::tuple{((void)K, inputs<float>(len, seed + 10 + K))...};
+      }(std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
+      const auto g = inputs<G>(len, seed);
+      const auto w = inputs<float>(len, seed + 1);
+      const auto p = inputs<P>(len, seed + 2);
+      ++seed;
+      auto slot_modes = [&]<std::size_t... K>(std::index_sequence<K...>) {
+        return std::array<int, sizeof...(K)>{((void)K, inout_mode)...};
+      }(std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
+      // With a parameter copy (update_rule) and without (update_in_place_rule).
+      {
+        auto init = std::tuple_cat(std::tuple{g, w, p}, slots_tuple);
+        std::array<int, 3 + Opt::slots> modes{in_mode, inout_mode, out_mode};
+        for (int k = 0; k < Opt::slots; ++k) modes[3 + k] = slot_modes[k];
+        check_rule(what + " update", elementwise::update_rule<Opt>{{c, divisor, coef}}, n, off, init, modes);
+      }
+      {
+        auto init = std::tuple_cat(std::tuple{g, w}, slots_tuple);
+        std::array<int, 2 + Opt::slots> modes{in_mode, inout_mode};
+        for (int k = 0; k < Opt::slots; ++k) modes[2 + k] = slot_modes[k];
+        check_rule(what + " in place", elementwise::update_in_place_rule<Opt>{c, divisor, coef}, n, off, init, modes);
+      }
+    }
+}
+
+template <class Opt>
+void check_optimizer_all_types(const std::string& what, const typename Opt::step_constants& c) {
+  for (float coef : {1.0f, 0.37f}) {
+    check_optimizer<Opt, float, float>(what + " fp32", c, 3.0f, coef);
+    check_optimizer<Opt, bf16, bf16>(what + " bf16", c, 3.0f, coef);
+    check_optimizer<Opt, fp16, fp16>(what + " fp16", c, 1536.0f, coef);
+    check_optimizer<Opt, float, bf16>(what + " fp32 grad, bf16 param", c, 2.0f, coef);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("host loops: the levels this CPU runs") {
+  std::string names;
+  for (hl::isa l : levels()) names += std::string(hl::name(l)) + " ";
+  MESSAGE("levels checked: ", names);
+#if defined(ZERO_HOST_SIMD)
+  CHECK(hl::detected() >= hl::isa::sse2);  // x86-64's baseline
+  {
+    const cap_guard g(hl::isa::sse2);
+    CHECK(hl::active() == hl::isa::sse2);
+  }
+  CHECK(hl::active() == hl::detected());
+#endif
+}
+
+TEST_CASE("host loops: optimizer updates equal the per-element rule bit for bit") {
+  {
+    optim::sgd o;
+    o.weight_decay = 0.01f;
+    check_optimizer_all_types<optim::sgd>("sgd momentum first step", o.constants(1));
+    check_optimizer_all_types<optim::sgd>("sgd momentum", o.constants(2));
+    o.nesterov = true;
+    check_optimizer_all_types<optim::sgd>("sgd nesterov", o.constants(3));
+    o.nesterov = false;
+    o.momentum = 0.0f;
+    check_optimizer_all_types<optim::sgd>("sgd plain", o.constants(4));
+  }
+  {
+    optim::adamw o;
+    check_optimizer_all_types<optim::adamw>("adamw", o.constants(1));
+    check_optimizer_all_types<optim::adamw>("adamw t=1000", o.constants(1000));
+  }
+  {
+    optim::lion o;
+    o.weight_decay = 0.1f;
+    check_optimizer_all_types<optim::lion>("lion", o.constants(1));
+  }
+  check_optimizer_all_types<user_scalar>("user optimizer (float only)", user_scalar{}.constants(1));
+  check_optimizer_all_types<user_generic>("user optimizer (generic)", user_generic{}.constants(1));
+}
+
+TEST_CASE_TEMPLATE("host loops: accumulation and casts equal the per-element rule bit for bit", D, float, bf16, fp16) {
+  std::uint32_t seed = 100;
+  for (std::size_t n : lengths)
+    for (std::size_t off : offsets) {
+      const std::size_t len = n + off;
+      ++seed;
+      for (bool first : {true, false}) {
+        check_rule("accumulate from fp32", elementwise::accumulate_rule{first}, n, off,
+                   std::tuple{inputs<D>(len, seed), inputs<float>(len, seed + 1)}, {inout_mode, in_mode});
+        check_rule("accumulate from bf16", elementwise::accumulate_rule{first}, n, off,
+                   std::tuple{inputs<D>(len, seed), inputs<bf16>(len, seed + 2)}, {inout_mode, in_mode});
+        check_rule("accumulate from fp16", elementwise::accumulate_rule{first}, n, off,
+                   std::tuple{inputs<D>(len, seed), inputs<fp16>(len, seed + 3)}, {inout_mode, in_mode});
+      }
+      check_rule("cast", elementwise::cast_rule{}, n, off, std::tuple{inputs<D>(len, seed), inputs<float>(len, seed + 4)},
+                 {out_mode, in_mode});
+    }
+}
+
+// The conversions alone, far beyond what the rules' random inputs reach: every 2-byte pattern
+// widened, and floats narrowed over every exponent with mantissas at and around each rounding tie.
+TEST_CASE_TEMPLATE("host loops: 2-byte conversions equal the scalar ones for every pattern", T, bf16, fp16) {
+  std::vector<T> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = T::from_bits(static_cast<std::uint16_t>(i));
+  std::vector<float> floats;
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t e = 0; e < 256; ++e)
+      for (std::uint32_t m : {0u, 1u, 2u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, 0x2000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu,
+                              0x18000u, 0x400000u, 0x400001u, 0x7fffffu, 0x7ff000u, 0x7fe000u, 0x2aaaaau, 0x155555u})
+        floats.push_back(__builtin_bit_cast(float, sign | (e << 23) | m));
+  // The fp16 subnormal range (float exponents 102..112, shifts 24..14) at, below and above each tie.
+  for (std::uint32_t e = 100; e < 114; ++e) {
+    const std::uint32_t shift = e < 102 ? 24 : (e > 112 ? 14 : 126 - e), half = 1u << (shift - 1);
+    for (std::uint32_t q = 0; q < 32; ++q)
+      for (std::uint32_t r : {half - 1, half, half + 1})
+        floats.push_back(__builtin_bit_cast(float, (e << 23) | ((0x800000u | (q << shift) | r) & 0x7fffffu)));
+  }
+  // And a stride over all 2^32 patterns.
+  for (std::uint64_t u = 0; u < (1ull << 32); u += 40961) floats.push_back(__builtin_bit_cast(float, std::uint32_t(u)));
+  const std::size_t n = floats.size();
+  for (hl::isa level : levels()) {
+    const cap_guard g(level);
+    INFO("level ", std::string(hl::name(level)));
+    // Widening: accumulate_rule{first} stores static_cast<float>(src[j]) into a float array.
+    std::vector<float> wide(all.size());
+    sys::host::for_each(all.size(), elementwise::accumulate_rule{true}, elementwise::out(wide.data()),
+                        elementwise::in(static_cast<const T*>(all.data())));
+    int wrong = 0;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      wrong += __builtin_bit_cast(std::uint32_t, wide[i]) !=
+               __builtin_bit_cast(std::uint32_t, store_as<float>(static_cast<float>(all[i])));
+    CHECK(wrong == 0);
+    // Narrowing: cast_rule stores store_as<T>(src[j]).
+    std::vector<T> narrow(n);
+    sys::host::for_each(n, elementwise::cast_rule{}, elementwise::out(narrow.data()),
+                        elementwise::in(static_cast<const float*>(floats.data())));
+    wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += narrow[i].bits != T(floats[i]).bits;
+    CHECK(wrong == 0);
+  }
+}
