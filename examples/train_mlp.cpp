@@ -230,6 +230,11 @@ int main(int argc, char** argv) {
          "the modeled link's latency per collective, in microseconds (alone: a link of unlimited bandwidth)")
       ->type_name("FLOAT")
       ->default_str("0");
+  app.add_option("--overlap", o.overlap,
+                 "overlap communication with computation where the backend can (comm::mpi, a modeled link): "
+                 "reduces in flight, stage 3 prefetch; the same bits either way")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
 #if MLP_WITH_OPENBLAS
   mlp::blas::single_threaded();  // before the ranks start: one thread per rank

@@ -47,6 +47,7 @@ struct options {
   // modeled link (comm::modeled) when link_gbps > 0 or link_latency_us > 0 (0 GB/s: no bandwidth term).
   std::string gemm;
   double link_gbps = 0, link_latency_us = 0;
+  std::string overlap = "on";  // engine_options::overlap: on|off
   bool link() const { return link_gbps > 0 || link_latency_us > 0; }
 };
 
@@ -295,6 +296,7 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.clip_norm = o.clip;
   eo.micro_batches = o.accum;
   eo.memory_limit_bytes = o.memory_limit;
+  eo.overlap = o.overlap != "off";
   return eo;
 }
 

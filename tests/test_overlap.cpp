@@ -6,6 +6,7 @@
 #include <string>
 
 #include "deferred_comm.hpp"
+#include "zero/comm/modeled.hpp"
 #include "toy_model.hpp"
 
 namespace {
@@ -334,5 +335,25 @@ TEST_CASE("reduce buckets with micro-batches in stage 1-3: a unit's micro-batche
     const auto plain = train(0, Stage{});
     CHECK(bit_equal(train(1u << 20, Stage{}), plain));  // both micro-batches of every unit in one bucket
     CHECK(bit_equal(train(700, Stage{}), plain));
+  });
+}
+
+namespace {
+// comm::modeled over a link of 20 us and 5 GB/s: a nonblocking backend whose waits are the link's.
+template <class C>
+struct linked : zero::comm::modeled<C> {
+  explicit linked(C& inner) : zero::comm::modeled<C>(inner, zero::comm::link_model::of(20, 5)) {}
+};
+}  // namespace
+
+TEST_CASE("comm::modeled overlaps: every stage bit-identical to the reference with the link's waits moved") {
+  static_assert(zero::comm::nonblocking<zero::comm::modeled<zero::comm::threads>>);
+  const zero::optim::adamw opt;
+  const auto ref = toy::reference(2, 3, opt);
+  zero::stages::for_each([&]<class Stage>() {
+    CAPTURE(Stage::stage);
+    const auto r = toy::run<Stage, zero::optim::adamw, zero::precision::fp32, linked>(2, 3, opt, overlap(true));
+    CHECK(bit_equal(r.params, ref));
+    for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
   });
 }

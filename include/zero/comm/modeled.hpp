@@ -145,7 +145,46 @@ class modeled {
     stats_.waited_s += std::chrono::duration<double>(clock::now() - t0).count();
   }
 
+  // Nonblocking calls (comm/nonblocking.hpp): the inner backend moves the data at start, as the
+  // blocking call does; the link is booked from then, and wait() holds the caller until the booked
+  // end, so that the caller computes while the modeled transfer runs (overlap, measured on a CPU).
+  struct request {
+    clock::time_point end{};
+  };
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    return started(collective::all_reduce, count * sizeof(T), [&] { inner_->all_reduce(send, recv, count, op); });
+  }
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    return started(collective::reduce_scatter, count * sizeof(T) * static_cast<std::size_t>(size()),
+                   [&] { inner_->reduce_scatter(send, recv, count, op); });
+  }
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    return started(collective::all_gather, count * sizeof(T) * static_cast<std::size_t>(size()),
+                   [&] { inner_->all_gather(send, recv, count); });
+  }
+  void wait(request& r) {
+    const clock::time_point t0 = clock::now();
+    wait_until(r.end);
+    r.end = {};
+    stats_.blocked_s += std::chrono::duration<double>(clock::now() - t0).count();
+  }
+
  private:
+  template <class F>
+  request started(collective c, std::uint64_t buffer_bytes, F&& call) {
+    const clock::time_point t0 = clock::now();
+    const std::uint64_t bytes = bytes_of(c, buffer_bytes);
+    call();
+    stats_.calls += 1;
+    stats_.bytes += bytes;
+    request r;
+    if (link_.enabled() && size() > 1) r.end = reserve(link_.seconds(bytes, size()), clock::now());
+    stats_.blocked_s += std::chrono::duration<double>(clock::now() - t0).count();
+    return r;
+  }
   template <class F>
   void run(collective c, std::uint64_t buffer_bytes, F&& call) {
     timed(bytes_of(c, buffer_bytes), call);
