@@ -248,8 +248,10 @@ class engine {
                "gradients; end the scope first)");
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "grads of a unit already reduced in this step",
                reduce_count_text(s.reduces));
-    if (uses_bucket() && s.bucket.empty())
+    if (uses_bucket() && s.bucket.empty()) {
+      make_room(layout_.unit(u).padded * sizeof(grad_type));
       s.bucket = buffer<grad_type, system>(layout_.unit(u).padded, mem_category::transient, acct_);
+    }
     step_started_ = true;
     return grad_buffers(*this, u, s.reduce_epoch);
   }
@@ -263,8 +265,10 @@ class engine {
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
                reduce_count_text(s.reduces));
     const unit_layout& ul = layout_.unit(u);
-    if (uses_bucket() && s.bucket.empty())
+    if (uses_bucket() && s.bucket.empty()) {
+      make_room(ul.padded * sizeof(grad_type));
       s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
+    }
     const bool first = s.reduces == 0;
     ++s.reduces;
     ++s.reduce_epoch;
@@ -683,6 +687,7 @@ class engine {
     std::size_t shard_sum = 0;
     for (const auto& p : parts) shard_sum += layout_.unit(p.unit).shard;
     const auto ranks = static_cast<std::size_t>(layout_.ranks());
+    make_room(shard_sum * ranks * sizeof(grad_type));
     f.bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, acct_);
     std::size_t off = 0;
     for (auto& p : parts) {
@@ -731,6 +736,23 @@ class engine {
     }
   }
 
+  // Under memory_limit_bytes, completes reduces in flight (oldest first) and then drops prefetches
+  // until `bytes` more fit, so that overlap never needs more memory than the blocking protocol: what
+  // it holds beyond that is given back before an allocation would fail. The same decisions on every
+  // rank (their accounts are equal).
+  void make_room(std::size_t bytes) {
+    if (acct_.limit() == 0) return;
+    while (!reduces_.empty() && acct_.total() + bytes > acct_.limit()) complete_oldest_reduce();
+    if (acct_.total() + bytes > acct_.limit()) {
+      bool any = false;
+      for (auto& t : units_) any = any || t.prefetching;
+      if (any) {
+        drop_prefetches();
+        order_holds_ = false;  // dropped: gather on demand for the rest of the step
+      }
+    }
+  }
+
   const param_type* shard_of_params(const unit_layout& ul, unit_id u) const {
     return element<param_type, true>(params_, ul, layout_.owned(u, rank_).begin);
   }
@@ -751,6 +773,7 @@ class engine {
       s.prefetching = false;
       ++overlap_.prefetch_hits;
     } else {
+      make_room(ul.padded * sizeof(param_type));
       s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
       const auto l = label("gather", u);
       r = comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
