@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
 #include "zero/config.hpp"
+#include "zero/core/binned.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/core/simd_lanes.hpp"
@@ -149,6 +151,53 @@ struct cast_rule {
   template <class V, class D>
   ZERO_HD void apply(std::size_t j, D* dst, const float* src) const {
     store(dst, j, load<V>(src, j));
+  }
+};
+
+// ---- the reproducible reduction (core/binned.hpp, docs/reproducibility.md) -----------------------
+// Three planes of int64 words, one per kept bin (plane k: bin top - k), element j of each. Written for
+// binned::words == 3; the rules take the planes as separate operands so that a device loop moves
+// element j of each as it moves any other operand.
+static_assert(binned::words == 3, "the binned rules take one operand per word plane");
+
+// A gradient (widened to fp32, exactly) into its words for a sum whose top bin is `top`.
+// Arrays: g, then the three word planes.
+struct to_bins_rule {
+  int top;
+  template <class G>
+  ZERO_HD void operator()(std::size_t j, const G* g, std::int64_t* w0, std::int64_t* w1, std::int64_t* w2) const {
+    std::int64_t w[binned::words];
+    binned::to_words(static_cast<float>(g[j]), top, w);
+    w0[j] = w[0];
+    w1[j] = w[1];
+    w2[j] = w[2];
+  }
+};
+
+// A sum's words (top bin `store_top`, -1: empty) plus another's (top `in_top`), both re-expressed for
+// the larger top `to` first: exact integer additions, so the order of merges never matters.
+// Arrays: the store's three planes (read and written), the incoming three planes.
+struct merge_bins_rule {
+  int store_top, in_top, to;
+  ZERO_HD void operator()(std::size_t j, std::int64_t* s0, std::int64_t* s1, std::int64_t* s2, const std::int64_t* w0,
+                          const std::int64_t* w1, const std::int64_t* w2) const {
+    std::int64_t s[binned::words] = {s0[j], s1[j], s2[j]}, w[binned::words] = {w0[j], w1[j], w2[j]};
+    binned::realign(s, store_top, to);
+    binned::realign(w, in_top, to);
+    s0[j] = s[0] + w[0];
+    s1[j] = s[1] + w[1];
+    s2[j] = s[2] + w[2];
+  }
+};
+
+// The sum held by the words (top bin `top`), rounded once to fp32. Arrays: the fp32 gradient g, the
+// three planes.
+struct round_bins_rule {
+  int top;
+  ZERO_HD void operator()(std::size_t j, float* g, const std::int64_t* w0, const std::int64_t* w1,
+                          const std::int64_t* w2) const {
+    const std::int64_t w[binned::words] = {w0[j], w1[j], w2[j]};
+    g[j] = binned::round<float>(w, top);
   }
 };
 

@@ -68,4 +68,52 @@ inline std::uint64_t eval_comm_bytes_per_pass(int stage, std::uint64_t psi, int 
   return (psi + extra_gathered) / static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n - 1) * elem_bytes;
 }
 
+// ---- the reproducible reduction (engine_options::reproducible, docs/reproducibility.md) ----------
+// Gradients travel and accumulate as three int64 words per element (binned sums), and the sum is
+// rounded once into an fp32 gradient, so each reduced gradient element costs:
+inline constexpr std::size_t reproducible_wire_bytes = 3 * 8;  // on the wire, per element of a reduce
+// held per gradient element a rank reduces: the words of the micro-batches' sum, and its fp32 rounding
+inline constexpr std::size_t reproducible_grad_bytes = reproducible_wire_bytes + 4;
+// and each reduce first agrees on the bins: one int64 per unit and rank, all-gathered.
+inline constexpr std::size_t reproducible_summary_bytes = 8;
+
+// Model-state bytes per rank in that mode. Every stage reduces into a transient bucket (kernels never
+// write the persistent store), so the store covers what the rank updates: all of Psi in stage 0, its
+// Psi/N slice in stages 1-3 (stage 1 then holds gradients as stage 2 does), at
+// reproducible_grad_bytes (G) per element:
+//   stage 0: (p + G + K) Psi   stages 1 and 2: p Psi + (G + K) Psi/N   stage 3: (p + G + K) Psi/N
+// s.grad_bytes is not used (the gradient type only sizes the transient bucket).
+inline std::uint64_t reproducible_model_state_bytes(int stage, std::uint64_t psi, int n, state_sizes s) {
+  ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
+  s.grad_bytes = reproducible_grad_bytes;
+  return model_state_bytes(stage == 1 ? 2 : stage, psi, n, s);
+}
+
+// Bytes each rank sends per step in that mode (bus volume), with M micro-batches each reduced on its
+// own and U units: every reduce sends the unit's words (an all-reduce in stage 0, a reduce-scatter in
+// stages 1-3) after the all-gather of one summary per unit and rank, and the parameters move as in the
+// default mode (param_bytes per element):
+//   stage 0:     M (2 x 24 Psi (N-1)/N + 8 (N-1) U)
+//   stages 1-2:  M (24 Psi (N-1)/N + 8 (N-1) U) + p Psi (N-1)/N
+//   stage 3:     M (24 Psi (N-1)/N + 8 (N-1) U) + 2M p (Psi + extra_gathered) (N-1)/N
+// Fusing units into one reduce (reduce_bucket_elements) changes the calls, not the bytes.
+inline std::uint64_t reproducible_comm_bytes_per_step(int stage, std::uint64_t psi, int n, std::size_t param_bytes,
+                                                      int micro_batches, std::uint64_t units,
+                                                      std::uint64_t extra_gathered = 0) {
+  ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0, invalid_argument,
+             "formula: Psi = ", psi, " is not a multiple of N = ", n);
+  ZERO_CHECK(extra_gathered % static_cast<std::uint64_t>(n) == 0, invalid_argument,
+             "formula: the extra gathered elements ", extra_gathered, " are not a multiple of N = ", n);
+  ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
+  ZERO_CHECK(micro_batches >= 1, invalid_argument, "formula: micro_batches must be at least 1");
+  const auto m = static_cast<std::uint64_t>(micro_batches), nn = static_cast<std::uint64_t>(n);
+  const std::uint64_t part = psi / nn * (nn - 1);  // Psi (N-1)/N elements
+  const std::uint64_t grads = (stage == 0 ? 2 : 1) * part * reproducible_wire_bytes;
+  const std::uint64_t summaries = reproducible_summary_bytes * (nn - 1) * units;
+  std::uint64_t params = 0;
+  if (stage == 1 || stage == 2) params = part * param_bytes;
+  if (stage == 3) params = 2 * m * (psi + extra_gathered) / nn * (nn - 1) * param_bytes;
+  return m * (grads + summaries) + params;
+}
+
 }  // namespace zero::formula

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,6 +22,7 @@
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/partitioner.hpp"
 #include "zero/concepts/precision_policy.hpp"
+#include "zero/core/binned.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/fp.hpp"
@@ -73,19 +75,27 @@ class engine {
         rank_(comm.rank()),
         units_(spec.num_units()) {
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
+    if (options_.reproducible) check_reproducible();
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
     const std::size_t param_elems = P::shards_parameters ? shard : full;
-    const std::size_t grad_elems = P::shards_gradients ? shard : full;
+    const std::size_t grad_elems = grads_sharded() ? shard : full;
     const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
-    check_memory(model_state_plan{param_elems * sizeof(param_type),
-                                  grad_elems * (options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type)),
+    const std::size_t grad_bytes = options_.reproducible            ? formula::reproducible_grad_bytes
+                                   : options_.fp32_grad_accumulation ? sizeof(float)
+                                                                     : sizeof(grad_type);
+    check_memory(model_state_plan{param_elems * sizeof(param_type), grad_elems * grad_bytes,
                                   Prec::separate_master ? state_elems * sizeof(float) : 0,
                                   static_cast<std::size_t>(Opt::slots) * state_elems * sizeof(float)});
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
-    if (options_.fp32_grad_accumulation)
+    if (options_.reproducible) {
+      // The binned sums (three word planes per unit) and their fp32 rounding, over what this rank updates.
+      bins_ = buffer<std::int64_t, system>(binned::words * grad_elems, mem_category::grads, acct_);
       grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
-    else
+    } else if (options_.fp32_grad_accumulation) {
+      grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
+    } else {
       grads_ = buffer<grad_type, system>(grad_elems, mem_category::grads, acct_);
+    }
     if constexpr (Prec::separate_master) master_ = buffer<float, system>(state_elems, mem_category::master, acct_);
     for (int k = 0; k < Opt::slots; ++k)
       states_[k] = buffer<float, system>(state_elems, mem_category::optimizer_states, acct_);
@@ -281,6 +291,11 @@ class engine {
       if (fusing_elements_ >= options_.reduce_bucket_elements) start_fused_reduce();
       return;
     }
+    if (options_.reproducible) {
+      std::vector<fused_part> one;
+      one.push_back(fused_part{u, first, std::move(s.bucket)});
+      return start_binned_reduce(std::move(one));
+    }
     const std::size_t own = layout_.owned(u, rank_).begin;
     in_flight_reduce f;
     // Without a bucket the full gradient is persistent and reduced in place; a bucket travels with
@@ -319,12 +334,15 @@ class engine {
     order_holds_ = true;
     step_report r;
     r.loss_scale = scaler_.scale();
+    if (options_.reproducible) round_binned_sums();
     // The gradient the optimizer sees: the rank-ordered sum divided by N and by the loss scale, in
-    // one IEEE division (N x scale is exact: the scale is a power of two).
-    const float divisor = fp::mul(static_cast<float>(layout_.ranks()), scaler_.scale());
+    // one IEEE division (N x scale is exact: the scale is a power of two). Reproducible: the exact sum
+    // rounded once, divided by the global number of micro-batches N x M and the scale (N x M <= 2^24,
+    // checked at construction, so the product is exact too).
+    const float divisor = fp::mul(static_cast<float>(averaging_count()), scaler_.scale());
     float coef = 1.0f;
     if (needs_norm()) {
-      const double sq = global_sum_of_squares(divisor);
+      const double sq = options_.reproducible ? binned_global_sum_of_squares(divisor) : global_sum_of_squares(divisor);
       r.grad_norm = fp::canonical(std::sqrt(sq));  // a NaN norm reports the same bits on every system
       r.skipped = !std::isfinite(sq);
       if (!r.skipped && options_.clip_norm > 0.0f && r.grad_norm > options_.clip_norm)
@@ -343,7 +361,11 @@ class engine {
     }
     scaler_.update(r.skipped);
     with_grad_store([&](auto& store) { sys_.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
-    for (auto& s : units_) s.reduces = s.step_gathers = 0;
+    if (options_.reproducible) sys_.fill_zero(bins_.data(), bins_.size() * sizeof(std::int64_t));
+    for (auto& s : units_) {
+      s.reduces = s.step_gathers = 0;
+      s.sum = binned::summary{};
+    }
     step_started_ = false;
 
     r.step = step_;
@@ -511,15 +533,25 @@ class engine {
   }
 
   // The per-parameter sizes the paper's equations need for this engine's policies.
+  // (Reproducible: grad_bytes is the binned store's formula::reproducible_grad_bytes per element it holds.)
   formula::state_sizes state_sizes() const {
-    return {sizeof(param_type), options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type),
+    const std::size_t g = options_.reproducible            ? formula::reproducible_grad_bytes
+                          : options_.fp32_grad_accumulation ? sizeof(float)
+                                                            : sizeof(grad_type);
+    return {sizeof(param_type), g,
             (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
   }
   std::uint64_t model_state_formula_bytes() const {
+    if (options_.reproducible)
+      return formula::reproducible_model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
     return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
   }
-  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3.
+  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3
+  // (reproducible: formula::reproducible_comm_bytes_per_step).
   std::uint64_t comm_formula_bytes() const {
+    if (options_.reproducible)
+      return formula::reproducible_comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(param_type),
+                                                       reduces_per_step(), units_.size(), extra_gathered_elements());
     return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type),
                                         reduces_per_step(), extra_gathered_elements());
   }
@@ -639,6 +671,9 @@ class engine {
     // Stages 1-2: the all-gather of the unit's updated parameters, started by step().
     request parameter_gather;
     bool parameter_gather_pending = false;
+    // Reproducible: the summary of every gradient value reduced into the unit's binned sum in this
+    // step (its top bin; -1 while the sum is empty), the same on every rank.
+    binned::summary sum;
   };
 
   // A reduce(u) whose collective may still be in flight; completed in the order started, so the
@@ -652,6 +687,11 @@ class engine {
     };
     std::vector<part> parts;           // the units the bucket carries, in reduce order
     buffer<grad_type, system> bucket;  // empty (and no parts): the persistent gradient was reduced in place
+    // Reproducible: the words on the wire ([rank][unit][plane][shard], a rank's block `block` words
+    // long) instead of a bucket, and each unit's agreed summary.
+    buffer<std::int64_t, system> wire;
+    std::size_t block = 0;
+    std::vector<binned::summary> summaries;
     request pending{};
   };
   // A unit's gradient waiting in the open bucket of reduce_bucket_elements.
@@ -674,6 +714,7 @@ class engine {
     fusing_.clear();
     fusing_elements_ = 0;
     if (parts.empty()) return;
+    if (options_.reproducible) return start_binned_reduce(std::move(parts));
     in_flight_reduce f;
     if (parts.size() == 1) {
       const unit_layout& ul = layout_.unit(parts[0].unit);
@@ -707,6 +748,193 @@ class engine {
     launched(std::move(f));
   }
 
+  // ---- the reproducible reduction (engine_options::reproducible, docs/reproducibility.md) ----
+
+  // Reduces one unit, or the units of a fused bucket, exactly: the ranks agree on each unit's top bin
+  // (one all-gather of a binned::summary per unit and rank, on the protocol's counter), each rank cuts
+  // its gradients into the words of those bins, and one all-reduce (stage 0) or reduce-scatter sums
+  // the int64 words, exact in any order. The wire puts rank r's slices of every unit side by side,
+  // each as three planes of its shard ([rank][unit][plane][shard]), so each rank receives its words
+  // together. The gradient buckets are freed before the collective starts; the words are merged into
+  // the binned store when it completes (merge_binned).
+  void start_binned_reduce(std::vector<fused_part> parts) {
+    constexpr std::size_t K = binned::words;
+    const auto ranks = static_cast<std::size_t>(layout_.ranks()), me = static_cast<std::size_t>(rank_);
+    const std::size_t count = parts.size();
+    std::vector<std::int64_t> table(count * ranks);
+    for (std::size_t i = 0; i < count; ++i)
+      table[me * count + i] = sys_.binned_summary(parts[i].bucket.data(), layout_.unit(parts[i].unit).padded);
+    {
+      buffer<std::int64_t, system> wire(count * ranks, mem_category::transient, acct_);
+      sys_.copy_from_host(wire.data() + me * count, table.data() + me * count, count * sizeof(std::int64_t));
+      const auto l = label("reduce summary", parts[0].unit);
+      comm_.all_gather(wire.data() + me * count, wire.data(), count);
+      sys_.copy_to_host(table.data(), wire.data(), table.size() * sizeof(std::int64_t));
+    }
+    in_flight_reduce f;
+    std::size_t shard_sum = 0;
+    for (const auto& p : parts) shard_sum += layout_.unit(p.unit).shard;
+    f.block = K * shard_sum;
+    make_room(f.block * ranks * sizeof(std::int64_t));
+    f.wire = buffer<std::int64_t, system>(f.block * ranks, mem_category::transient, acct_);
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      fused_part& p = parts[i];
+      binned::summary agreed;
+      for (std::size_t r = 0; r < ranks; ++r) agreed = binned::merge(agreed, binned::unpack(table[r * count + i]));
+      const std::size_t shard = layout_.unit(p.unit).shard;
+      // A unit with a non-finite value sends zeros: its flag, which every rank has, skips the step.
+      if (agreed.finite() && agreed.bin >= 0)
+        for (std::size_t r = 0; r < ranks; ++r) {
+          std::int64_t* w = f.wire.data() + r * f.block + off;
+          sys_.for_each(shard, elementwise::to_bins_rule{agreed.bin}, elementwise::in(p.bucket.data() + r * shard),
+                        elementwise::out(w), elementwise::out(w + shard), elementwise::out(w + 2 * shard));
+        }
+      f.parts.push_back({p.unit, p.first, off});
+      f.summaries.push_back(agreed);
+      off += K * shard;
+      p.bucket.reset();  // converted: freed before the collective starts
+    }
+    {
+      const auto l = label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
+      if constexpr (updates_every_element<P>)
+        f.pending = comm_.start_all_reduce(f.wire.data(), f.wire.data(), f.block * ranks, reduce_op::sum);
+      else
+        f.pending = comm_.start_reduce_scatter(f.wire.data(), f.wire.data() + me * f.block, f.block, reduce_op::sum);
+    }
+    if (count > 1) ++overlap_.fused_reduces;
+    launched(std::move(f));
+  }
+
+  // Where unit u's binned words start in bins_ (three planes of what the rank updates: the shard, or in
+  // stage 0 every rank's slice, each as three planes, [rank][plane][shard]) and its fp32 rounding in
+  // grads32_.
+  std::size_t grads_base(const unit_layout& ul) const { return grads_sharded() ? ul.shard_offset : ul.offset; }
+  // Slices of a unit the rank keeps gradients of: all N in stage 0, its own elsewhere.
+  std::size_t kept_blocks() const { return updates_every_element<P> ? static_cast<std::size_t>(layout_.ranks()) : 1; }
+
+  // Adds a completed reduce's words of one unit into the unit's binned sum: both are re-expressed for
+  // the larger of their top bins (whole low words drop), then added as integers.
+  void merge_binned(const in_flight_reduce& f, const typename in_flight_reduce::part& part, binned::summary in) {
+    constexpr std::size_t K = binned::words;
+    unit_state& s = units_[part.unit.index];
+    const binned::summary before = s.sum;
+    s.sum = binned::merge(before, in);
+    if (!s.sum.finite() || in.bin < 0) return;  // nothing to add: zeros, or a step that will be skipped
+    const unit_layout& ul = layout_.unit(part.unit);
+    const elementwise::merge_bins_rule rule{before.bin, in.bin, s.sum.bin};
+    for (std::size_t b = 0; b < kept_blocks(); ++b) {
+      std::int64_t* st = bins_.data() + K * grads_base(ul) + b * K * ul.shard;
+      const std::int64_t* w = f.wire.data() + (updates_every_element<P> ? b * f.block : static_cast<std::size_t>(rank_) * f.block) + part.at;
+      sys_.for_each(ul.shard, rule, elementwise::inout(st), elementwise::inout(st + ul.shard),
+                    elementwise::inout(st + 2 * ul.shard), elementwise::in(w), elementwise::in(w + ul.shard),
+                    elementwise::in(w + 2 * ul.shard));
+    }
+  }
+
+  // At step(): each unit's binned sum rounded once into the fp32 gradient the norm and the optimizer
+  // read. A unit whose sum is empty keeps its zeros; one with a non-finite value is left alone (the
+  // norm reports it and every rank skips the update).
+  void round_binned_sums() {
+    constexpr std::size_t K = binned::words;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const binned::summary s = units_[u].sum;
+      if (!s.finite() || s.bin < 0) continue;
+      const unit_layout& ul = layout_.unit(unit_id{u});
+      for (std::size_t b = 0; b < kept_blocks(); ++b) {
+        const std::int64_t* w = bins_.data() + K * grads_base(ul) + b * K * ul.shard;
+        sys_.for_each(ul.shard, elementwise::round_bins_rule{s.bin},
+                      elementwise::out(grads32_.data() + grads_base(ul) + b * ul.shard), elementwise::in(w),
+                      elementwise::in(w + ul.shard), elementwise::in(w + 2 * ul.shard));
+      }
+    }
+  }
+
+  // The sum of squares of the averaged gradient (fp32 rounded sum / divisor, each square exact in
+  // double) over the real elements, exact before one rounding, so it does not depend on how the
+  // elements are split over ranks: the ranks agree on the squares' top bin (an all-gather of one
+  // summary per rank), sum their squares into binned words, and all-gather the words (stages 1-3, on
+  // the control counter; stage 0 holds every element and needs no collective). A non-finite gradient
+  // gives +inf (NaN where a NaN was among the values), the same on every rank.
+  double binned_global_sum_of_squares(float divisor) {
+    constexpr std::size_t K = binned::words + 1;
+    auto non_finite = [](binned::summary s) {
+      return (s.flags & binned::summary::not_a_number) ? std::numeric_limits<double>::quiet_NaN()
+                                                        : std::numeric_limits<double>::infinity();
+    };
+    binned::summary flagged;
+    for (const auto& s : units_) flagged.flags |= s.sum.flags;
+    if (!flagged.finite()) return non_finite(flagged);
+    std::vector<const float*> segments;
+    std::vector<std::size_t> sizes;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const unit_layout& ul = layout_.unit(unit_id{u});
+      const range o = P::shards_optimizer_states ? layout_.owned_real(unit_id{u}, rank_) : range{0, ul.numel};
+      if (o.empty()) continue;
+      segments.push_back(grads32_.data() + element_index(ul, o.begin, grads_sharded(), rank_));
+      sizes.push_back(o.size());
+    }
+    binned::summary s = binned::unpack(sys_.binned_square_summary(segments.data(), sizes.data(), segments.size(), divisor));
+    if constexpr (P::shards_optimizer_states) {
+      const std::int64_t mine = binned::pack(s);
+      for (std::int64_t v : all_gather_control(&mine, 1)) s = binned::merge(s, binned::unpack(v));
+    }
+    if (!s.finite()) return non_finite(s);
+    if (s.bin < 0) return 0.0;
+    const int top = s.bin + 1;  // one bin above every square's: it takes the carries
+    std::int64_t w[K] = {};
+    sys_.binned_sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor, top, w);
+    if constexpr (P::shards_optimizer_states) {
+      const std::vector<std::int64_t> all = all_gather_control(w, K);
+      for (std::size_t k = 0; k < K; ++k) w[k] = 0;
+      for (std::size_t r = 0; r < all.size() / K; ++r)
+        for (std::size_t k = 0; k < K; ++k) w[k] += all[r * K + k];
+    }
+    return binned::round<double>(w, top);
+  }
+  // Every rank's `n` values, in rank order, through the system's memory (a device backend cannot read
+  // host memory in a collective), on the control counter.
+  std::vector<std::int64_t> all_gather_control(const std::int64_t* mine, std::size_t n) {
+    const auto ranks = static_cast<std::size_t>(layout_.ranks()), me = static_cast<std::size_t>(rank_);
+    std::vector<std::int64_t> all(n * ranks);
+    buffer<std::int64_t, system> wire(n * ranks, mem_category::transient, acct_);
+    sys_.copy_from_host(wire.data() + me * n, mine, n * sizeof(std::int64_t));
+    const comm::scoped_label<Comm> l(comm_.inner(), "grad norm");
+    control_comm_.all_gather(wire.data() + me * n, wire.data(), n);
+    sys_.copy_to_host(all.data(), wire.data(), all.size() * sizeof(std::int64_t));
+    return all;
+  }
+
+  // The number of micro-batch gradients the step averages: N, or in the reproducible mode the global
+  // number of micro-batches N x M (the trainer does not divide by M there).
+  std::size_t averaging_count() const {
+    const auto n = static_cast<std::size_t>(layout_.ranks());
+    return options_.reproducible ? n * static_cast<std::size_t>(reduces_per_step()) : n;
+  }
+  // Whether the persistent gradient store holds only this rank's slices: where gradients are sharded,
+  // and in the reproducible mode wherever the optimizer states are (kernels never write the store there).
+  bool grads_sharded() const { return options_.reproducible ? P::shards_optimizer_states : P::shards_gradients; }
+
+  // The constructor's checks of the reproducible mode that need the world size or the system.
+  void check_reproducible() const {
+    static_assert(formula::reproducible_wire_bytes == binned::words * sizeof(std::int64_t),
+                  "formula::reproducible_wire_bytes counts the binned words");
+    constexpr bool has_binned = requires(const system& y, const grad_type* g, const float* const* f, const std::size_t* n,
+                                         std::int64_t* w) {
+      { y.binned_summary(g, n[0]) } -> std::same_as<std::int64_t>;
+      { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
+      y.binned_sum_of_squares(f, n, n[0], 1.0f, 0, w);
+    };
+    ZERO_CHECK(has_binned, invalid_argument, "rank ", rank_,
+               ": engine_options::reproducible needs the binned reductions of the system (binned_summary, "
+               "binned_square_summary, binned_sum_of_squares; sys::host has them, the device system not yet): "
+               "run the reproducible mode on a host backend (comm::threads, comm::mpi), or turn it off");
+    const std::size_t total = static_cast<std::size_t>(layout_.ranks()) * static_cast<std::size_t>(reduces_per_step());
+    ZERO_CHECK(total <= (std::size_t{1} << 24), invalid_argument, "rank ", rank_,
+               ": engine_options::reproducible averages over N x micro_batches = ", layout_.ranks(), " x ",
+               reduces_per_step(), " = ", total, " micro-batches, more than 2^24 (the divisor must be exact in fp32)");
+  }
+
   // Files a started reduce, completing the oldest while more than reduces_in_flight are pending.
   void launched(in_flight_reduce f) {
     reduces_.push_back(std::move(f));
@@ -728,6 +956,10 @@ class engine {
     in_flight_reduce f = std::move(reduces_.front());
     reduces_.pop_front();
     comm_.wait(f.pending);
+    if (options_.reproducible) {
+      for (std::size_t i = 0; i < f.parts.size(); ++i) merge_binned(f, f.parts[i], f.summaries[i]);
+      return;
+    }
     for (const auto& part : f.parts) {
       const unit_layout& ul = layout_.unit(part.unit);
       const std::size_t from = updates_every_element<P> ? 0 : layout_.owned(part.unit, rank_).begin;
@@ -925,6 +1157,12 @@ class engine {
     ZERO_CHECK(!o.fp32_grad_accumulation || P::shards_gradients, invalid_argument, "rank ", rank,
                ": fp32_grad_accumulation applies to the gradient shard of stages 2 and 3; stage ", P::stage,
                " keeps full gradients in the precision's gradient type");
+    ZERO_CHECK(!o.reproducible || o.accumulate == accumulation::reduce_each_micro_batch, invalid_argument, "rank ",
+               rank, ": engine_options::reproducible sums every micro-batch's gradient exactly, so each must be "
+               "reduced on its own: local_then_reduce would add them in fp32 first (use reduce_each_micro_batch)");
+    ZERO_CHECK(!o.reproducible || !o.fp32_grad_accumulation, invalid_argument, "rank ", rank,
+               ": engine_options::reproducible already keeps the gradient sum exact and rounds it once to fp32; "
+               "fp32_grad_accumulation does not apply (turn it off)");
     with_rank(rank, [&] {
       detail::require_non_negative("engine_options", "clip_norm", o.clip_norm);
       // Checked whether or not the precision scales the loss: a bad value is a mistake either way.
@@ -956,20 +1194,22 @@ class engine {
   }
   // Whether kernels write a transient bucket per micro-batch instead of the persistent gradient:
   // always when gradients are sharded, and when several reduced micro-batches must be added up.
-  bool uses_bucket() const { return P::shards_gradients || reduces_per_step() > 1; }
+  // Always in the reproducible mode: a micro-batch's gradient is converted into words before it is reduced.
+  bool uses_bucket() const { return options_.reproducible || P::shards_gradients || reduces_per_step() > 1; }
+  // The reproducible mode always computes it: it is the overflow check of an exact sum.
   bool needs_norm() const {
-    return Prec::separate_master || options_.clip_norm > 0.0f || options_.compute_grad_norm;
+    return Prec::separate_master || options_.clip_norm > 0.0f || options_.compute_grad_norm || options_.reproducible;
   }
 
   // Calls f with the buffer that holds the reduced gradients: fp32 or the precision's type.
   template <class F>
   void with_grad_store(F f) {
-    if (options_.fp32_grad_accumulation) f(grads32_);
+    if (options_.fp32_grad_accumulation || options_.reproducible) f(grads32_);
     else f(grads_);
   }
   template <class F>
   void with_grad_store(F f) const {
-    if (options_.fp32_grad_accumulation) f(grads32_);
+    if (options_.fp32_grad_accumulation || options_.reproducible) f(grads32_);
     else f(grads_);
   }
 
@@ -1072,7 +1312,7 @@ class engine {
     for (int k = 0; k < Opt::slots; ++k) st[k] = element<float, os>(states_[k], ul, r.begin);
     with_grad_store([&](const auto& store) {
       using T = std::remove_pointer_t<decltype(store.data())>;
-      const T* g = element<T, P::shards_gradients>(store, ul, r.begin);
+      const T* g = store.data() + element_index(ul, r.begin, grads_sharded(), rank_);
       elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
     });
   }
@@ -1207,6 +1447,11 @@ class engine {
     std::array<std::uint64_t, 4> stage_bytes{};
     for (int s = 0; s < 4; ++s) {
       formula::state_sizes z = state_sizes();
+      if (options_.reproducible) {
+        stage_bytes[static_cast<std::size_t>(s)] =
+            formula::reproducible_model_state_bytes(s, layout_.padded(), layout_.ranks(), z);
+        continue;
+      }
       if (s < 2) z.grad_bytes = sizeof(grad_type);  // fp32 gradient accumulation exists in stages 2-3 only
       stage_bytes[static_cast<std::size_t>(s)] = formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z);
     }
@@ -1227,7 +1472,8 @@ class engine {
   int rank_;
   buffer<param_type, system> params_;
   buffer<grad_type, system> grads_;
-  buffer<float, system> grads32_;  // instead of grads_ under fp32_grad_accumulation
+  buffer<float, system> grads32_;  // instead of grads_ under fp32_grad_accumulation and reproducible
+  buffer<std::int64_t, system> bins_;  // reproducible: the binned sums (binned::words planes per unit)
   buffer<float, system> master_;
   buffer<float, system> states_[Opt::slots > 0 ? Opt::slots : 1];
   std::vector<unit_state> units_;

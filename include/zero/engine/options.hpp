@@ -59,6 +59,16 @@ struct engine_options {
   // the bucket starts when full or at step()). Independent of `overlap`; the same bits. 0: every
   // unit is reduced on its own.
   std::size_t reduce_bucket_elements = 0;
+
+  // The same bits at any world size (docs/reproducibility.md): gradients are reduced as exact binned
+  // integer sums (three int64 words per element, core/binned.hpp) and rounded once to fp32 at step(),
+  // and the gradient norm is exact before one rounding, so a fixed global batch of fixed-size
+  // micro-batches trains to identical parameters whatever N and the micro-batches per rank M, in every
+  // stage. The step averages over the N x M micro-batches (the kernels must not divide by M), the norm is
+  // always computed (a non-finite gradient skips the step), and every micro-batch is reduced on its own.
+  // Costs 24 bytes per gradient element on the wire and 28 per element the rank updates
+  // (formula::reproducible_*). Host systems only for now.
+  bool reproducible = false;
 };
 
 }  // namespace zero

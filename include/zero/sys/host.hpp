@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
+#include "zero/core/binned.hpp"
 #include "zero/core/elementwise.hpp"
+#include "zero/core/fp.hpp"
 #include "zero/sys/host_loop.hpp"
 
 namespace zero::sys {
@@ -64,6 +67,61 @@ struct host {
     double acc = 0.0;
     for (std::size_t k = 0; k < count; ++k) acc += sum_of_squares(segments[k], sizes[k], divisor);
     return acc;
+  }
+
+  // ---- the reproducible reduction's reductions (core/binned.hpp; a system without them cannot run
+  // engine_options::reproducible) ----
+
+  // The binned::summary (largest bin, non-finite flags) of n gradient values widened to fp32, packed.
+  template <class G>
+  static std::int64_t binned_summary(const G* g, std::size_t n) {
+    // The largest magnitude of the finite values is the largest of their bit patterns without the sign.
+    std::uint32_t largest = 0;
+    unsigned flags = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::uint32_t a = __builtin_bit_cast(std::uint32_t, static_cast<float>(g[j])) & 0x7fffffffu;
+      if (a >= 0x7f800000u) flags |= a > 0x7f800000u ? binned::summary::not_a_number : binned::summary::infinite;
+      else if (a > largest) largest = a;
+    }
+    binned::summary s = binned::summary_of(__builtin_bit_cast(float, largest));
+    s.flags |= flags;
+    return binned::pack(s);
+  }
+  // The summary of the squares (in double, exact) of g[j] / divisor (an fp32 division, the gradient the
+  // optimizer sees) over several segments, packed.
+  template <class G>
+  static std::int64_t binned_square_summary(const G* const* segments, const std::size_t* sizes, std::size_t count,
+                                            float divisor) {
+    binned::summary s;
+    for (std::size_t k = 0; k < count; ++k)
+      for (std::size_t j = 0; j < sizes[k]; ++j) {
+        const double y = fp::div(static_cast<float>(segments[k][j]), divisor);
+        s = binned::merge(s, binned::summary_of(y * y));
+      }
+    return binned::pack(s);
+  }
+  // The same squares, every one finite, summed into binned::words + 1 words whose top bin is `top`
+  // (one above the largest square's: it takes the carries), carried so that all words but the top are
+  // below 2^32. Adds the words to words[0..binned::words].
+  template <class G>
+  static void binned_sum_of_squares(const G* const* segments, const std::size_t* sizes, std::size_t count,
+                                    float divisor, int top, std::int64_t* words) {
+    constexpr int K = binned::words + 1;
+    std::int64_t acc[K] = {};
+    std::uint64_t since_carry = 0;
+    for (std::size_t k = 0; k < count; ++k)
+      for (std::size_t j = 0; j < sizes[k]; ++j) {
+        const double y = fp::div(static_cast<float>(segments[k][j]), divisor);
+        std::int64_t w[K];
+        binned::to_words(y * y, top, w);
+        for (int i = 0; i < K; ++i) acc[i] += w[i];
+        if (++since_carry == binned::max_terms / 2) {  // before any word could overflow
+          binned::carry(acc);
+          since_carry = 0;
+        }
+      }
+    binned::carry(acc);
+    for (int i = 0; i < K; ++i) words[i] += acc[i];
   }
 };
 
