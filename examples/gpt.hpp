@@ -321,7 +321,8 @@ inline void training_batch(const config& c, const corpus& data, std::uint64_t st
 // One training step of this rank on its share of the global batch, in `micro_batches` equal parts:
 // forward, the loss, backward; then the engine's step. The loss gradient is the mean over this
 // rank's tokens, times the loss scale (fp16), divided by the micro-batches: the engine sums over
-// ranks and divides by N and by the loss scale in step().
+// ranks and divides by N and by the loss scale in step(). In the reproducible mode the engine divides
+// by all N x M micro-batches itself, so a micro-batch's gradient does not depend on M.
 template <class Engine>
 step_result train_step(Engine& e, const config& c, const corpus& data, std::uint64_t step, int rank, int ranks,
                        int micro_batches) {
@@ -333,7 +334,8 @@ step_result train_step(Engine& e, const config& c, const corpus& data, std::uint
   for (int m = 0; m < micro_batches; ++m) {
     training_batch(c, data, step, (rank * micro_batches + m) * rows, rows, a);
     forward(c, gathered(e), a);
-    const float grad_scale = e.loss_scale() / static_cast<float>(R) / static_cast<float>(micro_batches);
+    const float per_step = e.options().reproducible ? 1.0f : static_cast<float>(micro_batches);
+    const float grad_scale = e.loss_scale() / static_cast<float>(R) / per_step;
     int correct = 0;
     const double loss_sum =
         kernels::cross_entropy(a.logits.data(), a.targets.data(), dlogits.data(), grad_scale, R, c.vocab, correct);

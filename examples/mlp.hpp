@@ -229,7 +229,9 @@ struct step_result {
 // micro-batches: for each, forward (gather, compute, release) and backward in reverse unit order
 // (gather, grads, reduce, release); then the engine's step. The loss of a micro-batch is scaled by
 // the engine's loss scale and divided by the number of micro-batches, so the accumulated gradient
-// is that of the mean loss over the rank's rows.
+// is that of the mean loss over the rank's rows. In the reproducible mode it is not divided (the
+// engine averages over every rank's micro-batches), so each micro-batch's gradient is the same values
+// whatever the world size.
 template <class Engine>
 step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank, int ranks, int micro_batches = 1,
                        const step_options& so = {}) {
@@ -272,7 +274,8 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
     res.loss += softmax_xent(acts.back().data(), full.y.data() + first, dout.data(), rows, c.classes, correct) /
                 micro_batches;
     res.correct += correct;
-    const float factor = e.loss_scale() / static_cast<float>(micro_batches);
+    const float factor =
+        e.options().reproducible ? e.loss_scale() : e.loss_scale() / static_cast<float>(micro_batches);
     for (auto& d : dout) d *= factor;
     for (int l = c.layers - 1; l >= 0; --l) {
       const zero::unit_id u{static_cast<std::size_t>(l)};

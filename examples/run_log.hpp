@@ -82,6 +82,7 @@ class run_log {
         {"precision", o.precision},
         {"optimizer", o.optimizer},
         {"accum", o.accum},
+        {"reproducible", o.reproducible},
         {"clip", o.clip},
         {"first_step", first_step},
         {"steps", o.steps},

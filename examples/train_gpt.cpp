@@ -335,7 +335,6 @@ int main(int argc, char** argv) {
     return usage_error("--embd " + std::to_string(g.model.embd) + " must be a multiple of --heads " +
                        std::to_string(g.model.heads));
   if (g.prompt.empty()) return usage_error("--prompt must not be empty");
-  const std::string batch_rule = "the global batch " + std::to_string(g.model.batch) + " must be a multiple of ";
 
   if (g.data.empty()) {
     std::string tried;
@@ -369,9 +368,8 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend mpi the ranks are the processes mpirun starts; drop --ranks)";
-    else if (g.model.batch % (world * o.accum) != 0)
-      problem = batch_rule + "the number of MPI processes " + std::to_string(world) + " times --accum " +
-                std::to_string(o.accum);
+    else
+      problem = trainer::split_batch(o, g.model.batch, world, "the number of MPI processes " + std::to_string(world));
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     zero::comm::mpi_options mpi_opt;
@@ -382,9 +380,9 @@ int main(int argc, char** argv) {
     return usage_error("--backend mpi: this train_gpt was built without MPI (configure with -Dmpi=enabled)");
 #endif
   } else {
-    if (g.model.batch % (o.ranks * o.accum) != 0)
-      return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " +
-                         std::to_string(o.accum));
+    if (const std::string problem = trainer::split_batch(o, g.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
+        !problem.empty())
+      return usage_error(problem);
     try {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;

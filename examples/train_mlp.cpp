@@ -245,7 +245,6 @@ int main(int argc, char** argv) {
     return usage_error("--comm-timeout " + std::to_string(o.comm_timeout) +
                        ": the timeout must be a number of seconds in [0.001, 604800]");
   const auto comm_timeout = std::chrono::milliseconds(std::llround(o.comm_timeout * 1000.0));
-  const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
   if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
 
   summary s;
@@ -262,9 +261,8 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend mpi the ranks are the processes mpirun starts; drop --ranks)";
-    else if (o.model.batch % (world * o.accum) != 0)
-      problem = batch_rule + "the number of MPI processes " + std::to_string(world) + " times --accum " +
-                std::to_string(o.accum);
+    else
+      problem = trainer::split_batch(o, o.model.batch, world, "the number of MPI processes " + std::to_string(world));
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
@@ -276,9 +274,9 @@ int main(int argc, char** argv) {
     return usage_error("--backend mpi: this train_mlp was built without MPI (configure with -Dmpi=enabled)");
 #endif
   } else {
-    if (o.model.batch % (o.ranks * o.accum) != 0)
-      return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " +
-                         std::to_string(o.accum));
+    if (const std::string problem = trainer::split_batch(o, o.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
+        !problem.empty())
+      return usage_error(problem);
     try {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;

@@ -573,7 +573,6 @@ int main(int argc, char** argv) {
                "(GEMMs + optimizer bytes at copy speed)");
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
-  const std::string batch_rule = "the global batch " + std::to_string(o.model.batch) + " must be a multiple of ";
   if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
 
   summary s;
@@ -585,9 +584,8 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend nccl the ranks are the processes mpirun starts; drop --ranks)";
-    else if (o.model.batch % (world * o.accum) != 0)
-      problem = batch_rule + "the number of MPI processes " + std::to_string(world) + " times --accum " +
-                std::to_string(o.accum);
+    else
+      problem = trainer::split_batch(o, o.model.batch, world, "the number of MPI processes " + std::to_string(world));
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     try {
@@ -603,8 +601,9 @@ int main(int argc, char** argv) {
     return usage_error("--backend nccl: this train_mlp_cuda was built without MPI or NCCL");
 #endif
   } else {
-    if (o.model.batch % (o.ranks * o.accum) != 0)
-      return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " + std::to_string(o.accum));
+    if (const std::string problem = trainer::split_batch(o, o.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
+        !problem.empty())
+      return usage_error(problem);
     try {
       zero::comm::cuda_threads::launch(o.ranks, [&](zero::comm::cuda_threads& comm) {
         summary local;

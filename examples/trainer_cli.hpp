@@ -38,6 +38,8 @@ struct options {
   std::string precision = "fp32";
   float clip = 0.0f;  // 0: no clipping
   int accum = 1;      // micro-batches per step, each reduced on its own
+  int micro_batch = 0;  // --micro-batch: rows per micro-batch (then accum = batch / (ranks x micro_batch)); 0: --accum
+  bool reproducible = false;  // engine_options::reproducible (needs --micro-batch)
   std::string save, resume, export_file;
   int save_every = 0;  // 0: save only at the end
   double comm_timeout = 300;  // seconds a rank waits in a collective before the run fails
@@ -250,9 +252,19 @@ inline void add_common_flags(CLI::App& app, options& o) {
          "clip the global gradient norm to this value (0: off), finite and >= 0")
       ->type_name("FLOAT")
       ->default_str("0");
-  app.add_option("--accum", o.accum, "micro-batches per step, each reduced on its own")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+  auto* accum_flag = app.add_option("--accum", o.accum, "micro-batches per step, each reduced on its own")
+                        ->check(CLI::Range(1, 1 << 20))
+                        ->capture_default_str();
+  auto* micro_flag =
+      app.add_option("--micro-batch", o.micro_batch,
+                     "rows per micro-batch, fixed: with the global --batch and the ranks N it gives the micro-batches "
+                     "per rank, batch / (N x K), which must divide evenly (instead of --accum)")
+          ->check(CLI::Range(1, 1 << 24))
+          ->excludes(accum_flag);
+  app.add_flag("--reproducible", o.reproducible,
+               "the same bits at any world size: gradients reduced as exact binned sums, rounded once "
+               "(docs/reproducibility.md); param_hash is the same for every N that divides the work")
+      ->needs(micro_flag);
   auto* save_flag = app.add_option("--save", o.save, "save a checkpoint into this directory at the end")
                         ->check(checked_target(save_target_problem, "save target"));
   app.add_option("--save-every", o.save_every, "also save every K steps (needs --save)")
@@ -269,6 +281,21 @@ inline void add_common_flags(CLI::App& app, options& o) {
   app.add_option("--log", o.log, "write one JSON line per step into this file (tools/plot_run.py draws it)")
       ->check(checked_target(log_target_problem, "log file"));
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
+}
+
+// Sets the micro-batches per rank (o.accum) for `ranks` ranks: batch / (ranks x --micro-batch) when
+// that flag is given, else --accum as given. Returns "" when the global batch splits evenly, else the
+// problem; `ranks_text` names the ranks ("--ranks 4", "the number of MPI processes 4").
+inline std::string split_batch(options& o, int batch, int ranks, const std::string& ranks_text) {
+  const std::string rule = "the global batch " + std::to_string(batch) + " must be a multiple of " + ranks_text;
+  if (o.micro_batch > 0) {
+    if (batch % (ranks * o.micro_batch) != 0)
+      return rule + " times --micro-batch " + std::to_string(o.micro_batch);
+    o.accum = batch / (ranks * o.micro_batch);
+    return "";
+  }
+  if (batch % (ranks * o.accum) != 0) return rule + " times --accum " + std::to_string(o.accum);
+  return "";
 }
 
 // Exit code of a usage error: the message, a blank line, the usage.
@@ -297,6 +324,7 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.micro_batches = o.accum;
   eo.memory_limit_bytes = o.memory_limit;
   eo.overlap = o.overlap != "off";
+  eo.reproducible = o.reproducible;
   return eo;
 }
 
@@ -329,9 +357,9 @@ inline std::string hex(std::uint64_t v) {
 }
 
 inline void print_summary(const options& o, const summary& s) {
-  std::printf("\nZeRO stage %d, %d ranks (%s%s%s), %s, %s, steps %llu-%llu in %.2f s\n", o.stage, o.ranks,
+  std::printf("\nZeRO stage %d, %d ranks (%s%s%s), %s, %s%s, steps %llu-%llu in %.2f s\n", o.stage, o.ranks,
               o.backend.c_str(), s.device.empty() ? "" : " on ", s.device.c_str(), o.precision.c_str(),
-              o.optimizer.c_str(), static_cast<unsigned long long>(s.first_step + 1),
+              o.optimizer.c_str(), o.reproducible ? ", reproducible" : "", static_cast<unsigned long long>(s.first_step + 1),
               static_cast<unsigned long long>(s.last_step), s.seconds);
   std::printf("  loss %.4f -> %.4f, accuracy %.1f%% on the last batch\n", s.loss_first, s.loss_last,
               100.0 * s.accuracy_last);
@@ -372,6 +400,7 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
       {"precision", o.precision},
       {"clip", o.clip},
       {"accum", o.accum},
+      {"reproducible", o.reproducible},
       {"first_step", s.first_step},
       {"last_step", s.last_step},
       {"overflow_steps", s.overflow_steps},

@@ -34,6 +34,17 @@ got=$("$mpirun" --oversubscribe -np $np "$exe" --backend mpi --stage 3 "${steps[
 echo "stage 3 over a modeled link: mpi $got"
 [ -n "$got" ] && [ "$got" = "$last_want" ] || fail "modeled link: param_hash '$got', threads without it '$last_want'"
 
+# --reproducible --micro-batch 4: the 64 rows of a step at N = 2 and 4 MPI processes give the bits of
+# one thread rank (bf16, clipped).
+repro=(--reproducible --micro-batch 4 --clip 0.5 --precision bf16 "${steps[@]}" --json)
+want=$("$exe" --backend threads --ranks 1 --stage 0 "${repro[@]}" 2>/dev/null | tail -n1 | hash_of)
+for spec in "2 2" "4 3"; do
+  set -- $spec
+  got=$("$mpirun" --oversubscribe -np $1 "$exe" --backend mpi --stage $2 "${repro[@]}" 2>/dev/null | tail -n1 | hash_of)
+  echo "reproducible: mpi -np $1 stage $2 $got, threads N=1 $want"
+  [ -n "$want" ] && [ "$got" = "$want" ] || fail "reproducible -np $1 stage $2: param_hash '$got', N=1 '$want'"
+done
+
 # A --ranks equal to the communicator's size is accepted; a different one is refused.
 "$mpirun" --oversubscribe -np $np "$exe" --backend mpi --ranks $np --steps 1 >/dev/null 2>&1 ||
   fail "--ranks $np under -np $np was refused"
