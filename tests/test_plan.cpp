@@ -115,11 +115,16 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(p.peak_bytes == m.peak_total);
   check_stats(p.step_comm, m.last_step);
   check_stats(p.control_comm, m.control, steps);
-  // The bytes per step are the paper's formula's.
-  CHECK(p.step_bytes_sent() ==
-        zero::formula::comm_bytes_per_step(
-            Stage::stage, p.padded, n, sizeof(typename Prec::comm_type),
-            options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1));
+  // The bytes per step are the paper's formula's (the reproducible mode's, formula::reproducible_*).
+  if (options.reproducible)
+    CHECK(p.step_bytes_sent() ==
+          zero::formula::reproducible_comm_bytes_per_step(Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
+                                                          options.micro_batches, s.num_units()));
+  else
+    CHECK(p.step_bytes_sent() ==
+          zero::formula::comm_bytes_per_step(
+              Stage::stage, p.padded, n, sizeof(typename Prec::comm_type),
+              options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1));
 
   // fits() is exact: a budget of peak_bytes trains, one byte less is refused as out of memory.
   zero::engine_options tight = options;
@@ -140,6 +145,12 @@ void check_all_options(int n) {
   o = {};
   o.clip_norm = 1.0f;
   check_plan<Stage, Opt, Prec>(n, o, "clipping (a norm in every precision)");
+  if constexpr (std::is_same_v<Opt, zero::optim::adamw>) {
+    o = {};
+    o.reproducible = true;
+    o.micro_batches = 2;
+    check_plan<Stage, Opt, Prec>(n, o, "reproducible, 2 micro-batches");
+  }
   o = {};
   if constexpr (Stage::shards_gradients) {
     o.fp32_grad_accumulation = true;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -48,15 +49,17 @@ namespace detail {
 template <class T>
 inline constexpr bool nccl_type_supported =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-    std::is_same_v<T, int>;
+    std::is_same_v<T, int> || std::is_same_v<T, std::int64_t>;
 
 template <class T>
 constexpr ncclDataType_t nccl_type() {
-  static_assert(nccl_type_supported<T>, "comm::nccl collectives take float, double, zero::bf16 and zero::fp16");
+  static_assert(nccl_type_supported<T>,
+                "comm::nccl collectives take float, double, zero::bf16, zero::fp16, int and std::int64_t");
   if constexpr (std::is_same_v<T, float>) return ncclFloat32;
   else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
   else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;  // bit-compatible with __nv_bfloat16
   else if constexpr (std::is_same_v<T, fp16>) return ncclFloat16;   // bit-compatible with __half
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;  // binned sums: exact in any order
   else return ncclInt32;
 }
 

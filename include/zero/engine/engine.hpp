@@ -763,7 +763,7 @@ class engine {
     const std::size_t count = parts.size();
     std::vector<std::int64_t> table(count * ranks);
     for (std::size_t i = 0; i < count; ++i)
-      table[me * count + i] = sys_.binned_summary(parts[i].bucket.data(), layout_.unit(parts[i].unit).padded);
+      table[me * count + i] = binned_summary(parts[i].bucket.data(), layout_.unit(parts[i].unit).padded);
     {
       buffer<std::int64_t, system> wire(count * ranks, mem_category::transient, acct_);
       sys_.copy_from_host(wire.data() + me * count, table.data() + me * count, count * sizeof(std::int64_t));
@@ -874,7 +874,7 @@ class engine {
       segments.push_back(grads32_.data() + element_index(ul, o.begin, grads_sharded(), rank_));
       sizes.push_back(o.size());
     }
-    binned::summary s = binned::unpack(sys_.binned_square_summary(segments.data(), sizes.data(), segments.size(), divisor));
+    binned::summary s = binned::unpack(binned_square_summary(segments, sizes, divisor));
     if constexpr (P::shards_optimizer_states) {
       const std::int64_t mine = binned::pack(s);
       for (std::int64_t v : all_gather_control(&mine, 1)) s = binned::merge(s, binned::unpack(v));
@@ -883,7 +883,7 @@ class engine {
     if (s.bin < 0) return 0.0;
     const int top = s.bin + 1;  // one bin above every square's: it takes the carries
     std::int64_t w[K] = {};
-    sys_.binned_sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor, top, w);
+    binned_sum_of_squares(segments, sizes, divisor, top, w);
     if constexpr (P::shards_optimizer_states) {
       const std::vector<std::int64_t> all = all_gather_control(w, K);
       for (std::size_t k = 0; k < K; ++k) w[k] = 0;
@@ -915,17 +915,35 @@ class engine {
   // and in the reproducible mode wherever the optimizer states are (kernels never write the store there).
   bool grads_sharded() const { return options_.reproducible ? P::shards_optimizer_states : P::shards_gradients; }
 
+  // Whether the system has the reductions of the reproducible mode (sys::host; not sys::cuda yet). The
+  // mode is refused at construction without them, so the calls below are never reached there; they
+  // go through these wrappers so that the engine still compiles for such a system.
+  static constexpr bool binned_system = requires(const system& y, const grad_type* g, const float* const* f,
+                                                 const std::size_t* n, std::int64_t* w) {
+    { y.binned_summary(g, n[0]) } -> std::same_as<std::int64_t>;
+    { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
+    y.binned_sum_of_squares(f, n, n[0], 1.0f, 0, w);
+  };
+  std::int64_t binned_summary(const grad_type* g, std::size_t n) const {
+    if constexpr (binned_system) return sys_.binned_summary(g, n);
+    else fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
+  }
+  std::int64_t binned_square_summary(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
+                                     float divisor) const {
+    if constexpr (binned_system) return sys_.binned_square_summary(segments.data(), sizes.data(), segments.size(), divisor);
+    else fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
+  }
+  void binned_sum_of_squares(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
+                             float divisor, int top, std::int64_t* words) const {
+    if constexpr (binned_system) sys_.binned_sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor, top, words);
+    else fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
+  }
+
   // The constructor's checks of the reproducible mode that need the world size or the system.
   void check_reproducible() const {
     static_assert(formula::reproducible_wire_bytes == binned::words * sizeof(std::int64_t),
                   "formula::reproducible_wire_bytes counts the binned words");
-    constexpr bool has_binned = requires(const system& y, const grad_type* g, const float* const* f, const std::size_t* n,
-                                         std::int64_t* w) {
-      { y.binned_summary(g, n[0]) } -> std::same_as<std::int64_t>;
-      { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
-      y.binned_sum_of_squares(f, n, n[0], 1.0f, 0, w);
-    };
-    ZERO_CHECK(has_binned, invalid_argument, "rank ", rank_,
+    ZERO_CHECK(binned_system, invalid_argument, "rank ", rank_,
                ": engine_options::reproducible needs the binned reductions of the system (binned_summary, "
                "binned_square_summary, binned_sum_of_squares; sys::host has them, the device system not yet): "
                "run the reproducible mode on a host backend (comm::threads, comm::mpi), or turn it off");

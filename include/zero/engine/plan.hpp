@@ -52,6 +52,7 @@ struct unit_plan {
   int gathers = 1;                               // unit_spec::gathers: times gathered per pass
   std::uint64_t gathered_bytes = 0;              // stage 3: gather(u)'s all-gathered parameters, padded
   std::uint64_t bucket_bytes = 0;                // grads(u)'s transient bucket, padded, where one is used
+  std::uint64_t wire_bytes = 0;                  // reproducible: reduce(u)'s binned words, 24 per padded element
   std::uint64_t consolidation_bytes = 0;         // full_params(u) in stages 1-3: the unit's padded fp32 gather
 };
 
@@ -76,8 +77,10 @@ struct plan_report {
   std::uint64_t bucket_bytes = 0;    // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
   std::uint64_t shared_bucket_bytes = 0;  // the buckets of the shared units, held through the backward pass
   std::uint64_t gathered_bytes = 0;  // the largest unit gathered (stage 3)
-  std::uint64_t norm_bytes =
-      0;  // step()'s one-double all-reduce buffer of the norm (stages 1-3, when a norm is computed)
+  std::uint64_t wire_bytes = 0;      // reproducible: the largest unit's binned words, beside its bucket in reduce(u)
+  // step()'s buffer of the norm's collective (stages 1-3, when a norm is computed): one double, or in the
+  // reproducible mode the all-gathered words of every rank (8 x 4 x N bytes)
+  std::uint64_t norm_bytes = 0;
   std::uint64_t step_transient_peak = 0;   // = memory().peak_bytes(transient) after steps of the loop above
   std::uint64_t peak_bytes = 0;            // model states + step_transient_peak: = memory().peak_total
   std::uint64_t consolidation_bytes = 0;   // full_params() in stages 1-3: the largest unit in fp32
@@ -124,6 +127,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
              "plan: local_then_reduce accumulation needs full gradients; stage ", stage, " shards them");
   ZERO_CHECK(!options.fp32_grad_accumulation || shards_grads, invalid_argument,
              "plan: fp32_grad_accumulation applies to stages 2 and 3, not stage ", stage);
+  const bool repro = options.reproducible;
+  ZERO_CHECK(!repro || (options.accumulate == accumulation::reduce_each_micro_batch && !options.fp32_grad_accumulation),
+             invalid_argument, "plan: reproducible reduces every micro-batch on its own, without fp32_grad_accumulation");
+  ZERO_CHECK(!repro || static_cast<std::uint64_t>(ranks) * static_cast<std::uint64_t>(options.micro_batches) <= (1u << 24),
+             invalid_argument, "plan: reproducible averages over N x micro_batches, at most 2^24");
 
   // The layout alone decides how units split, the same for every stage, so one layout serves them all.
   const layout l = layout::make(spec, ranks);
@@ -135,17 +143,21 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
 
   const std::uint64_t full = l.padded(), shard = l.shard_total();
   const std::uint64_t state_elems = shards_states ? shard : full;
-  const std::size_t stored_grad_bytes = options.fp32_grad_accumulation ? sizeof(float) : precision.grad_bytes;
+  const std::size_t stored_grad_bytes = repro                            ? formula::reproducible_grad_bytes
+                                        : options.fp32_grad_accumulation ? sizeof(float)
+                                                                         : precision.grad_bytes;
+  // Reproducible: the store covers what the rank updates (its slice wherever states are sharded).
+  const bool grads_sharded = repro ? shards_states : shards_grads;
   r.model_states.params = (shards_params ? shard : full) * precision.param_bytes;
-  r.model_states.grads = (shards_grads ? shard : full) * stored_grad_bytes;
+  r.model_states.grads = (grads_sharded ? shard : full) * stored_grad_bytes;
   r.model_states.master = precision.separate_master ? state_elems * sizeof(float) : 0;
   r.model_states.optimizer_states = static_cast<std::uint64_t>(optimizer.slots) * state_elems * sizeof(float);
 
   // Kernels write a transient bucket (in the gradient type, whatever the store's type) when gradients
   // are sharded or several reduced micro-batches must be added up (engine::uses_bucket).
   const int reduces = options.accumulate == accumulation::reduce_each_micro_batch ? options.micro_batches : 1;
-  const bool bucket = shards_grads || reduces > 1;
-  const bool norm = precision.separate_master || options.clip_norm > 0.0f || options.compute_grad_norm;
+  const bool bucket = repro || shards_grads || reduces > 1;
+  const bool norm = precision.separate_master || options.clip_norm > 0.0f || options.compute_grad_norm || repro;
   std::size_t largest_tensor = 0;
   std::uint64_t backward_peak = 0;  // the most one unit holds in backward besides the shared buckets
   for (std::size_t u = 0; u < l.num_units(); ++u) {
@@ -154,17 +166,20 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard, gathers};
     up.gathered_bytes = shards_params ? ul.padded * precision.param_bytes : 0;
     up.bucket_bytes = bucket ? ul.padded * precision.grad_bytes : 0;
+    // Reproducible: reduce(u) converts the bucket into words (both held at once), then frees the bucket.
+    up.wire_bytes = repro ? ul.padded * formula::reproducible_wire_bytes : 0;
     up.consolidation_bytes = shards_states ? ul.padded * sizeof(float) : 0;
     r.gathered_bytes = std::max(r.gathered_bytes, up.gathered_bytes);
     r.bucket_bytes = std::max(r.bucket_bytes, up.bucket_bytes);
+    r.wire_bytes = std::max(r.wire_bytes, up.wire_bytes);
     r.consolidation_bytes = std::max(r.consolidation_bytes, up.consolidation_bytes);
     // Backward holds a unit gathered and its bucket at once: reduce(u) frees the bucket, release the unit.
     // A shared unit's bucket is held through the backward, so it is counted once, with the shared ones.
     if (gathers > 1) {
       r.shared_bucket_bytes += up.bucket_bytes;
-      backward_peak = std::max(backward_peak, up.gathered_bytes);
+      backward_peak = std::max(backward_peak, up.gathered_bytes + up.wire_bytes);
     } else {
-      backward_peak = std::max(backward_peak, up.gathered_bytes + up.bucket_bytes);
+      backward_peak = std::max(backward_peak, up.gathered_bytes + up.bucket_bytes + up.wire_bytes);
     }
     for (const auto& t : spec.units()[u].tensors) largest_tensor = std::max(largest_tensor, t.numel);
 
@@ -172,10 +187,15 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     const std::uint64_t unit_params = ul.padded * precision.param_bytes, unit_grads = ul.padded * precision.grad_bytes;
     const auto m = static_cast<std::uint64_t>(options.micro_batches);
     const auto per_step = static_cast<std::uint64_t>(reduces);
+    // Reproducible: the words instead of the gradients, after an all-gather of one summary per rank.
+    const std::uint64_t unit_wire = repro ? up.wire_bytes : unit_grads;
+    if (repro)
+      detail::plan_count(r.step_comm, comm::collective::all_gather,
+                         formula::reproducible_summary_bytes * static_cast<std::uint64_t>(ranks), ranks, per_step);
     if (stage == 0) {
-      detail::plan_count(r.step_comm, comm::collective::all_reduce, unit_grads, ranks, per_step);
+      detail::plan_count(r.step_comm, comm::collective::all_reduce, unit_wire, ranks, per_step);
     } else {
-      detail::plan_count(r.step_comm, comm::collective::reduce_scatter, unit_grads, ranks, per_step);
+      detail::plan_count(r.step_comm, comm::collective::reduce_scatter, unit_wire, ranks, per_step);
       if (shards_params)  // gathered `gathers` times in forward and again in backward, in every micro-batch
         detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks,
                            2 * m * static_cast<std::uint64_t>(gathers));
@@ -185,7 +205,13 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     r.units.push_back(std::move(up));
   }
   // The norm's partial sums meet in one 8-byte all-reduce where states are sharded (stage 0 adds them locally).
-  if (norm && shards_states) {
+  if (norm && shards_states && repro) {
+    // The squares' summary, then four words, of every rank, all-gathered (engine: binned_global_sum_of_squares).
+    const auto n = static_cast<std::uint64_t>(ranks);
+    r.norm_bytes = 4 * sizeof(std::int64_t) * n;
+    detail::plan_count(r.control_comm, comm::collective::all_gather, sizeof(std::int64_t) * n, ranks);
+    detail::plan_count(r.control_comm, comm::collective::all_gather, r.norm_bytes, ranks);
+  } else if (norm && shards_states) {
     r.norm_bytes = sizeof(double);
     detail::plan_count(r.control_comm, comm::collective::all_reduce, sizeof(double), ranks);
   }
