@@ -280,6 +280,36 @@ TEST_CASE("binned sums: ties to even, subnormals, overflow to infinity, signed a
   CHECK(bits(binned_sum({-3.0f}, 1)) == bits(-3.0f));
 }
 
+TEST_CASE("binned rounding: the limb arithmetic (every system) and the host's 128-bit path agree with the exact value") {
+  std::mt19937_64 rng(9);
+  std::uniform_int_distribution<int> tops(0, zero::binned::format<float>::bins - 1), widths(0, 61);
+  int compared = 0;
+  for (int rep = 0; rep < 20000; ++rep) {
+    std::int64_t w[zero::binned::words];
+    for (auto& v : w) {
+      const int bits = widths(rng);  // words of every size up to 2^61, either sign
+      v = static_cast<std::int64_t>(rng() >> (64 - bits - 1)) * (rng() & 1 ? -1 : 1);
+      if (bits == 0) v = 0;
+    }
+    const int top = tops(rng);
+    exact_sum e;
+    for (int k = 0; k < zero::binned::words; ++k) {
+      // w[k] 2^(32 (top - k) + lowest), added as two halves that doubles hold exactly
+      const int at = zero::binned::word_bits * (top - k) + zero::binned::format<float>::lowest;
+      const std::int64_t hi = w[k] / (std::int64_t{1} << 32), lo = w[k] - hi * (std::int64_t{1} << 32);
+      e.add(std::ldexp(static_cast<double>(hi), at + 32));
+      e.add(std::ldexp(static_cast<double>(lo), at));
+    }
+    const float want = e.nearest<float>();
+    CHECK(bits(zero::binned::round_limbs<float>(w, top)) == bits(want));
+#if defined(__SIZEOF_INT128__)
+    CHECK(bits(zero::binned::round_128<float>(w, top)) == bits(want));
+#endif
+    ++compared;
+  }
+  CHECK(compared == 20000);
+}
+
 TEST_CASE("binned sums of squares: carried words round once to the nearest double") {
   std::mt19937_64 rng(5);
   for (int rep = 0; rep < 20; ++rep) {

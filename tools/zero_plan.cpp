@@ -102,6 +102,7 @@ nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
       {"bucket_bytes", p.bucket_bytes},
       {"shared_bucket_bytes", p.shared_bucket_bytes},
       {"gathered_bytes", p.gathered_bytes},
+      {"wire_bytes", p.wire_bytes},
       {"norm_bytes", p.norm_bytes},
       {"transient_peak_bytes", p.step_transient_peak},
       {"peak_bytes", p.peak_bytes},
@@ -167,6 +168,10 @@ int main(int argc, char** argv) {
       ->default_str("0");
   app.add_option("--memory", memory, "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit)")
       ->transform(CLI::AsSizeValue(true));
+  bool reproducible = false;
+  app.add_flag("--reproducible", reproducible,
+               "the reproducible reduction (engine_options::reproducible): binned gradient sums, 24 bytes per "
+               "element on the wire and 28 held per gradient element a rank updates");
   app.add_flag("--json", json, "print a JSON object instead of the table");
   try {
     app.parse(argc, argv);
@@ -179,6 +184,7 @@ int main(int argc, char** argv) {
     zero::engine_options options;
     options.micro_batches = accum;
     options.clip_norm = clip;
+    options.reproducible = reproducible;
     const auto prec = zero::plan_precision_named(precision);
     const auto opt = zero::plan_optimizer_named(optimizer);
     std::vector<zero::plan_report> reports;
@@ -194,6 +200,7 @@ int main(int argc, char** argv) {
                           {"optimizer", optimizer},
                           {"accum", accum},
                           {"clip", clip},
+                          {"reproducible", reproducible},
                           {"plans", nlohmann::json::array()}};
       if (memory > 0) j["memory_bytes"] = memory;
       for (const auto& p : reports) j["plans"].push_back(report_json(p, memory));
@@ -201,9 +208,10 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s\n",
+    std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s%s\n",
                 model_file.empty() ? "MLP" : model_file.c_str(), spec.num_units(), first.numel, precision.c_str(),
-                optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "");
+                optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "",
+                reproducible ? ", reproducible" : "");
     std::printf("bytes per rank; \"transient\" is the most held at once by a step's buffers, \"peak\" adds it to the "
                 "model states\n\n");
     std::printf("%5s %6s %11s %11s %11s %11s %12s %11s %11s %12s%s\n", "stage", "ranks", "params", "grads", "master",

@@ -133,13 +133,17 @@ ZERO_HD inline std::int64_t digit(const decomposed& d, int b) {
   return d.negative ? -sv : sv;
 }
 
-// The K words of a value for a sum whose top bin is `top`: w[0] is bin top, w[k] bin top - k. A value
-// whose bits reach above the top bin must not be given (the top is the largest bin of all terms). An
-// infinity or NaN gives zeros (its summary carries it).
+// The K words of a value for a sum whose top bin is `top`: w[0] is bin top, w[k] bin top - k (a word
+// of a value depends on the value and its bin only, never on `top`); bits below bin top - K + 1 are
+// dropped, which truncates the value toward zero. A value whose bits reach above the top bin must not
+// be given (the top is the largest bin of all terms). An infinity or NaN gives zeros (its summary
+// carries it).
 template <class F, int K>
 ZERO_HD inline void to_words(F x, int top, std::int64_t (&w)[K]) {
-  const summary s = summary_of(x);
-  const decomposed d = s.finite() ? decompose(x) : decomposed{};
+  using fmt = format<F>;
+  using U = typename fmt::bits_type;
+  const U field = (__builtin_bit_cast(U, x) >> (fmt::precision - 1)) & ((U{1} << fmt::exponent_bits) - 1);
+  const decomposed d = field == (U{1} << fmt::exponent_bits) - 1 ? decomposed{} : decompose(x);
   for (int k = 0; k < K; ++k) w[k] = digit<F>(d, top - k);
 }
 
@@ -163,65 +167,107 @@ ZERO_HD inline void carry(std::int64_t (&w)[K]) {
 }
 
 // The sum the words hold, rounded once to F: to nearest, ties to even, subnormals and overflow to
-// infinity as IEEE arithmetic on the exact value. An exact zero is +0.
+// infinity as IEEE arithmetic on the exact value. An exact zero is +0. Words of at most 2^61 in
+// magnitude (sums of up to 2^29 terms, or carried words; the engine allows 2^24 terms).
 template <class F, int K>
-ZERO_HD inline F round(const std::int64_t (&w)[K], int top) {
+ZERO_HD inline F round(const std::int64_t (&w)[K], int top);
+
+#if defined(__SIZEOF_INT128__) && !defined(__CUDA_ARCH__)
+// The same for K <= 3 words, with the compiler's 128-bit integers (the host's fast path; the tests hold
+// it equal to the limb arithmetic below, which every system runs otherwise).
+__extension__ typedef __int128 int128;
+__extension__ typedef unsigned __int128 uint128;
+template <class F, int K>
+inline F round_128(const std::int64_t (&w)[K], int top) {
+  static_assert(K <= 3, "binned::round_128: words of at most 2^61 each make at most 2^126");
   using fmt = format<F>;
   using U = typename fmt::bits_type;
-  // The exact value as a two's complement integer of 32-bit limbs (least significant first) times
-  // 2^lsb: word k has weight 2^(32 (K - 1 - k)) in it. Two limbs above the words hold the sum's carries
-  // and sign (each word is below 2^63 in magnitude, so the sum of K words is below 2^(32 K + 32)).
-  constexpr int L = K + 2;
-  std::uint32_t limb[L] = {};
-  for (int k = 0; k < K; ++k) {
-    const auto v = static_cast<std::uint64_t>(w[k]);
-    const std::uint32_t ext = w[k] < 0 ? 0xffffffffu : 0u;
-    std::uint64_t c = 0;
-    for (int i = K - 1 - k; i < L; ++i) {
-      const int at = i - (K - 1 - k);
-      const std::uint32_t part = at == 0 ? static_cast<std::uint32_t>(v) : at == 1 ? static_cast<std::uint32_t>(v >> 32) : ext;
-      c += static_cast<std::uint64_t>(limb[i]) + part;
-      limb[i] = static_cast<std::uint32_t>(c);
-      c >>= 32;
-    }
+  int128 v = 0;
+  for (int k = 0; k < K; ++k) v += static_cast<int128>(w[k]) * (static_cast<int128>(1) << (word_bits * (K - 1 - k)));
+  const bool negative = v < 0;
+  const uint128 mag = negative ? -static_cast<uint128>(v) : static_cast<uint128>(v);
+  const U sign = negative ? U{1} << (8 * sizeof(U) - 1) : U{0};
+  if (mag == 0) return __builtin_bit_cast(F, U{0});
+  const auto hi = static_cast<std::uint64_t>(mag >> 64), lo = static_cast<std::uint64_t>(mag);
+  const int lead = hi ? 64 + bit_length(hi) - 1 : bit_length(lo) - 1;
+  const int lsb = word_bits * (top - K + 1) + fmt::lowest;
+  int quantum = lsb + lead - (fmt::precision - 1);
+  if (quantum < fmt::min_exponent) quantum = fmt::min_exponent;
+  const int r = quantum - lsb;
+  std::uint64_t q = 0;
+  if (r <= 0) {
+    q = lo << -r;
+  } else {
+    q = static_cast<std::uint64_t>(mag >> r);
+    const uint128 rest = mag & ((static_cast<uint128>(1) << r) - 1), half = static_cast<uint128>(1) << (r - 1);
+    if (rest > half || (rest == half && (q & 1))) ++q;
   }
-  const bool negative = (limb[L - 1] >> 31) != 0;
+  const U inf = ((U{1} << fmt::exponent_bits) - 1) << (fmt::precision - 1);
+  const long long e = static_cast<long long>(quantum) - fmt::min_exponent;
+  if (e >= (1ll << fmt::exponent_bits)) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
+  const std::uint64_t bits = (static_cast<std::uint64_t>(e) << (fmt::precision - 1)) + q;
+  if (bits >= inf) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
+  return __builtin_bit_cast(F, static_cast<U>(sign | static_cast<U>(bits)));
+}
+#endif
+
+// The limb arithmetic of round(), for any K: every system can run it.
+template <class F, int K>
+ZERO_HD inline F round_limbs(const std::int64_t (&w)[K], int top) {
+  using fmt = format<F>;
+  using U = typename fmt::bits_type;
+  // Carry every word but the top into the one above, so the lower words are digits in [0, 2^32) and
+  // the value is t 2^(32 (K-1)) + the digits, t signed. Then the value as a two's complement integer of
+  // K + 1 32-bit limbs (least significant first), times 2^lsb.
+  std::uint32_t limb[K + 1];
+  std::int64_t c = 0;
+  for (int k = K - 1; k > 0; --k) {
+    const std::int64_t v = w[k] + c;
+    limb[K - 1 - k] = static_cast<std::uint32_t>(v);
+    c = v >> 32;  // arithmetic: floor(v / 2^32)
+  }
+  const std::int64_t t = w[0] + c;
+  limb[K - 1] = static_cast<std::uint32_t>(t);
+  limb[K] = static_cast<std::uint32_t>(static_cast<std::uint64_t>(t) >> 32);
+  const bool negative = t < 0;
   if (negative) {  // the magnitude: invert and add one
-    std::uint64_t c = 1;
-    for (int i = 0; i < L; ++i) {
-      c += static_cast<std::uint64_t>(~limb[i]);
-      limb[i] = static_cast<std::uint32_t>(c);
-      c >>= 32;
+    std::uint64_t carry = 1;
+    for (int i = 0; i <= K; ++i) {
+      carry += static_cast<std::uint32_t>(~limb[i]);
+      limb[i] = static_cast<std::uint32_t>(carry);
+      carry >>= 32;
     }
   }
-  int high = L - 1;
+  int high = K;
   while (high >= 0 && limb[high] == 0) --high;
   const U sign = negative ? U{1} << (8 * sizeof(U) - 1) : U{0};
   if (high < 0) return __builtin_bit_cast(F, U{0});  // +0, whatever the terms' signs
-  // Bit i of the magnitude, and whether any bit below i is set.
-  auto bit = [&](int i) -> std::uint64_t { return i < 0 ? 0 : (limb[i / 32] >> (i % 32)) & 1u; };
+  // The 64 bits of the magnitude from bit i up (i >= 0), and whether any bit below i is set.
+  auto bits_from = [&](int i) -> std::uint64_t {
+    const int at = i / 32, o = i % 32;
+    auto l = [&](int j) -> std::uint64_t { return j <= K ? limb[j] : 0; };
+    const std::uint64_t low = l(at) | (l(at + 1) << 32);
+    return o ? (low >> o) | (l(at + 2) << (64 - o)) : low;
+  };
   auto any_below = [&](int i) {
-    if (i <= 0) return false;
-    for (int j = 0; j < i / 32; ++j)
-      if (limb[j]) return true;
-    return (i % 32) != 0 && (limb[i / 32] & ((std::uint32_t{1} << (i % 32)) - 1)) != 0;
+    bool any = (i % 32) != 0 && (limb[i / 32] & ((std::uint32_t{1} << (i % 32)) - 1)) != 0;
+    for (int j = 0; j < i / 32; ++j) any = any || limb[j] != 0;
+    return any;
   };
   const int lsb = word_bits * (top - K + 1) + fmt::lowest;  // the weight of the integer's bit 0
   const int lead = 32 * high + bit_length(limb[high]) - 1;   // the magnitude's leading bit
-  const int exponent = lsb + lead;
-  // The weight q's lowest bit will have: precision bits below the leading one, or the subnormals' fixed
+  // The weight of q's lowest bit: `precision` bits down from the leading one, or the subnormals' fixed
   // quantum, whichever is higher.
-  int quantum = exponent - (fmt::precision - 1);
+  int quantum = lsb + lead - (fmt::precision - 1);
   if (quantum < fmt::min_exponent) quantum = fmt::min_exponent;
   const int r = quantum - lsb;  // bits of the integer below the quantum
   std::uint64_t q = 0;
   if (r <= 0) {
-    // Exact: the magnitude has at most `precision` bits, all at or above the quantum... (lead < 64 here)
-    for (int i = lead; i >= 0; --i) q = (q << 1) | bit(i);
-    q <<= -r;
+    q = bits_from(0) << -r;  // exact: at most `precision` bits (lead - r < precision)
   } else {
-    for (int i = lead; i >= r; --i) q = (q << 1) | bit(i);
-    const bool half = bit(r - 1) != 0, sticky = any_below(r - 1);
+    // (lead < r - 1 only below half the smallest subnormal: q is 0 and the rounding decides)
+    q = lead >= r ? bits_from(r) & ((std::uint64_t{1} << (lead - r + 1)) - 1) : 0;
+    const bool half = ((bits_from(r - 1)) & 1) != 0, sticky = any_below(r - 1);
     if (half && (sticky || (q & 1))) ++q;  // to nearest, ties to even; 2^precision carries into the exponent
   }
   // q x 2^quantum as IEEE bits: a normal q (2^(precision-1) <= q <= 2^precision) adds the biased exponent,
@@ -232,6 +278,14 @@ ZERO_HD inline F round(const std::int64_t (&w)[K], int top) {
   const std::uint64_t bits = (static_cast<std::uint64_t>(e) << (fmt::precision - 1)) + q;
   if (bits >= inf) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
   return __builtin_bit_cast(F, static_cast<U>(sign | static_cast<U>(bits)));
+}
+
+template <class F, int K>
+ZERO_HD inline F round(const std::int64_t (&w)[K], int top) {
+#if defined(__SIZEOF_INT128__) && !defined(__CUDA_ARCH__)
+  if constexpr (K <= 3) return round_128<F>(w, top);
+#endif
+  return round_limbs<F>(w, top);
 }
 
 }  // namespace zero::binned

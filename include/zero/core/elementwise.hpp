@@ -182,8 +182,8 @@ struct merge_bins_rule {
   ZERO_HD void operator()(std::size_t j, std::int64_t* s0, std::int64_t* s1, std::int64_t* s2, const std::int64_t* w0,
                           const std::int64_t* w1, const std::int64_t* w2) const {
     std::int64_t s[binned::words] = {s0[j], s1[j], s2[j]}, w[binned::words] = {w0[j], w1[j], w2[j]};
-    binned::realign(s, store_top, to);
-    binned::realign(w, in_top, to);
+    if (store_top != to) binned::realign(s, store_top, to);  // the common case, equal tops, adds at once
+    if (in_top != to) binned::realign(w, in_top, to);
     s0[j] = s[0] + w[0];
     s1[j] = s[1] + w[1];
     s2[j] = s[2] + w[2];

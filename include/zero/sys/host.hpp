@@ -72,33 +72,45 @@ struct host {
   // ---- the reproducible reduction's reductions (core/binned.hpp; a system without them cannot run
   // engine_options::reproducible) ----
 
+  // The summary of f(x) over the values of several segments (x widened to fp32): the bin of the
+  // largest finite magnitude, which is the largest bit pattern without the sign (compared as integers,
+  // branch-free so that the loop vectorizes), and the non-finite flags; `largest` is that magnitude.
+  struct magnitude_summary : binned::summary {
+    float largest = 0.0f;
+  };
+  template <class G, class Fn>
+  static magnitude_summary largest_magnitude(const G* const* segments, const std::size_t* sizes, std::size_t count,
+                                             Fn f) {
+    std::uint32_t largest = 0, infinite = 0, nan = 0;
+    for (std::size_t k = 0; k < count; ++k)
+      for (std::size_t j = 0; j < sizes[k]; ++j) {
+        const std::uint32_t a = __builtin_bit_cast(std::uint32_t, f(static_cast<float>(segments[k][j]))) & 0x7fffffffu;
+        infinite |= a == 0x7f800000u;
+        nan |= a > 0x7f800000u;
+        const std::uint32_t finite = a < 0x7f800000u ? a : 0u;
+        largest = finite > largest ? finite : largest;
+      }
+    magnitude_summary s;
+    s.largest = __builtin_bit_cast(float, largest);
+    s.bin = binned::summary_of(s.largest).bin;
+    s.flags = (infinite ? binned::summary::infinite : 0u) | (nan ? binned::summary::not_a_number : 0u);
+    return s;
+  }
+
   // The binned::summary (largest bin, non-finite flags) of n gradient values widened to fp32, packed.
   template <class G>
   static std::int64_t binned_summary(const G* g, std::size_t n) {
-    // The largest magnitude of the finite values is the largest of their bit patterns without the sign.
-    std::uint32_t largest = 0;
-    unsigned flags = 0;
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::uint32_t a = __builtin_bit_cast(std::uint32_t, static_cast<float>(g[j])) & 0x7fffffffu;
-      if (a >= 0x7f800000u) flags |= a > 0x7f800000u ? binned::summary::not_a_number : binned::summary::infinite;
-      else if (a > largest) largest = a;
-    }
-    binned::summary s = binned::summary_of(__builtin_bit_cast(float, largest));
-    s.flags |= flags;
-    return binned::pack(s);
+    return binned::pack(largest_magnitude(&g, &n, 1, [](float x) { return x; }));
   }
   // The summary of the squares (in double, exact) of g[j] / divisor (an fp32 division, the gradient the
   // optimizer sees) over several segments, packed.
   template <class G>
   static std::int64_t binned_square_summary(const G* const* segments, const std::size_t* sizes, std::size_t count,
                                             float divisor) {
-    binned::summary s;
-    for (std::size_t k = 0; k < count; ++k)
-      for (std::size_t j = 0; j < sizes[k]; ++j) {
-        const double y = fp::div(static_cast<float>(segments[k][j]), divisor);
-        s = binned::merge(s, binned::summary_of(y * y));
-      }
-    return binned::pack(s);
+    // The largest square is the square of the largest magnitude.
+    const magnitude_summary s = largest_magnitude(segments, sizes, count, [divisor](float x) { return fp::div(x, divisor); });
+    const binned::summary sq = binned::summary_of(static_cast<double>(s.largest) * s.largest);
+    return binned::pack(binned::summary{s.finite() ? sq.bin : -1, s.flags});
   }
   // The same squares, every one finite, summed into binned::words + 1 words whose top bin is `top`
   // (one above the largest square's: it takes the carries), carried so that all words but the top are
