@@ -123,12 +123,12 @@ ZERO_HD inline summary summary_of(F x) {
 // lowest + 31), as an integer below 2^32 with the value's sign. Depends on the value and b only.
 template <class F>
 ZERO_HD inline std::int64_t digit(const decomposed& d, int b) {
-  if (b < 0 || d.m == 0) return 0;
   const int s = d.e - (word_bits * b + format<F>::lowest);  // where m's lowest bit sits in the bin
-  std::uint64_t v = 0;
-  if (s >= word_bits) v = 0;
-  else if (s >= 0) v = (d.m << s) & 0xffffffffu;
-  else if (s > -64) v = (d.m >> -s) & 0xffffffffu;
+  // Both shifts computed, one selected: no branch on the data (the bins a value reaches vary from
+  // element to element, so a branch would be mispredicted).
+  const std::uint64_t left = d.m << (s & 63), right = d.m >> (-s & 63);
+  std::uint64_t v = (s >= 0 ? left : right) & 0xffffffffu;
+  v = (s >= word_bits || s <= -64 || b < 0) ? 0 : v;
   const auto sv = static_cast<std::int64_t>(v);
   return d.negative ? -sv : sv;
 }

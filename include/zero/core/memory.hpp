@@ -102,29 +102,25 @@ class memory_accounting {
   std::size_t limit_ = 0;
 };
 
+// Asks a buffer for memory its owner writes in full before reading, instead of zeros.
+struct uninitialized_t {
+  explicit uninitialized_t() = default;
+};
+inline constexpr uninitialized_t uninitialized{};
+
 // An owning, typed, zero-filled allocation in System's memory space, counted under one category.
 // Move-only; the accounting it reports to must outlive it.
 template <class T, class System>
 class buffer {
  public:
   buffer() = default;
+  // Not zero-filled: for a buffer that is written in full before it is read (a fill is a pass over
+  // memory the writer makes anyway).
+  buffer(std::size_t n, mem_category c, memory_accounting& acct, uninitialized_t) : buffer(n, c, acct, false) {}
   // An allocation the budget or the system refuses throws error_kind::out_of_memory naming the
   // category and the bytes asked (the accounting adds the rank): std::bad_alloc from a host
   // allocator, or an out_of_memory zero::error from a device one.
-  buffer(std::size_t n, mem_category c, memory_accounting& acct) : n_(n), cat_(c), acct_(&acct) {
-    const std::size_t bytes = n * sizeof(T);
-    acct.admit(c, bytes);
-    try {
-      data_ = static_cast<T*>(System::allocate(bytes));
-    } catch (const std::bad_alloc& e) {
-      acct.allocation_failed(c, bytes, e.what());
-    } catch (const error& e) {
-      if (e.kind() != error_kind::out_of_memory) throw;
-      acct.allocation_failed(c, bytes, e.what());
-    }
-    System::fill_zero(data_, n * sizeof(T));
-    acct_->add(cat_, n * sizeof(T));
-  }
+  buffer(std::size_t n, mem_category c, memory_accounting& acct) : buffer(n, c, acct, true) {}
   buffer(buffer&& o) noexcept { swap(o); }
   buffer& operator=(buffer&& o) noexcept {
     buffer tmp(std::move(o));
@@ -148,6 +144,20 @@ class buffer {
   bool empty() const { return data_ == nullptr; }
 
  private:
+  buffer(std::size_t n, mem_category c, memory_accounting& acct, bool zero) : n_(n), cat_(c), acct_(&acct) {
+    const std::size_t bytes = n * sizeof(T);
+    acct.admit(c, bytes);
+    try {
+      data_ = static_cast<T*>(System::allocate(bytes));
+    } catch (const std::bad_alloc& e) {
+      acct.allocation_failed(c, bytes, e.what());
+    } catch (const error& e) {
+      if (e.kind() != error_kind::out_of_memory) throw;
+      acct.allocation_failed(c, bytes, e.what());
+    }
+    if (zero) System::fill_zero(data_, n * sizeof(T));
+    acct_->add(cat_, n * sizeof(T));
+  }
   void swap(buffer& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(n_, o.n_);

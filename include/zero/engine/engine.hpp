@@ -692,6 +692,7 @@ class engine {
     buffer<std::int64_t, system> wire;
     std::size_t block = 0;
     std::vector<binned::summary> summaries;
+    bool direct = false;  // the one unit's words went straight into its empty store
     request pending{};
   };
   // A unit's gradient waiting in the open bucket of reduce_bucket_elements.
@@ -765,6 +766,7 @@ class engine {
     for (std::size_t i = 0; i < count; ++i)
       table[me * count + i] = binned_summary(parts[i].bucket.data(), layout_.unit(parts[i].unit).padded);
     {
+      make_room(count * ranks * sizeof(std::int64_t));
       buffer<std::int64_t, system> wire(count * ranks, mem_category::transient, acct_);
       sys_.copy_from_host(wire.data() + me * count, table.data() + me * count, count * sizeof(std::int64_t));
       const auto l = label("reduce summary", parts[0].unit);
@@ -776,31 +778,38 @@ class engine {
     for (const auto& p : parts) shard_sum += layout_.unit(p.unit).shard;
     f.block = K * shard_sum;
     make_room(f.block * ranks * sizeof(std::int64_t));
-    f.wire = buffer<std::int64_t, system>(f.block * ranks, mem_category::transient, acct_);
+    f.wire = buffer<std::int64_t, system>(f.block * ranks, mem_category::transient, acct_, uninitialized);
     std::size_t off = 0;
     for (std::size_t i = 0; i < count; ++i) {
       fused_part& p = parts[i];
       binned::summary agreed;
       for (std::size_t r = 0; r < ranks; ++r) agreed = binned::merge(agreed, binned::unpack(table[r * count + i]));
       const std::size_t shard = layout_.unit(p.unit).shard;
-      // A unit with a non-finite value sends zeros: its flag, which every rank has, skips the step.
-      if (agreed.finite() && agreed.bin >= 0)
-        for (std::size_t r = 0; r < ranks; ++r) {
-          std::int64_t* w = f.wire.data() + r * f.block + off;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        std::int64_t* w = f.wire.data() + r * f.block + off;
+        if (agreed.finite() && agreed.bin >= 0)
           sys_.for_each(shard, elementwise::to_bins_rule{agreed.bin}, elementwise::in(p.bucket.data() + r * shard),
                         elementwise::out(w), elementwise::out(w + shard), elementwise::out(w + 2 * shard));
-        }
+        else  // all zeros, or a non-finite value: zeros (the flag, which every rank has, skips the step)
+          sys_.fill_zero(w, K * shard * sizeof(std::int64_t));
+      }
       f.parts.push_back({p.unit, p.first, off});
       f.summaries.push_back(agreed);
       off += K * shard;
       p.bucket.reset();  // converted: freed before the collective starts
     }
+    // A unit's first reduce of the step, on its own, receives straight into its (empty) binned store:
+    // no merge pass. Nothing else touches that part of the store until the collective completes.
+    f.direct = count == 1 && parts[0].first;
     {
       const auto l = label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
+      std::int64_t* store = f.direct ? bins_.data() + K * grads_base(layout_.unit(parts[0].unit)) : nullptr;
       if constexpr (updates_every_element<P>)
-        f.pending = comm_.start_all_reduce(f.wire.data(), f.wire.data(), f.block * ranks, reduce_op::sum);
+        f.pending = comm_.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks,
+                                           reduce_op::sum);
       else
-        f.pending = comm_.start_reduce_scatter(f.wire.data(), f.wire.data() + me * f.block, f.block, reduce_op::sum);
+        f.pending = comm_.start_reduce_scatter(f.wire.data(), f.direct ? store : f.wire.data() + me * f.block, f.block,
+                                               reduce_op::sum);
     }
     if (count > 1) ++overlap_.fused_reduces;
     launched(std::move(f));
@@ -820,6 +829,7 @@ class engine {
     unit_state& s = units_[part.unit.index];
     const binned::summary before = s.sum;
     s.sum = binned::merge(before, in);
+    if (f.direct) return;  // already in the store, which was empty (the summary is now the reduce's)
     if (!s.sum.finite() || in.bin < 0) return;  // nothing to add: zeros, or a step that will be skipped
     const unit_layout& ul = layout_.unit(part.unit);
     const elementwise::merge_bins_rule rule{before.bin, in.bin, s.sum.bin};
