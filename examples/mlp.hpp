@@ -274,8 +274,7 @@ step_result train_step(Engine& e, const config& c, std::uint64_t step, int rank,
     res.loss += softmax_xent(acts.back().data(), full.y.data() + first, dout.data(), rows, c.classes, correct) /
                 micro_batches;
     res.correct += correct;
-    const float factor =
-        e.options().reproducible ? e.loss_scale() : e.loss_scale() / static_cast<float>(micro_batches);
+    const float factor = e.options().reproducible ? e.loss_scale() : e.loss_scale() / static_cast<float>(micro_batches);
     for (auto& d : dout) d *= factor;
     for (int l = c.layers - 1; l >= 0; --l) {
       const zero::unit_id u{static_cast<std::size_t>(l)};

@@ -380,7 +380,8 @@ int main(int argc, char** argv) {
     return usage_error("--backend mpi: this train_gpt was built without MPI (configure with -Dmpi=enabled)");
 #endif
   } else {
-    if (const std::string problem = trainer::split_batch(o, g.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
+    if (const std::string problem =
+            trainer::split_batch(o, g.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
         !problem.empty())
       return usage_error(problem);
     try {

@@ -601,7 +601,8 @@ int main(int argc, char** argv) {
     return usage_error("--backend nccl: this train_mlp_cuda was built without MPI or NCCL");
 #endif
   } else {
-    if (const std::string problem = trainer::split_batch(o, o.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
+    if (const std::string problem =
+            trainer::split_batch(o, o.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
         !problem.empty())
       return usage_error(problem);
     try {

@@ -253,8 +253,8 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->type_name("FLOAT")
       ->default_str("0");
   auto* accum_flag = app.add_option("--accum", o.accum, "micro-batches per step, each reduced on its own")
-                        ->check(CLI::Range(1, 1 << 20))
-                        ->capture_default_str();
+                         ->check(CLI::Range(1, 1 << 20))
+                         ->capture_default_str();
   auto* micro_flag =
       app.add_option("--micro-batch", o.micro_batch,
                      "rows per micro-batch, fixed: with the global --batch and the ranks N it gives the micro-batches "
@@ -289,8 +289,7 @@ inline void add_common_flags(CLI::App& app, options& o) {
 inline std::string split_batch(options& o, int batch, int ranks, const std::string& ranks_text) {
   const std::string rule = "the global batch " + std::to_string(batch) + " must be a multiple of " + ranks_text;
   if (o.micro_batch > 0) {
-    if (batch % (ranks * o.micro_batch) != 0)
-      return rule + " times --micro-batch " + std::to_string(o.micro_batch);
+    if (batch % (ranks * o.micro_batch) != 0) return rule + " times --micro-batch " + std::to_string(o.micro_batch);
     o.accum = batch / (ranks * o.micro_batch);
     return "";
   }
@@ -359,8 +358,9 @@ inline std::string hex(std::uint64_t v) {
 inline void print_summary(const options& o, const summary& s) {
   std::printf("\nZeRO stage %d, %d ranks (%s%s%s), %s, %s%s, steps %llu-%llu in %.2f s\n", o.stage, o.ranks,
               o.backend.c_str(), s.device.empty() ? "" : " on ", s.device.c_str(), o.precision.c_str(),
-              o.optimizer.c_str(), o.reproducible ? ", reproducible" : "", static_cast<unsigned long long>(s.first_step + 1),
-              static_cast<unsigned long long>(s.last_step), s.seconds);
+              o.optimizer.c_str(), o.reproducible ? ", reproducible" : "",
+              static_cast<unsigned long long>(s.first_step + 1), static_cast<unsigned long long>(s.last_step),
+              s.seconds);
   std::printf("  loss %.4f -> %.4f, accuracy %.1f%% on the last batch\n", s.loss_first, s.loss_last,
               100.0 * s.accuracy_last);
   std::printf("  parameters %" PRIu64 " (padded Psi = %" PRIu64 "), param_hash %s\n", s.numel, s.padded,

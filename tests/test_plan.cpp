@@ -117,9 +117,9 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   check_stats(p.control_comm, m.control, steps);
   // The bytes per step are the paper's formula's (the reproducible mode's, formula::reproducible_*).
   if (options.reproducible)
-    CHECK(p.step_bytes_sent() ==
-          zero::formula::reproducible_comm_bytes_per_step(Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
-                                                          options.micro_batches, s.num_units()));
+    CHECK(p.step_bytes_sent() == zero::formula::reproducible_comm_bytes_per_step(Stage::stage, p.padded, n,
+                                                                                 sizeof(typename Prec::param_type),
+                                                                                 options.micro_batches, s.num_units()));
   else
     CHECK(p.step_bytes_sent() ==
           zero::formula::comm_bytes_per_step(

@@ -105,8 +105,10 @@ class exact_sum {
     for (F y : candidates) {
       const F x = y;
       exact_sum v;
-      if (std::isinf(x)) v = beyond;
-      else v.add(x);
+      if (std::isinf(x))
+        v = beyond;
+      else
+        v.add(x);
       const exact_sum d = v.minus(mag).magnitude();
       const int cmp = have ? d.compare(best_distance) : -1;
       const bool even = std::isinf(x) || (bits_of(x) & 1) == 0;
@@ -259,7 +261,7 @@ TEST_CASE("binned sums: the correctly rounded sum of the kept bits, in any order
 
 TEST_CASE("binned sums: ties to even, subnormals, overflow to infinity, signed and unsigned zeros") {
   const float one = 1.0f, half_ulp = std::ldexp(1.0f, -24);
-  CHECK(binned_sum({one, half_ulp}, 1) == one);                                           // tie, even below
+  CHECK(binned_sum({one, half_ulp}, 1) == one);                                                // tie, even below
   CHECK(binned_sum({one, 3 * half_ulp}, 1) == std::nextafter(std::nextafter(one, 2.f), 2.f));  // tie, even above
   CHECK(binned_sum({std::nextafter(one, 2.f), half_ulp}, 1) == std::nextafter(std::nextafter(one, 2.f), 2.f));
   CHECK(binned_sum({one, half_ulp, std::ldexp(1.0f, -60)}, 1) == std::nextafter(one, 2.f));  // sticky bit
@@ -280,7 +282,8 @@ TEST_CASE("binned sums: ties to even, subnormals, overflow to infinity, signed a
   CHECK(bits(binned_sum({-3.0f}, 1)) == bits(-3.0f));
 }
 
-TEST_CASE("binned rounding: the limb arithmetic (every system) and the host's 128-bit path agree with the exact value") {
+TEST_CASE(
+    "binned rounding: the limb arithmetic (every system) and the host's 128-bit path agree with the exact value") {
   std::mt19937_64 rng(9);
   std::uniform_int_distribution<int> tops(0, zero::binned::format<float>::bins - 1), widths(0, 61);
   int compared = 0;
@@ -391,7 +394,8 @@ zero::step_report repro_step(Engine& e, int rank, int m, std::uint64_t t) {
       const auto pv = p.view();
       const auto gv = g.view();
       for (std::size_t q = 0; q < pv.size(); ++q)
-        gv.data()[q] = static_cast<G>(micro_gradient(static_cast<float>(pv.data()[q]), j, t, base[u] + q) * e.loss_scale());
+        gv.data()[q] =
+            static_cast<G>(micro_gradient(static_cast<float>(pv.data()[q]), j, t, base[u] + q) * e.loss_scale());
       e.reduce(id);
     }
   }
@@ -416,8 +420,10 @@ repro_result run_repro(int n, zero::engine_options eo, int steps = repro_steps,
     using Comm = Wrap<zero::comm::threads>;
     std::optional<Comm> wrapped;
     Comm& comm = [&]() -> Comm& {
-      if constexpr (std::is_same_v<Comm, zero::comm::threads>) return base;
-      else return wrapped.emplace(base);
+      if constexpr (std::is_same_v<Comm, zero::comm::threads>)
+        return base;
+      else
+        return wrapped.emplace(base);
     }();
     zero::engine<Stage, Comm, zero::optim::adamw, Prec> e(comm, s, opt, eo);
     e.initialize(toy::initializer());
@@ -626,8 +632,10 @@ TEST_CASE("reproducible: a resume at another N continues bit-identically (the ch
         auto p = e.full_params();
         if (c.rank() == 0) out = p;
       };
-      if (n == 2) go.template operator()<zero::stage2>();
-      else go.template operator()<zero::stage1>();
+      if (n == 2)
+        go.template operator()<zero::stage2>();
+      else
+        go.template operator()<zero::stage1>();
     });
     return out;
   };

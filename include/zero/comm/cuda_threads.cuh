@@ -187,8 +187,9 @@ class cuda_threads {
 
   template <class T>
   void enter(detail::coll_kind kind, const T* send, T* recv, std::size_t count, reduce_op op, int root) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T> || std::is_same_v<T, std::int64_t>,
-                  "comm::cuda_threads collectives take float, double, zero::bf16, zero::fp16 and std::int64_t");
+    static_assert(
+        std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T> || std::is_same_v<T, std::int64_t>,
+        "comm::cuda_threads collectives take float, double, zero::bf16, zero::fp16 and std::int64_t");
     world().announce(rank_, kind, send, recv, count, op, root);
     context().record_compute_ready();
     world().arrive_and_wait(rank_, kind);

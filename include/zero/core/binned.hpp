@@ -33,11 +33,11 @@ struct format;
 template <>
 struct format<float> {
   using bits_type = std::uint32_t;
-  static constexpr int precision = 24;     // significand bits
+  static constexpr int precision = 24;       // significand bits
   static constexpr int min_exponent = -149;  // the weight of the smallest subnormal's bit
   static constexpr int exponent_bits = 8;
-  static constexpr int lowest = -160;      // 2^lowest: bin 0's lowest bit
-  static constexpr int bins = 9;           // up to 2^127, the largest finite bit
+  static constexpr int lowest = -160;  // 2^lowest: bin 0's lowest bit
+  static constexpr int bins = 9;       // up to 2^127, the largest finite bit
 };
 template <>
 struct format<double> {
@@ -46,7 +46,7 @@ struct format<double> {
   static constexpr int min_exponent = -1074;
   static constexpr int exponent_bits = 11;
   static constexpr int lowest = -1088;
-  static constexpr int bins = 66;          // up to 2^1023
+  static constexpr int bins = 66;  // up to 2^1023
 };
 
 // What a set of values needs for agreement: the bin of the largest magnitude (-1: every value is
@@ -59,9 +59,7 @@ struct summary {
   friend bool operator==(const summary&, const summary&) = default;
 };
 // Of the union of two sets: the larger bin, both sets' flags.
-ZERO_HD inline summary merge(summary a, summary b) {
-  return summary{a.bin > b.bin ? a.bin : b.bin, a.flags | b.flags};
-}
+ZERO_HD inline summary merge(summary a, summary b) { return summary{a.bin > b.bin ? a.bin : b.bin, a.flags | b.flags}; }
 // One int64 on the wire: flags in the high half, bin + 1 in the low half.
 ZERO_HD inline std::int64_t pack(summary s) {
   return static_cast<std::int64_t>((static_cast<std::uint64_t>(s.flags) << 32) | static_cast<std::uint32_t>(s.bin + 1));
@@ -255,7 +253,7 @@ ZERO_HD inline F round_limbs(const std::int64_t (&w)[K], int top) {
     return any;
   };
   const int lsb = word_bits * (top - K + 1) + fmt::lowest;  // the weight of the integer's bit 0
-  const int lead = 32 * high + bit_length(limb[high]) - 1;   // the magnitude's leading bit
+  const int lead = 32 * high + bit_length(limb[high]) - 1;  // the magnitude's leading bit
   // The weight of q's lowest bit: `precision` bits down from the leading one, or the subnormals' fixed
   // quantum, whichever is higher.
   int quantum = lsb + lead - (fmt::precision - 1);

@@ -100,8 +100,8 @@ inline std::uint64_t reproducible_model_state_bytes(int stage, std::uint64_t psi
 inline std::uint64_t reproducible_comm_bytes_per_step(int stage, std::uint64_t psi, int n, std::size_t param_bytes,
                                                       int micro_batches, std::uint64_t units,
                                                       std::uint64_t extra_gathered = 0) {
-  ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0, invalid_argument,
-             "formula: Psi = ", psi, " is not a multiple of N = ", n);
+  ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0, invalid_argument, "formula: Psi = ", psi,
+             " is not a multiple of N = ", n);
   ZERO_CHECK(extra_gathered % static_cast<std::uint64_t>(n) == 0, invalid_argument,
              "formula: the extra gathered elements ", extra_gathered, " are not a multiple of N = ", n);
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);

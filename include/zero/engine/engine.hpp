@@ -80,7 +80,7 @@ class engine {
     const std::size_t param_elems = P::shards_parameters ? shard : full;
     const std::size_t grad_elems = grads_sharded() ? shard : full;
     const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
-    const std::size_t grad_bytes = options_.reproducible            ? formula::reproducible_grad_bytes
+    const std::size_t grad_bytes = options_.reproducible             ? formula::reproducible_grad_bytes
                                    : options_.fp32_grad_accumulation ? sizeof(float)
                                                                      : sizeof(grad_type);
     check_memory(model_state_plan{param_elems * sizeof(param_type), grad_elems * grad_bytes,
@@ -535,7 +535,7 @@ class engine {
   // The per-parameter sizes the paper's equations need for this engine's policies.
   // (Reproducible: grad_bytes is the binned store's formula::reproducible_grad_bytes per element it holds.)
   formula::state_sizes state_sizes() const {
-    const std::size_t g = options_.reproducible            ? formula::reproducible_grad_bytes
+    const std::size_t g = options_.reproducible             ? formula::reproducible_grad_bytes
                           : options_.fp32_grad_accumulation ? sizeof(float)
                                                             : sizeof(grad_type);
     return {sizeof(param_type), g,
@@ -805,8 +805,8 @@ class engine {
       const auto l = label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
       std::int64_t* store = f.direct ? bins_.data() + K * grads_base(layout_.unit(parts[0].unit)) : nullptr;
       if constexpr (updates_every_element<P>)
-        f.pending = comm_.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks,
-                                           reduce_op::sum);
+        f.pending =
+            comm_.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks, reduce_op::sum);
       else
         f.pending = comm_.start_reduce_scatter(f.wire.data(), f.direct ? store : f.wire.data() + me * f.block, f.block,
                                                reduce_op::sum);
@@ -835,7 +835,9 @@ class engine {
     const elementwise::merge_bins_rule rule{before.bin, in.bin, s.sum.bin};
     for (std::size_t b = 0; b < kept_blocks(); ++b) {
       std::int64_t* st = bins_.data() + K * grads_base(ul) + b * K * ul.shard;
-      const std::int64_t* w = f.wire.data() + (updates_every_element<P> ? b * f.block : static_cast<std::size_t>(rank_) * f.block) + part.at;
+      const std::int64_t* w = f.wire.data() +
+                              (updates_every_element<P> ? b * f.block : static_cast<std::size_t>(rank_) * f.block) +
+                              part.at;
       sys_.for_each(ul.shard, rule, elementwise::inout(st), elementwise::inout(st + ul.shard),
                     elementwise::inout(st + 2 * ul.shard), elementwise::in(w), elementwise::in(w + ul.shard),
                     elementwise::in(w + 2 * ul.shard));
@@ -870,7 +872,7 @@ class engine {
     constexpr std::size_t K = binned::words + 1;
     auto non_finite = [](binned::summary s) {
       return (s.flags & binned::summary::not_a_number) ? std::numeric_limits<double>::quiet_NaN()
-                                                        : std::numeric_limits<double>::infinity();
+                                                       : std::numeric_limits<double>::infinity();
     };
     binned::summary flagged;
     for (const auto& s : units_) flagged.flags |= s.sum.flags;
@@ -928,25 +930,31 @@ class engine {
   // Whether the system has the reductions of the reproducible mode (sys::host; not sys::cuda yet). The
   // mode is refused at construction without them, so the calls below are never reached there; they
   // go through these wrappers so that the engine still compiles for such a system.
-  static constexpr bool binned_system = requires(const system& y, const grad_type* g, const float* const* f,
-                                                 const std::size_t* n, std::int64_t* w) {
+  static constexpr bool binned_system =
+      requires(const system& y, const grad_type* g, const float* const* f, const std::size_t* n, std::int64_t* w) {
     { y.binned_summary(g, n[0]) } -> std::same_as<std::int64_t>;
     { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
     y.binned_sum_of_squares(f, n, n[0], 1.0f, 0, w);
   };
   std::int64_t binned_summary(const grad_type* g, std::size_t n) const {
-    if constexpr (binned_system) return sys_.binned_summary(g, n);
-    else fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
+    if constexpr (binned_system)
+      return sys_.binned_summary(g, n);
+    else
+      fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
   }
   std::int64_t binned_square_summary(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
                                      float divisor) const {
-    if constexpr (binned_system) return sys_.binned_square_summary(segments.data(), sizes.data(), segments.size(), divisor);
-    else fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
+    if constexpr (binned_system)
+      return sys_.binned_square_summary(segments.data(), sizes.data(), segments.size(), divisor);
+    else
+      fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
   }
   void binned_sum_of_squares(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
                              float divisor, int top, std::int64_t* words) const {
-    if constexpr (binned_system) sys_.binned_sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor, top, words);
-    else fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
+    if constexpr (binned_system)
+      sys_.binned_sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor, top, words);
+    else
+      fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
   }
 
   // The constructor's checks of the reproducible mode that need the world size or the system.
@@ -1186,7 +1194,8 @@ class engine {
                ": fp32_grad_accumulation applies to the gradient shard of stages 2 and 3; stage ", P::stage,
                " keeps full gradients in the precision's gradient type");
     ZERO_CHECK(!o.reproducible || o.accumulate == accumulation::reduce_each_micro_batch, invalid_argument, "rank ",
-               rank, ": engine_options::reproducible sums every micro-batch's gradient exactly, so each must be "
+               rank,
+               ": engine_options::reproducible sums every micro-batch's gradient exactly, so each must be "
                "reduced on its own: local_then_reduce would add them in fp32 first (use reduce_each_micro_batch)");
     ZERO_CHECK(!o.reproducible || !o.fp32_grad_accumulation, invalid_argument, "rank ", rank,
                ": engine_options::reproducible already keeps the gradient sum exact and rounds it once to fp32; "
@@ -1232,12 +1241,14 @@ class engine {
   // Calls f with the buffer that holds the reduced gradients: fp32 or the precision's type.
   template <class F>
   void with_grad_store(F f) {
-    if (options_.fp32_grad_accumulation || options_.reproducible) f(grads32_);
+    if (options_.fp32_grad_accumulation || options_.reproducible)
+      f(grads32_);
     else f(grads_);
   }
   template <class F>
   void with_grad_store(F f) const {
-    if (options_.fp32_grad_accumulation || options_.reproducible) f(grads32_);
+    if (options_.fp32_grad_accumulation || options_.reproducible)
+      f(grads32_);
     else f(grads_);
   }
 
@@ -1500,7 +1511,7 @@ class engine {
   int rank_;
   buffer<param_type, system> params_;
   buffer<grad_type, system> grads_;
-  buffer<float, system> grads32_;  // instead of grads_ under fp32_grad_accumulation and reproducible
+  buffer<float, system> grads32_;      // instead of grads_ under fp32_grad_accumulation and reproducible
   buffer<std::int64_t, system> bins_;  // reproducible: the binned sums (binned::words planes per unit)
   buffer<float, system> master_;
   buffer<float, system> states_[Opt::slots > 0 ? Opt::slots : 1];

@@ -129,9 +129,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
              "plan: fp32_grad_accumulation applies to stages 2 and 3, not stage ", stage);
   const bool repro = options.reproducible;
   ZERO_CHECK(!repro || (options.accumulate == accumulation::reduce_each_micro_batch && !options.fp32_grad_accumulation),
-             invalid_argument, "plan: reproducible reduces every micro-batch on its own, without fp32_grad_accumulation");
-  ZERO_CHECK(!repro || static_cast<std::uint64_t>(ranks) * static_cast<std::uint64_t>(options.micro_batches) <= (1u << 24),
-             invalid_argument, "plan: reproducible averages over N x micro_batches, at most 2^24");
+             invalid_argument,
+             "plan: reproducible reduces every micro-batch on its own, without fp32_grad_accumulation");
+  ZERO_CHECK(
+      !repro || static_cast<std::uint64_t>(ranks) * static_cast<std::uint64_t>(options.micro_batches) <= (1u << 24),
+      invalid_argument, "plan: reproducible averages over N x micro_batches, at most 2^24");
 
   // The layout alone decides how units split, the same for every stage, so one layout serves them all.
   const layout l = layout::make(spec, ranks);

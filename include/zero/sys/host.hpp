@@ -108,7 +108,8 @@ struct host {
   static std::int64_t binned_square_summary(const G* const* segments, const std::size_t* sizes, std::size_t count,
                                             float divisor) {
     // The largest square is the square of the largest magnitude.
-    const magnitude_summary s = largest_magnitude(segments, sizes, count, [divisor](float x) { return fp::div(x, divisor); });
+    const magnitude_summary s =
+        largest_magnitude(segments, sizes, count, [divisor](float x) { return fp::div(x, divisor); });
     const binned::summary sq = binned::summary_of(static_cast<double>(s.largest) * s.largest);
     return binned::pack(binned::summary{s.finite() ? sq.bin : -1, s.flags});
   }
