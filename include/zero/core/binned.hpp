@@ -117,32 +117,40 @@ ZERO_HD inline summary summary_of(F x) {
   return summary{(lead - fmt::lowest) / word_bits, 0};
 }
 
-// The signed digit of a finite value in bin b: its bits of weight 2^(32 b + lowest) .. 2^(32 b +
-// lowest + 31), as an integer below 2^32 with the value's sign. Depends on the value and b only.
-template <class F>
-ZERO_HD inline std::int64_t digit(const decomposed& d, int b) {
-  const int s = d.e - (word_bits * b + format<F>::lowest);  // where m's lowest bit sits in the bin
-  // Both shifts computed, one selected: no branch on the data (the bins a value reaches vary from
-  // element to element, so a branch would be mispredicted).
-  const std::uint64_t left = d.m << (s & 63), right = d.m >> (-s & 63);
-  std::uint64_t v = (s >= 0 ? left : right) & 0xffffffffu;
-  v = (s >= word_bits || s <= -64 || b < 0) ? 0 : v;
-  const auto sv = static_cast<std::int64_t>(v);
-  return d.negative ? -sv : sv;
-}
-
-// The K words of a value for a sum whose top bin is `top`: w[0] is bin top, w[k] bin top - k (a word
-// of a value depends on the value and its bin only, never on `top`); bits below bin top - K + 1 are
-// dropped, which truncates the value toward zero. A value whose bits reach above the top bin must not
-// be given (the top is the largest bin of all terms). An infinity or NaN gives zeros (its summary
-// carries it).
+// The K words of a value for a sum whose top bin is `top`: w[0] is bin top, w[k] bin top - k, each the
+// value's bits in that bin as an integer below 2^32 with the value's sign (a word of a value depends
+// on the value and its bin only, never on `top`). Bits below bin top - K + 1 are dropped, which
+// truncates the value toward zero. A value whose bits reach above the top bin must not be given (the
+// top is the largest bin of all terms). An infinity or NaN gives zeros (its summary carries it).
+// Straight from the bits, without branches on the data but the shift's range (the bins a value reaches
+// vary from element to element).
 template <class F, int K>
 ZERO_HD inline void to_words(F x, int top, std::int64_t (&w)[K]) {
+  static_assert(K >= 1 && K <= 4, "binned::to_words: the words of a value fit a 128-bit window");
   using fmt = format<F>;
   using U = typename fmt::bits_type;
-  const U field = (__builtin_bit_cast(U, x) >> (fmt::precision - 1)) & ((U{1} << fmt::exponent_bits) - 1);
-  const decomposed d = field == (U{1} << fmt::exponent_bits) - 1 ? decomposed{} : decompose(x);
-  for (int k = 0; k < K; ++k) w[k] = digit<F>(d, top - k);
+  constexpr int frac_bits = fmt::precision - 1;
+  constexpr U max_field = (U{1} << fmt::exponent_bits) - 1;
+  const U u = __builtin_bit_cast(U, x);
+  const U a = u & ~(U{1} << (8 * sizeof(U) - 1)), field = a >> frac_bits;
+  // |x| = m 2^e: a subnormal's significand is its fraction, with the exponent of field 1
+  const std::uint64_t m = field == max_field ? 0 : field ? (a & ((U{1} << frac_bits) - 1)) | (U{1} << frac_bits) : a;
+  const int e = static_cast<int>(field ? field : 1) + fmt::min_exponent - 1;
+  // m placed in the window of the K words (bit 0: the lowest bit of bin top - K + 1) as a 128-bit
+  // integer hi:lo; p < 0 drops m's lowest -p bits.
+  const int p = e - (word_bits * (top - K + 1) + fmt::lowest);
+  std::uint64_t lo = 0, hi = 0;
+  if (p >= 64) {
+    hi = p < 128 ? m << (p - 64) : 0;  // (only a zero, whose m is 0, can sit that high)
+  } else if (p > 0) {
+    lo = m << p;
+    hi = m >> (64 - p);
+  } else if (p > -64) {
+    lo = m >> -p;
+  }
+  const std::uint64_t parts[4] = {lo & 0xffffffffu, lo >> 32, hi & 0xffffffffu, hi >> 32};
+  const std::int64_t sign = -static_cast<std::int64_t>(u >> (8 * sizeof(U) - 1));  // 0 or -1
+  for (int k = 0; k < K; ++k) w[k] = (static_cast<std::int64_t>(parts[K - 1 - k]) ^ sign) - sign;
 }
 
 // Words of a sum with top bin `from`, re-expressed for a larger top bin `to`: the words shift down by
