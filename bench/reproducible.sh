@@ -27,16 +27,21 @@ while [ $# -gt 0 ]; do
 done
 train_mlp=$build/examples/train_mlp
 [ -x "$train_mlp" ] || { echo "no $train_mlp: build it first (ninja -C $build examples/train_mlp)" >&2; exit 1; }
-# 64 rows per step in micro-batches of 16: M = 4 / N per rank in both modes.
-model=(--in 512 --hidden 512 --layers 8 --batch 64 --micro-batch 16 --steps "$steps" --json)
+# The model; each configuration gives its batch and micro-batch (64 rows in micro-batches of 16: M = 4 / N
+# per rank in both modes; 256 in 64: four times the compute per micro-batch, the same reductions).
+model=(--in 512 --hidden 512 --layers 8 --steps "$steps" --json)
+small=(--batch 64 --micro-batch 16)
+large=(--batch 256 --micro-batch 64)
 links=("")
-[ -n "$gbps" ] && links+=("--link-gbps $gbps --link-latency-us 10")
+[ -n "$gbps" ] && links+=("--link-gbps $gbps --link-latency-us 20")
 mkdir -p "$(dirname "$out")"
 : >"$out"
 
 for link in "${links[@]}"; do
-  for config in "--stage 2 --ranks 1" "--stage 2 --ranks 2" "--stage 2 --ranks 4" "--stage 3 --ranks 4" \
-                "--stage 0 --ranks 4" "--stage 2 --ranks 4 --precision bf16"; do
+  for config in "${small[*]} --stage 2 --ranks 1" "${small[*]} --stage 2 --ranks 2" "${small[*]} --stage 2 --ranks 4" \
+                "${small[*]} --stage 3 --ranks 4" "${small[*]} --stage 0 --ranks 4" \
+                "${small[*]} --stage 2 --ranks 4 --precision bf16" "${large[*]} --stage 2 --ranks 1" \
+                "${large[*]} --stage 2 --ranks 4"; do
     results=()
     for ((k = 0; k < repeats; k++)); do
       for mode in "" "--reproducible"; do
@@ -62,7 +67,7 @@ r["bytes_ratio"] = (r["reproducible_bytes_per_step"] / r["default_bytes_per_step
                     if r["default_bytes_per_step"] else None)
 print(json.dumps(r))
 b = f"{r['bytes_ratio']:.2f}x bytes" if r["bytes_ratio"] else "no traffic"
-print(f"{flags:55s} default {1e3 * r['default_step_s']:8.2f} ms  reproducible {1e3 * r['reproducible_step_s']:8.2f} ms"
+print(f"{flags:75s} default {1e3 * r['default_step_s']:8.2f} ms  reproducible {1e3 * r['reproducible_step_s']:8.2f} ms"
       f"  {r['time_ratio']:.2f}x time, {b}", file=sys.stderr)
 PY
   done
