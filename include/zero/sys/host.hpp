@@ -10,6 +10,7 @@
 #include "zero/core/binned.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/fp.hpp"
+#include "zero/core/half_types.hpp"
 #include "zero/sys/host_loop.hpp"
 
 namespace zero::sys {
@@ -84,14 +85,15 @@ struct host {
     std::uint32_t largest = 0, infinite = 0, nan = 0;
     for (std::size_t k = 0; k < count; ++k)
       for (std::size_t j = 0; j < sizes[k]; ++j) {
-        const std::uint32_t a = __builtin_bit_cast(std::uint32_t, f(static_cast<float>(segments[k][j]))) & 0x7fffffffu;
+        const float v = f(static_cast<float>(segments[k][j]));
+        const std::uint32_t a = zero::detail::float_to_u32(v) & 0x7fffffffu;
         infinite |= a == 0x7f800000u;
         nan |= a > 0x7f800000u;
         const std::uint32_t finite = a < 0x7f800000u ? a : 0u;
         largest = finite > largest ? finite : largest;
       }
     magnitude_summary s;
-    s.largest = __builtin_bit_cast(float, largest);
+    s.largest = zero::detail::u32_to_float(largest);
     s.bin = binned::summary_of(s.largest).bin;
     s.flags = (infinite ? binned::summary::infinite : 0u) | (nan ? binned::summary::not_a_number : 0u);
     return s;
