@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/counted.hpp"
@@ -88,6 +89,106 @@ class cuda_threads {
 
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_all_reduce(send, recv, count, op);
+    compute_waits_for_peers();
+  }
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_reduce_scatter(send, recv, count, op);
+    compute_waits_for_peers();
+  }
+  template <class T>
+  void all_gather(const T* send, T* recv, std::size_t count) {
+    enqueue_all_gather(send, recv, count);
+    compute_waits_for_peers();
+  }
+
+  // Nonblocking collectives (comm/nonblocking.hpp): start_* makes the host agreement and enqueues
+  // the work as the blocking call does, but the compute stream does not wait for it until wait(r),
+  // an event wait on the device (the host never blocks on the GPU): kernels enqueued in between run
+  // while the collective moves data. wait(r) waits on every rank's `comm done` event as the blocking
+  // call would. A peer may have re-recorded its event for a later collective by then; the wait is then
+  // for that later record, which follows this collective's work on the peer's stream: a longer wait,
+  // never a shorter one, and never a cycle (a record exists only for a collective this rank entered,
+  // whose `compute ready` precedes the wait on this rank's compute stream). A request dropped without
+  // wait waits in its destructor.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        finish();
+        owner_ = std::exchange(o.owner_, nullptr);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { finish(); }
+
+   private:
+    friend class cuda_threads;
+    explicit request(cuda_threads* owner) : owner_(owner) {}
+    void finish() noexcept {
+      if (!owner_) return;
+      try {
+        owner_->compute_waits_for_peers();
+      } catch (...) {  // a destructor: the next checked call reports a device error
+      }
+      owner_ = nullptr;
+    }
+    cuda_threads* owner_ = nullptr;
+  };
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_all_reduce(send, recv, count, op);
+    return request(this);
+  }
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_reduce_scatter(send, recv, count, op);
+    return request(this);
+  }
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    enqueue_all_gather(send, recv, count);
+    return request(this);
+  }
+  void wait(request& r) {
+    if (!r.owner_) return;
+    r.owner_ = nullptr;
+    compute_waits_for_peers();
+  }
+
+  template <class T>
+  void broadcast(const T* send, T* recv, std::size_t count, int root) {
+    ZERO_CHECK(root >= 0 && root < size(), invalid_argument, "comm::cuda_threads rank ", rank_, ": broadcast root ",
+               root, " is not in [0, ", size(), ")");
+    enter<T>(detail::coll_kind::broadcast, send, recv, count, reduce_op::sum, root);
+    const T* src = static_cast<const T*>(world().slot(root).send);
+    if (src != recv && count > 0)
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv, src, count * sizeof(T), cudaMemcpyDeviceToDevice, context().comm()));
+    leave(detail::coll_kind::broadcast);
+    compute_waits_for_peers();
+  }
+
+  // Host and device: no rank returns before all have arrived, and work any rank enqueued before the
+  // barrier precedes work every rank enqueues after it.
+  void barrier() {
+    world().announce_barrier(rank_);
+    context().record_compute_ready();
+    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
+    detail::check_agreement(world(), rank_);
+    for (int k = 0; k < size(); ++k)
+      ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).compute_ready_event(), 0));
+    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
+    world().finish(rank_);
+  }
+
+ private:
+  template <class T>
+  void enqueue_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     enter<T>(detail::coll_kind::all_reduce, send, recv, count, op, 0);
     // Rank r reduces the r-th chunk and writes it to every rank: each element is summed once, in rank
     // order; chunks are disjoint, so in-place use is safe. Chunk edges are multiples of the kernel's
@@ -109,7 +210,7 @@ class cuda_threads {
   }
 
   template <class T>
-  void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+  void enqueue_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
     enter<T>(detail::coll_kind::reduce_scatter, send, recv, count, op, 0);
     if (count > 0) {
       const std::size_t base = count * static_cast<std::size_t>(rank_);
@@ -129,7 +230,7 @@ class cuda_threads {
   }
 
   template <class T>
-  void all_gather(const T* send, T* recv, std::size_t count) {
+  void enqueue_all_gather(const T* send, T* recv, std::size_t count) {
     enter<T>(detail::coll_kind::all_gather, send, recv, count, reduce_op::sum, 0);
     for (int k = 0; k < size() && count > 0; ++k) {
       const T* src = static_cast<const T*>(world().slot(k).send);
@@ -140,31 +241,6 @@ class cuda_threads {
     leave(detail::coll_kind::all_gather);
   }
 
-  template <class T>
-  void broadcast(const T* send, T* recv, std::size_t count, int root) {
-    ZERO_CHECK(root >= 0 && root < size(), invalid_argument, "comm::cuda_threads rank ", rank_, ": broadcast root ",
-               root, " is not in [0, ", size(), ")");
-    enter<T>(detail::coll_kind::broadcast, send, recv, count, reduce_op::sum, root);
-    const T* src = static_cast<const T*>(world().slot(root).send);
-    if (src != recv && count > 0)
-      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv, src, count * sizeof(T), cudaMemcpyDeviceToDevice, context().comm()));
-    leave(detail::coll_kind::broadcast);
-  }
-
-  // Host and device: no rank returns before all have arrived, and work any rank enqueued before the
-  // barrier precedes work every rank enqueues after it.
-  void barrier() {
-    world().announce_barrier(rank_);
-    context().record_compute_ready();
-    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
-    detail::check_agreement(world(), rank_);
-    for (int k = 0; k < size(); ++k)
-      ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).compute_ready_event(), 0));
-    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
-    world().finish(rank_);
-  }
-
- private:
   struct shared {
     shared(int n, std::chrono::milliseconds timeout)
         : world(n, timeout, "comm::cuda_threads"), contexts(static_cast<std::size_t>(n)) {}
@@ -195,11 +271,15 @@ class cuda_threads {
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().comm(), peer(k).compute_ready_event(), 0));
   }
-  // Nobody's compute stream goes on (and reuses or frees a buffer) before every rank's part is done.
+  // Every rank's work is enqueued and its `comm done` recorded before any rank leaves the host
+  // agreement.
   void leave(detail::coll_kind kind) {
     context().record_comm_done();
     world().arrive_and_wait(rank_, kind);
     world().finish(rank_);
+  }
+  // Nobody's compute stream goes on (and reuses or frees a buffer) before every rank's part is done.
+  void compute_waits_for_peers() {
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).comm_done_event(), 0));
   }
@@ -209,5 +289,6 @@ class cuda_threads {
 };
 static_assert(CommBackend<cuda_threads>);
 static_assert(CommBackend<counted<cuda_threads>>);
+static_assert(nonblocking<cuda_threads>);
 
 }  // namespace zero::comm
