@@ -165,6 +165,7 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
       global_max(report, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   out.comm_bytes = global_max(report, static_cast<double>(step_bytes.bytes));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  trainer::offload_summary(e, out, [&](double v) { return global_max(report, v); });
   trainer::finish(e, comm, o);
 }
 

@@ -539,6 +539,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   for (int c = 0; c < zero::mem_category_count; ++c) out.by_category[c] = maxima[5 + static_cast<std::size_t>(c)];
   out.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  trainer::offload_summary(e, out, [&](double v) { return reduce_over_ranks(comm, {v}, zero::reduce_op::max)[0]; });
   out.device = device_name(comm.context().device());
   trainer::finish(e, comm, o);
   if (rl.wanted && rank == 0) measure_floor(comm.context(), m, e, o.model, rl);

@@ -48,6 +48,11 @@ struct options {
   std::string gemm;
   double link_gbps = 0, link_latency_us = 0;
   std::string overlap = "on";  // engine_options::overlap: on|off
+  // engine_options::offload: where master weights and optimizer slots live (none|host|disk), the
+  // disk tier's directory, and the elements streamed per slice.
+  std::string offload = "none";
+  std::string offload_dir;
+  std::uint64_t offload_slice = std::uint64_t{1} << 20;
   bool link() const { return link_gbps > 0 || link_latency_us > 0; }
 };
 
@@ -66,6 +71,11 @@ struct summary {
   // definitions are in docs/performance.md): compute + comm_exposed + optimizer + other = step.
   double time_step_s = -1, time_compute_s = -1, time_comm_exposed_s = -1, time_optimizer_s = -1, time_other_s = -1;
   double link_modeled_s = -1, link_waited_s = -1;  // per step, with a modeled link: its cost, and the time held
+  // With --offload host|disk (max over ranks): the tier's bytes, their formula, the host memory of the
+  // slices in flight, and what the last updating step moved (disk reads + writes, host <-> device).
+  double offload_bytes = 0, offload_formula = 0, offload_staging = 0, offload_moved = 0, offload_moved_formula = 0;
+  std::string offload_file;  // rank 0's, disk tier
+  bool offload_direct = false;
 };
 
 // ---- flag values, checked after their conversion ---------------------------------------------
@@ -262,10 +272,25 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file")
       ->check(checked_target(export_target_problem, "export target"));
-  app.add_option("--memory-limit", o.memory_limit,
-                 "bytes each rank's engine may hold (model states are checked before allocation; 0: no limit)")
+  app.add_option("--memory-limit,--state-memory-limit", o.memory_limit,
+                 "bytes each rank's engine may hold in its system's memory (model states are checked before "
+                 "allocation; 0: no limit); offloaded states (--offload) are outside it")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  auto* offload_flag =
+      app.add_option("--offload", o.offload,
+                     "where master weights and optimizer states live: none (with the parameters), host (host "
+                     "memory), disk (a file per rank in --offload-dir); the same bits either way")
+          ->check(CLI::IsMember({"none", "host", "disk"}))
+          ->capture_default_str();
+  app.add_option("--offload-dir", o.offload_dir, "--offload disk: the directory each rank's state file is created in")
+      ->check(CLI::ExistingDirectory)
+      ->needs(offload_flag);
+  app.add_option("--offload-slice", o.offload_slice,
+                 "--offload: elements streamed per slice (a multiple of 1024; three slices per state array in flight)")
+      ->check(CLI::Range(std::uint64_t{1024}, std::uint64_t{1} << 40))
+      ->capture_default_str()
+      ->needs(offload_flag);
   app.add_option("--log", o.log, "write one JSON line per step into this file (tools/plot_run.py draws it)")
       ->check(checked_target(log_target_problem, "log file"));
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
@@ -297,6 +322,11 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.micro_batches = o.accum;
   eo.memory_limit_bytes = o.memory_limit;
   eo.overlap = o.overlap != "off";
+  eo.offload.tier = o.offload == "host" ? zero::offload_tier::host
+                    : o.offload == "disk" ? zero::offload_tier::disk
+                                          : zero::offload_tier::none;
+  eo.offload.directory = o.offload_dir;
+  eo.offload.slice_elements = static_cast<std::size_t>(o.offload_slice);
   return eo;
 }
 
@@ -328,6 +358,20 @@ inline std::string hex(std::uint64_t v) {
   return buf;
 }
 
+// The offload part of the summary, from the rank's engine; `max` reduces a value over ranks.
+template <class Engine, class Max>
+void offload_summary(const Engine& e, summary& out, Max&& max) {
+  const zero::offload_report& r = e.offload();
+  const auto moved = [](const zero::offload_traffic& t) { return static_cast<double>(t.total()); };
+  out.offload_bytes = max(static_cast<double>(r.host_bytes + r.disk_bytes));
+  out.offload_formula = max(static_cast<double>(e.offload_formula_bytes()));
+  out.offload_staging = max(static_cast<double>(r.staging_bytes));
+  out.offload_moved = max(moved(r.last_step));
+  out.offload_moved_formula = max(moved(e.offload_formula_traffic()));
+  out.offload_file = r.file;
+  out.offload_direct = r.direct_io;
+}
+
 inline void print_summary(const options& o, const summary& s) {
   std::printf("\nZeRO stage %d, %d ranks (%s%s%s), %s, %s, steps %llu-%llu in %.2f s\n", o.stage, o.ranks,
               o.backend.c_str(), s.device.empty() ? "" : " on ", s.device.c_str(), o.precision.c_str(),
@@ -343,6 +387,14 @@ inline void print_summary(const options& o, const summary& s) {
   std::printf("    %-17s %14.0f   formula %.0f (%s)\n", "model states", s.model_state_bytes, s.model_state_formula,
               s.model_state_bytes == s.model_state_formula ? "equal" : "DIFFERS");
   std::printf("    %-17s %14.0f\n", "transient peak", s.transient_peak);
+  if (o.offload != "none") {
+    std::printf("  offloaded to %s%s: %.0f bytes per rank, formula %.0f (%s); %.0f bytes of host staging\n",
+                o.offload.c_str(), o.offload == "disk" ? (s.offload_direct ? " (O_DIRECT)" : " (buffered)") : "",
+                s.offload_bytes, s.offload_formula, s.offload_bytes == s.offload_formula ? "equal" : "DIFFERS",
+                s.offload_staging);
+    std::printf("    moved per step between tiers: %.0f bytes, formula %.0f (%s)\n", s.offload_moved,
+                s.offload_moved_formula, s.offload_moved == s.offload_moved_formula ? "equal" : "DIFFERS");
+  }
   const double elem = o.precision == "fp32" ? 4.0 : 2.0;
   std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.3f x Psi elements\n", s.comm_bytes,
               s.comm_formula, s.comm_bytes == s.comm_formula ? "equal" : "DIFFERS",
@@ -394,6 +446,15 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
   };
   if (!s.device.empty()) j["device"] = s.device;
   if (!o.gemm.empty()) j["gemm"] = o.gemm;
+  if (o.offload != "none") {
+    j["offload"] = o.offload;
+    j["offload_bytes_per_rank"] = static_cast<std::uint64_t>(s.offload_bytes);
+    j["offload_formula_bytes"] = static_cast<std::uint64_t>(s.offload_formula);
+    j["offload_staging_bytes"] = static_cast<std::uint64_t>(s.offload_staging);
+    j["offload_moved_bytes_per_step"] = static_cast<std::uint64_t>(s.offload_moved);
+    j["offload_moved_formula_bytes"] = static_cast<std::uint64_t>(s.offload_moved_formula);
+    if (o.offload == "disk") j["offload_direct_io"] = s.offload_direct;
+  }
   const std::pair<const char*, double> split[] = {
       {"time_step_s", s.time_step_s},           {"time_compute_s", s.time_compute_s},
       {"time_comm_exposed_s", s.time_comm_exposed_s}, {"time_optimizer_s", s.time_optimizer_s},

@@ -30,6 +30,8 @@ HEADERS = {
     "include/zero/comm/counted.hpp": ["comm_stats", "collective"],
     "include/zero/core/memory.hpp": ["memory_report", "mem_category"],
     "include/zero/core/half_types.hpp": ["bf16", "fp16", "to_float"],
+    "include/zero/offload/options.hpp": None,
+    "include/zero/offload/state_store.hpp": ["offload_report", "offload_traffic"],
 }
 
 IDENT = re.compile(r"[A-Za-z_]\w*")

@@ -17,6 +17,7 @@ LAYERS = [
     ("policies", ["precision/", "optim/", "partition/"]),
     ("gpu", ["gpu/"]),
     ("systems", ["sys/"]),
+    ("offload", ["offload/"]),
     ("comm helpers", ["comm/detail/", "comm/backoff.hpp", "comm/call_label.hpp", "comm/counted.hpp",
                       "comm/fingerprint.hpp", "comm/flight_recorder.hpp", "comm/mpi_session.hpp", "comm/nonblocking.hpp",
                       "comm/peer_process.hpp", "comm/termination_report.hpp"]),

@@ -25,7 +25,7 @@ for kind in "${kinds[@]}"; do
       # Every CPU unit suite (the compile-fail diagnostics need no sanitizer).
       tests=(layout collectives equivalence formulas errors options half_types state_access precision optimizers plan gpt_model
              tied_weights hyper_parameters host_loops
-             checkpoint checkpoint_corruption checkpoint_kill checkpoint_export
+             checkpoint checkpoint_corruption checkpoint_kill checkpoint_export offload
              checkpoint_python_reader safetensors_python_reader)
       targets=(tests/checkpoint_fixture tools/zero_export)
       ;;
@@ -34,7 +34,7 @@ for kind in "${kinds[@]}"; do
       # The suites whose ranks are threads of one process (comm::threads). Not checkpoint_export: it
       # replaces the global operator new to measure memory, which TSan's runtime defines itself.
       tests=(collectives equivalence errors options state_access precision tied_weights
-             checkpoint checkpoint_corruption checkpoint_kill)
+             checkpoint checkpoint_corruption checkpoint_kill offload)
       targets=()
       ;;
     *)

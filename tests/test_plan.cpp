@@ -33,6 +33,7 @@ zero::init_range_fn init() {
 struct measured {
   std::array<std::size_t, zero::mem_category_count> current{};
   std::size_t transient_peak = 0, peak_total = 0;
+  std::uint64_t offloaded = 0;  // offload(): host and disk bytes
   zero::comm::comm_stats last_step, control;
   bool skipped = false;
   bool out_of_memory = false;
@@ -71,6 +72,7 @@ measured train(int n, const zero::engine_options& options, int steps = 2) {
         m.skipped = m.skipped || e.step().skipped;
       }
       m.current = e.memory().current;
+      m.offloaded = e.offload().host_bytes + e.offload().disk_bytes;
       m.transient_peak = e.memory().peak_bytes(mem_category::transient);
       m.peak_total = e.memory().peak_total;
       m.last_step = e.comm().last_step;
@@ -111,6 +113,7 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(p.model_states.master == m.current[static_cast<int>(mem_category::master)]);
   CHECK(p.model_states.optimizer_states == m.current[static_cast<int>(mem_category::optimizer_states)]);
   CHECK(m.current[static_cast<int>(mem_category::transient)] == 0);
+  CHECK(p.offloaded_bytes == m.offloaded);
   CHECK(p.step_transient_peak == m.transient_peak);
   CHECK(p.peak_bytes == m.peak_total);
   check_stats(p.step_comm, m.last_step);
@@ -119,7 +122,8 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(p.step_bytes_sent() ==
         zero::formula::comm_bytes_per_step(
             Stage::stage, p.padded, n, sizeof(typename Prec::comm_type),
-            options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1));
+            options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1, 0,
+            p.persistent));
 
   // fits() is exact: a budget of peak_bytes trains, one byte less is refused as out of memory.
   zero::engine_options tight = options;
@@ -140,11 +144,21 @@ void check_all_options(int n) {
   o = {};
   o.clip_norm = 1.0f;
   check_plan<Stage, Opt, Prec>(n, o, "clipping (a norm in every precision)");
+  o.offload.tier = zero::offload_tier::host;  // master weights and slots out of memory(): none of them planned
+  check_plan<Stage, Opt, Prec>(n, o, "clipping, states offloaded to host memory");
   o = {};
   if constexpr (Stage::shards_gradients) {
     o.fp32_grad_accumulation = true;
     o.micro_batches = 3;
     check_plan<Stage, Opt, Prec>(n, o, "fp32 gradient shard, 3 micro-batches");
+    if constexpr (Stage::shards_parameters) {
+      // embed, tiny and head (600, 1 and 357 elements) stay gathered; block (985) is gathered on demand.
+      o = {};
+      o.persist_below_elements = 600;
+      check_plan<Stage, Opt, Prec>(n, o, "persistent units");
+      o.micro_batches = 2;
+      check_plan<Stage, Opt, Prec>(n, o, "persistent units, 2 micro-batches");
+    }
   } else {
     o.accumulate = zero::accumulation::local_then_reduce;
     o.micro_batches = 2;

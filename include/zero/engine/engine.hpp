@@ -35,6 +35,7 @@
 #include "zero/engine/reports.hpp"
 #include "zero/engine/tensor_view.hpp"
 #include "zero/error.hpp"
+#include "zero/offload/state_store.hpp"
 #include "zero/precision/fp32.hpp"
 #include "zero/precision/loss_scaler.hpp"
 
@@ -77,18 +78,23 @@ class engine {
     const std::size_t param_elems = P::shards_parameters ? shard : full;
     const std::size_t grad_elems = P::shards_gradients ? shard : full;
     const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
-    check_memory(model_state_plan{param_elems * sizeof(param_type),
+    place_persistent_units();
+    // Offloaded master weights and slots are not in the system's memory: nothing of them to check here.
+    const std::size_t in_system = options_.offload.tier == offload_tier::none ? state_elems : 0;
+    check_memory(model_state_plan{(param_elems + persistent_elems_) * sizeof(param_type),
                                   grad_elems * (options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type)),
-                                  Prec::separate_master ? state_elems * sizeof(float) : 0,
-                                  static_cast<std::size_t>(Opt::slots) * state_elems * sizeof(float)});
+                                  Prec::separate_master ? in_system * sizeof(float) : 0,
+                                  static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float)});
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
+    if (persistent_elems_ > 0) persistent_ = buffer<param_type, system>(persistent_elems_, mem_category::params, acct_);
     if (options_.fp32_grad_accumulation)
       grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
     else
       grads_ = buffer<grad_type, system>(grad_elems, mem_category::grads, acct_);
-    if constexpr (Prec::separate_master) master_ = buffer<float, system>(state_elems, mem_category::master, acct_);
-    for (int k = 0; k < Opt::slots; ++k)
-      states_[k] = buffer<float, system>(state_elems, mem_category::optimizer_states, acct_);
+    std::array<mem_category, state_arrays> categories{};
+    for (int a = 0; a < state_arrays; ++a)
+      categories[static_cast<std::size_t>(a)] = a < master_arrays ? mem_category::master : mem_category::optimizer_states;
+    store_ = offload::state_store<system>(options_.offload, rank_, state_arrays, state_elems, categories.data(), acct_);
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -169,8 +175,8 @@ class engine {
       }
     }
     if (check) check_init_agreement(hashes);
-    if constexpr (gathers_parameters_after_update<P>)
-      if (!broadcast) gather_replicated_params(other_comm_, "parameter refresh");
+    // Each rank stored only what it keeps: the units kept whole gather the other ranks' slices.
+    if (!broadcast) refresh_whole_parameters(other_comm_, "parameter refresh");
   }
 
   // ---- the protocol --------------------------------------------------------------------------
@@ -209,7 +215,9 @@ class engine {
     }
     const unit_layout& ul = layout_.unit(u);
     if constexpr (P::shards_parameters) {
-      if (evaluating_) {
+      if (persistent(u)) {
+        complete_parameter_gather(s);  // a view of the unit's persistent copy, once step()'s gather is done
+      } else if (evaluating_) {
         s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
         const auto l = label("gather", u);
         auto r = eval_comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
@@ -333,11 +341,7 @@ class engine {
     if (!r.skipped) {
       ++step_;
       const auto c = opt_.constants(step_);
-      if constexpr (gathers_parameters_after_update<P>) {
-        update_and_gather_params(c, divisor, coef);
-      } else {
-        for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c, divisor, coef);
-      }
+      update_and_gather_params(c, divisor, coef);
     } else {
       ++skipped_;
     }
@@ -448,13 +452,18 @@ class engine {
   // held_range(u)) to host memory: master[r.size()], slots[k][r.size()] for k < Opt::slots.
   // Needs no wait for step()'s parameter all-gathers still in flight (stages 1-2): it reads only this
   // rank's own slice, which those collectives send from and never write.
+  // From any offload tier (the disk's reads go through its staging blocks). A null pointer skips
+  // its array (a checkpoint streams one array at a time).
   void read_state(unit_id u, range r, float* master, float* const* slots) const {
     const unit_layout& ul = checked_state_range(u, r, "read_state");
-    constexpr bool os = P::shards_optimizer_states;
     if (r.empty()) return;
-    sys_.copy_to_host(master, master_element(ul, r.begin), r.size() * sizeof(float));
+    const std::size_t at = state_index(ul, r.begin);
+    if (master) {
+      if constexpr (Prec::separate_master) store_.read(sys_, 0, at, r.size(), master);
+      else sys_.copy_to_host(master, param_element(ul, r.begin), r.size() * sizeof(float));
+    }
     for (int k = 0; k < Opt::slots; ++k)
-      sys_.copy_to_host(slots[k], element<float, os>(states_[k], ul, r.begin), r.size() * sizeof(float));
+      if (slots[k]) store_.read(sys_, slot_array(k), at, r.size(), slots[k]);
   }
 
   // Stores master weights and optimizer slots of unit-local range r (within held_range(u)). The
@@ -462,11 +471,11 @@ class engine {
   void write_state(unit_id u, range r, const float* master, const float* const* slots) {
     const unit_layout& ul = checked_state_range(u, r, "write_state");
     complete_parameter_gathers();
-    constexpr bool os = P::shards_optimizer_states;
     if (r.empty()) return;
-    sys_.copy_from_host(master_element(ul, r.begin), master, r.size() * sizeof(float));
-    for (int k = 0; k < Opt::slots; ++k)
-      sys_.copy_from_host(element<float, os>(states_[k], ul, r.begin), slots[k], r.size() * sizeof(float));
+    const std::size_t at = state_index(ul, r.begin);
+    if constexpr (Prec::separate_master) store_.write(sys_, 0, at, r.size(), master);
+    else sys_.copy_from_host(param_element(ul, r.begin), master, r.size() * sizeof(float));
+    for (int k = 0; k < Opt::slots; ++k) store_.write(sys_, slot_array(k), at, r.size(), slots[k]);
   }
 
   // After write_state() on every held range: restores the step counter and training state and
@@ -481,16 +490,8 @@ class engine {
     step_ = ts.step;
     skipped_ = ts.skipped_steps;
     if constexpr (Prec::loss_scaling) scaler_.restore(ts.loss_scale, ts.clean_steps, ts.hysteresis_left);
-    if constexpr (Prec::separate_master) {
-      for (std::size_t u = 0; u < units_.size(); ++u) {
-        const unit_layout& ul = layout_.unit(unit_id{u});
-        const range r = held_range(unit_id{u});
-        sys_.for_each(r.size(), elementwise::cast_rule{},
-                      elementwise::out(element<param_type, P::shards_parameters>(params_, ul, r.begin)),
-                      elementwise::in(static_cast<const float*>(master_element(ul, r.begin))));
-      }
-    }
-    if constexpr (gathers_parameters_after_update<P>) gather_replicated_params(other_comm_, "parameter refresh");
+    if constexpr (Prec::separate_master) cast_master_into_params();
+    refresh_whole_parameters(other_comm_, "parameter refresh");
   }
 
   // Everything besides the tensors that a resumed run needs to continue identically.
@@ -515,27 +516,53 @@ class engine {
     return {sizeof(param_type), options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type),
             (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
   }
+  // The model-state bytes in the system's memory: with offload, without the offloaded K bytes.
   std::uint64_t model_state_formula_bytes() const {
-    return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
+    formula::state_sizes z = state_sizes();
+    if (store_.offloaded()) z.k_bytes = 0;
+    return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z, persistent_elems_);
+  }
+  // What the offload tier holds and moves (engine_options::offload), and its formulas: the tier's
+  // bytes, and the bytes moved by one step that updates.
+  const offload_report& offload() const { return store_.report(); }
+  std::uint64_t offload_formula_bytes() const {
+    if (!store_.offloaded()) return 0;
+    return formula::offloaded_state_bytes(P::stage, layout_.padded(), layout_.ranks(),
+                                          static_cast<std::size_t>(state_arrays), on_disk());
+  }
+  offload_traffic offload_formula_traffic() const {
+    if (!store_.offloaded()) return {};
+    const auto t = formula::offload_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(),
+                                                   static_cast<std::size_t>(state_arrays), on_disk(), host_memory_system,
+                                                   held_real_elements(), state_sizes().grad_bytes,
+                                                   Prec::separate_master ? sizeof(param_type) : 0);
+    return {t.disk_read, t.disk_written, t.to_host, t.from_host};
   }
   // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3.
   std::uint64_t comm_formula_bytes() const {
     return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type),
-                                        reduces_per_step(), extra_gathered_elements());
+                                        reduces_per_step(), extra_gathered_elements(), persistent_elems_);
   }
   // Bytes of one forward-only pass inside evaluation() (every unit gathered `gathers` times): stage 3
   // only.
   std::uint64_t eval_comm_formula_bytes() const {
     return formula::eval_comm_bytes_per_pass(P::stage, layout_.padded(), layout_.ranks(),
-                                             sizeof(typename Prec::comm_type), extra_gathered_elements());
+                                             sizeof(typename Prec::comm_type), extra_gathered_elements(),
+                                             persistent_elems_);
   }
-  // Padded elements gathered per pass beyond once per unit: the sum of (gathers - 1) x padded.
+  // Padded elements gathered per pass beyond once per unit: the sum of (gathers - 1) x padded over
+  // the units that are gathered (a persistent unit's uses are views).
   std::uint64_t extra_gathered_elements() const {
     std::uint64_t n = 0;
     for (std::size_t u = 0; u < units_.size(); ++u)
-      n += static_cast<std::uint64_t>(spec_.units()[u].gathers - 1) * layout_.unit(unit_id{u}).padded;
+      if (!persistent(unit_id{u}))
+        n += static_cast<std::uint64_t>(spec_.units()[u].gathers - 1) * layout_.unit(unit_id{u}).padded;
     return n;
   }
+  // Stage 3: whether unit u keeps its gathered parameters between steps (persist_below_elements),
+  // and the padded elements of all such units (Psi_p of the formulas).
+  bool persistent(unit_id u) const { return persistent_at_[u.index] != not_persistent; }
+  std::uint64_t persistent_elements() const { return persistent_elems_; }
 
   const model_spec& spec() const { return spec_; }
   const zero::layout& layout() const { return layout_; }
@@ -820,7 +847,8 @@ class engine {
   std::size_t live_parameters() const {
     std::size_t n = 0;
     for (std::size_t u = 0; u < units_.size(); ++u)
-      n += (std::size_t{units_[u].gathered} + std::size_t{units_[u].prefetching}) * layout_.unit(unit_id{u}).padded;
+      if (!persistent(unit_id{u}))
+        n += (std::size_t{units_[u].gathered} + std::size_t{units_[u].prefetching}) * layout_.unit(unit_id{u}).padded;
     return n;
   }
   // Completes and frees the prefetches no gather took (the order changed, or the step ended).
@@ -834,25 +862,67 @@ class engine {
     }
   }
 
-  // Stages 1-2: the update of each unit, and the all-gather of its parameters started as soon as it
-  // is updated, so that it runs while the next unit updates (overlap); all complete before return.
-  // With overlap, the all-gathers stay in flight after step() returns: the next step's gather(u)
-  // waits for its unit's (the forward pass overlaps them), anything else that reads or writes the
-  // parameters for all of them (complete_parameter_gathers).
+  // The update of each unit, and where a unit's parameters are kept whole (stages 1-2; stage 3's
+  // persistent units) the all-gather of its updated shard, started as soon as it is updated so that it
+  // runs while the next unit updates (overlap). Without overlap each completes at once. With overlap
+  // they stay in flight after step() returns: the next step's gather(u) waits for its unit's (the
+  // forward pass overlaps them), anything else that reads or writes the parameters for all of them
+  // (complete_parameter_gathers).
   void update_and_gather_params(const typename Opt::step_constants& c, float divisor, float coef) {
+    store_.begin_step();
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          update_segment(u, i, n, arrays, c, divisor, coef);
+        },
+        true,
+        [&](unit_id u) {
+          if (!keeps_parameters_whole(u)) return;
+          unit_state& s = units_[u.index];
+          {
+            const auto l = label("step", u);
+            s.parameter_gather = start_whole_parameter_gather(comm_, u);
+          }
+          s.parameter_gather_pending = true;
+          if (!overlapping()) complete_parameter_gather(s);
+          else ++overlap_.parameter_gathers_started;
+        });
+    store_.end_step();
+  }
+  // Whether unit u's parameters are held whole on every rank and so must be all-gathered after each
+  // update: every unit in stages 1-2 (in place), the persistent units in stage 3 (into their copy).
+  bool keeps_parameters_whole(unit_id u) const {
+    if constexpr (gathers_parameters_after_update<P>) return true;
+    else return P::shards_parameters && persistent(u);
+  }
+  // The all-gather of unit u's parameter shard into its whole copy, on `via`.
+  request start_whole_parameter_gather(comm::counted<Comm>& via, unit_id u) {
+    const unit_layout& ul = layout_.unit(u);
+    if constexpr (P::shards_parameters)
+      return via.start_all_gather(shard_of_params(ul, u), persistent_.data() + persistent_at_[u.index], ul.shard);
+    else
+      return via.start_all_gather(element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard),
+                                  params_.data() + ul.offset, ul.shard);
+  }
+  // The same all-gathers, completed at once, after an initialization or a load wrote only this rank's
+  // slices (counted on `via`, the set-up counter): every unit in stages 1-2, the persistent units in
+  // stage 3, nothing elsewhere.
+  void refresh_whole_parameters(comm::counted<Comm>& via, const char* phase) {
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      update_unit(unit_id{u}, c, divisor, coef);
+      if (!keeps_parameters_whole(unit_id{u})) continue;
+      const auto l = label(phase, unit_id{u});
+      auto r = start_whole_parameter_gather(via, unit_id{u});
+      via.wait(r);
+    }
+  }
+  // Stage 3: which units persist (persist_below_elements) and where each one's copy starts.
+  void place_persistent_units() {
+    persistent_at_.assign(units_.size(), not_persistent);
+    if (!P::shards_parameters || options_.persist_below_elements == 0) return;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
       const unit_layout& ul = layout_.unit(unit_id{u});
-      param_type* p = params_.data() + ul.offset;
-      unit_state& s = units_[u];
-      {
-        const auto l = label("step", unit_id{u});
-        s.parameter_gather = comm_.start_all_gather(
-            element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard);
-      }
-      s.parameter_gather_pending = true;
-      if (!overlapping()) complete_parameter_gather(s);
-      else ++overlap_.parameter_gathers_started;
+      if (ul.numel > options_.persist_below_elements) continue;
+      persistent_at_[u] = persistent_elems_;
+      persistent_elems_ += ul.padded;
     }
   }
   void complete_parameter_gather(unit_state& s) {
@@ -897,8 +967,12 @@ class engine {
   }
 
   param_type* full_params_of(unit_id u) {
-    if constexpr (P::shards_parameters) return units_[u.index].full_params.data();
-    else return params_.data() + layout_.unit(u).offset;
+    if constexpr (P::shards_parameters) {
+      if (persistent(u)) return persistent_.data() + persistent_at_[u.index];
+      return units_[u.index].full_params.data();
+    } else {
+      return params_.data() + layout_.unit(u).offset;
+    }
   }
   grad_type* full_grads_of(unit_id u) {
     if (uses_bucket()) return units_[u.index].bucket.data();
@@ -936,6 +1010,16 @@ class engine {
                ": engine_options: prefetch_units must be >= 0 (0: no prefetch), got ", o.prefetch_units);
     ZERO_CHECK(o.reduces_in_flight >= 1, invalid_argument, "rank ", rank,
                ": engine_options: reduces_in_flight must be >= 1, got ", o.reduces_in_flight);
+    const offload_options& f = o.offload;
+    ZERO_CHECK(f.tier == offload_tier::none || f.tier == offload_tier::host || f.tier == offload_tier::disk,
+               invalid_argument, "rank ", rank, ": engine_options: offload.tier is not an offload_tier value (",
+               static_cast<int>(f.tier), ")");
+    ZERO_CHECK(f.slice_elements > 0 && f.slice_elements % 1024 == 0, invalid_argument, "rank ", rank,
+               ": engine_options: offload.slice_elements must be a positive multiple of 1024 (4 KiB of fp32, the "
+               "unit of direct I/O), got ", f.slice_elements);
+    ZERO_CHECK(f.tier != offload_tier::disk || !f.directory.empty(), invalid_argument, "rank ", rank,
+               ": engine_options: offload to disk needs offload.directory, an existing directory on a local file "
+               "system");
     return o;
   }
   // Runs f, prefixing "rank R: " to the message of a zero::error it throws.
@@ -1031,16 +1115,6 @@ class engine {
   T* element(const buffer<T, system>& b, const unit_layout& ul, std::size_t i) const {
     return b.data() + element_index(ul, i, Sharded, rank_);
   }
-  // The master weights of this rank's shard of a unit, and of the whole unit (unsharded stages).
-  const float* master_shard(const unit_layout& ul) const {
-    const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
-    if constexpr (Prec::separate_master) return element<float, true>(master_, ul, own);
-    else return element<param_type, P::shards_parameters>(params_, ul, own);
-  }
-  const float* master_full(const unit_layout& ul) const {
-    if constexpr (Prec::separate_master) return master_.data() + ul.offset;
-    else return params_.data() + ul.offset;
-  }
 
   void state_check(unit_id u) const {
     ZERO_CHECK(u.index < units_.size(), invalid_argument, "rank ", rank_, ": unit index ", u.index,
@@ -1052,29 +1126,146 @@ class engine {
                " of elements [", r.begin, ", ", r.end, ") outside the held range [", held.begin, ", ", held.end, ")");
     return layout_.unit(u);
   }
-  // The master weight of unit-local element i, which this rank must hold.
-  float* master_element(const unit_layout& ul, std::size_t i) const {
-    if constexpr (Prec::separate_master) return element<float, P::shards_optimizer_states>(master_, ul, i);
-    else return element<param_type, P::shards_parameters>(params_, ul, i);
+  // Where the state arrays (master weights, slots: store_) keep unit-local element i, which this
+  // rank must hold; and the parameter and gradient of element i in the system's memory.
+  std::size_t state_index(const unit_layout& ul, std::size_t i) const {
+    return element_index(ul, i, P::shards_optimizer_states, rank_);
   }
-
-  // The optimizer over the elements of unit u this rank updates: its owned, unpadded slice, or the
-  // whole unit when optimizer states are replicated. The gradient is the rank-ordered sum divided by
-  // N x loss scale, then multiplied by the clipping coefficient when clipping applies.
-  void update_unit(unit_id u, const typename Opt::step_constants& c, float divisor, float coef) {
+  param_type* param_element(const unit_layout& ul, std::size_t i) const {
+    return element<param_type, P::shards_parameters>(params_, ul, i);
+  }
+  static constexpr int slot_array(int k) { return master_arrays + k; }
+  // The rank's held state per unit in the state arrays' index space: [begin, end) of its owned
+  // (padded) slice, or of the whole unit where states are replicated. Units follow each other.
+  range state_span(unit_id u) const {
     const unit_layout& ul = layout_.unit(u);
-    const range r = P::shards_optimizer_states ? layout_.owned_real(u, rank_) : range{0, ul.numel};
-    if (r.empty()) return;
-    constexpr bool os = P::shards_optimizer_states;
-    param_type* p = element<param_type, P::shards_parameters>(params_, ul, r.begin);
-    float* w = master_element(ul, r.begin);
+    const range held = P::shards_optimizer_states ? layout_.owned(u, rank_) : range{0, ul.padded};
+    const std::size_t b = state_index(ul, held.begin);
+    return {b, b + held.size()};
+  }
+  // The unit-local elements the optimizer updates: the owned, unpadded slice, or the whole unit.
+  range update_range(unit_id u) const {
+    return P::shards_optimizer_states ? layout_.owned_real(u, rank_) : range{0, layout_.unit(u).numel};
+  }
+  std::size_t held_real_elements() const {
+    std::size_t n = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u) n += update_range(unit_id{u}).size();
+    return n;
+  }
+  bool on_disk() const { return options_.offload.tier == offload_tier::disk; }
+
+  // The optimizer over elements [i, i + n) of unit u (within update_range(u)), whose master weights
+  // and slots are at `arrays` (the state arrays' slice that holds them, element i first): in the
+  // system's memory (no offload), or in host memory. The gradient is the rank-ordered sum divided by
+  // N x loss scale, then multiplied by the clipping coefficient when clipping applies; the same rule
+  // whichever memory runs it, so offloading changes no bit.
+  void update_segment(unit_id u, std::size_t i, std::size_t n, float* const* arrays,
+                      const typename Opt::step_constants& c, float divisor, float coef) {
+    const unit_layout& ul = layout_.unit(u);
+    param_type* p = param_element(ul, i);
     float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
-    for (int k = 0; k < Opt::slots; ++k) st[k] = element<float, os>(states_[k], ul, r.begin);
+    for (int k = 0; k < Opt::slots; ++k) st[k] = arrays[slot_array(k)];
     with_grad_store([&](const auto& store) {
       using T = std::remove_pointer_t<decltype(store.data())>;
-      const T* g = element<T, P::shards_gradients>(store, ul, r.begin);
-      elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
+      const T* g = element<T, P::shards_gradients>(store, ul, i);
+      if (!store_.offloaded()) {
+        float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
+        elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
+      } else if constexpr (host_memory_system) {
+        // Host memory all of it: the host loop updates in place.
+        float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
+        elementwise::update<Opt>(offload::host_loop{}, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
+      } else {
+        // A device system: the gradients come to host memory, the host loop updates, and the new
+        // parameters (the weights themselves in fp32) go back.
+        staged_update(g, p, n, arrays, st, c, divisor, coef);
+      }
     });
+  }
+  template <class T>
+  void staged_update(const T* g, param_type* p, std::size_t n, float* const* arrays, float* const* st,
+                     const typename Opt::step_constants& c, float divisor, float coef) {
+    const std::size_t gb = n * sizeof(T), pb = n * sizeof(param_type);
+    if (stage_g_.bytes() < gb) {
+      store_.add_staging(gb - stage_g_.bytes());
+      stage_g_ = offload::host_block<system>(gb);
+    }
+    if (stage_p_.bytes() < pb) {
+      store_.add_staging(pb - stage_p_.bytes());
+      stage_p_ = offload::host_block<system>(pb);
+    }
+    sys_.copy_to_host(stage_g_.data(), g, gb);
+    auto* hp = static_cast<param_type*>(stage_p_.data());
+    if constexpr (Prec::separate_master) {
+      store_.count_transfer(gb, pb);
+      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef, arrays[0],
+                               st, hp, n);
+    } else {
+      sys_.copy_to_host(hp, p, pb);  // the fp32 weights are the parameters
+      store_.count_transfer(gb + pb, pb);
+      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
+                               reinterpret_cast<float*>(hp), st, static_cast<param_type*>(nullptr), n);
+    }
+    sys_.copy_from_host(p, hp, pb);
+  }
+
+  // Offloaded master weights into the parameters after a load: slice by slice from the tier, cast
+  // on the host, copied into the system's memory (the host loop's cast rule, the device's bits).
+  void cast_master_into_params() {
+    if (!store_.offloaded()) {
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const unit_layout& ul = layout_.unit(unit_id{u});
+        const range r = held_range(unit_id{u});
+        sys_.for_each(r.size(), elementwise::cast_rule{}, elementwise::out(param_element(ul, r.begin)),
+                      elementwise::in(static_cast<const float*>(store_.data(0) + state_index(ul, r.begin))));
+      }
+      return;
+    }
+    std::vector<param_type> cast;
+    for_each_held_segment([&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+      cast.resize(n);
+      offload::host_loop::for_each(n, elementwise::cast_rule{}, elementwise::out(cast.data()),
+                                   elementwise::in(static_cast<const float*>(arrays[0])));
+      sys_.copy_from_host(param_element(layout_.unit(u), i), cast.data(), n * sizeof(param_type));
+    }, false);
+  }
+
+  // Calls f(u, i, n, arrays) for the elements [i, i + n) of unit u that the store's slices hold, in
+  // order: every held element (held_range), arrays pointing at element i of each state array. Each
+  // unit's segments end before the next unit's begin; `done(u)` is called once per unit in unit
+  // order, as soon as its last segment is through (with its slice not yet written back).
+  template <class F, class Done>
+  void for_each_held_segment(F f, bool write_back, Done done) {
+    std::size_t next = 0;  // the first unit not yet done
+    store_.stream(
+        [&](std::size_t begin, std::size_t end, float* const* arrays) {
+          for (std::size_t u = next; u < units_.size(); ++u) {
+            const range span = state_span(unit_id{u});
+            if (span.begin >= end) break;
+            const range r = update_range(unit_id{u});
+            const unit_layout& ul = layout_.unit(unit_id{u});
+            if (!r.empty()) {
+              const std::size_t s0 = state_index(ul, r.begin);
+              const std::size_t lo = std::max(s0, begin), hi = std::min(s0 + r.size(), end);
+              if (lo < hi) {
+                float* at[offload::state_store<system>::max_arrays] = {};
+                for (int a = 0; a < state_arrays; ++a) at[a] = arrays[a] + (lo - begin);
+                f(unit_id{u}, r.begin + (lo - s0), hi - lo, at);
+              }
+            }
+            if (span.end <= end && next == u) {
+              done(unit_id{u});
+              next = u + 1;
+            }
+          }
+        },
+        write_back);
+    // Units with nothing held (none here: every unit has a span) are done at the end, in order.
+    for (; next < units_.size(); ++next) done(unit_id{next});
+  }
+  template <class F>
+  void for_each_held_segment(F f, bool write_back) {
+    for_each_held_segment(f, write_back, [](unit_id) {});
   }
 
   // Stores initial values of the unit-local elements r (values[i] is element r.begin + i) into
@@ -1098,18 +1289,19 @@ class engine {
       }
     };
     put(params_, P::shards_parameters);
-    if constexpr (Prec::separate_master) put(master_, P::shards_optimizer_states);
-  }
-
-  // The one post-update all-gather (gathers_parameters_after_update: stages 1-2): every rank's
-  // parameter slice, written from its master weights, to every rank, in place. Counted on `via`:
-  // the protocol's counter after a step, the set-up counter after an initialization or a load.
-  void gather_replicated_params(comm::counted<Comm>& via, const char* phase) {
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      const unit_layout& ul = layout_.unit(unit_id{u});
-      param_type* p = params_.data() + ul.offset;
-      const auto l = label(phase, unit_id{u});
-      via.all_gather(element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard);
+    if constexpr (Prec::separate_master) {
+      const range seg = P::shards_optimizer_states ? intersect(r, own) : r;
+      if (!seg.empty()) store_.write(sys_, 0, state_index(ul, seg.begin), seg.size(), values + (seg.begin - r.begin));
+    }
+    if constexpr (P::shards_parameters) {
+      // A persistent unit's whole copy takes every value given; a rank given only its own slice (the
+      // range form) gathers the rest afterwards (refresh_whole_parameters).
+      if (persistent(u) && !r.empty()) {
+        std::vector<param_type> cast(r.size());
+        for (std::size_t i = 0; i < r.size(); ++i) cast[i] = static_cast<param_type>(values[i]);
+        sys_.copy_from_host(persistent_.data() + persistent_at_[u.index] + r.begin, cast.data(),
+                            r.size() * sizeof(param_type));
+      }
     }
   }
 
@@ -1182,13 +1374,25 @@ class engine {
   // Unit u's master weights, unpadded, into host memory at out (all-gathered where sharded).
   void copy_full_params(unit_id u, float* out) {
     const unit_layout& ul = layout_.unit(u);
+    const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
     if constexpr (P::shards_optimizer_states) {
       buffer<float, system> full(ul.padded, mem_category::transient, acct_);
-      const auto l = label("full_params", u);
-      other_comm_.all_gather(master_shard(ul), full.data(), ul.shard);
+      if constexpr (Prec::separate_master) {
+        // This rank's master slice into its place in the buffer (from any tier), then in place.
+        std::vector<float> mine(ul.shard);
+        store_.read(sys_, 0, state_index(ul, own), ul.shard, mine.data());
+        sys_.copy_from_host(full.data() + own, mine.data(), ul.shard * sizeof(float));
+        const auto l = label("full_params", u);
+        other_comm_.all_gather(full.data() + own, full.data(), ul.shard);
+      } else {
+        const auto l = label("full_params", u);
+        other_comm_.all_gather(param_element(ul, own), full.data(), ul.shard);
+      }
       sys_.copy_to_host(out, full.data(), ul.numel * sizeof(float));
+    } else if constexpr (Prec::separate_master) {
+      store_.read(sys_, 0, ul.offset, ul.numel, out);
     } else {
-      sys_.copy_to_host(out, master_full(ul), ul.numel * sizeof(float));
+      sys_.copy_to_host(out, params_.data() + ul.offset, ul.numel * sizeof(float));
     }
   }
 
@@ -1208,7 +1412,8 @@ class engine {
     for (int s = 0; s < 4; ++s) {
       formula::state_sizes z = state_sizes();
       if (s < 2) z.grad_bytes = sizeof(grad_type);  // fp32 gradient accumulation exists in stages 2-3 only
-      stage_bytes[static_cast<std::size_t>(s)] = formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z);
+      stage_bytes[static_cast<std::size_t>(s)] =
+          formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z, s == 3 ? persistent_elems_ : 0);
     }
     detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m, stage_bytes);
   }
@@ -1228,9 +1433,21 @@ class engine {
   buffer<param_type, system> params_;
   buffer<grad_type, system> grads_;
   buffer<float, system> grads32_;  // instead of grads_ under fp32_grad_accumulation
-  buffer<float, system> master_;
-  buffer<float, system> states_[Opt::slots > 0 ? Opt::slots : 1];
-  std::vector<unit_state> units_;
+  // The fp32 state arrays: the master weights (when kept apart from the parameters), then one per
+  // optimizer slot, in the offload tier's memory (the system's own without offload). Mutable: a
+  // read of the disk tier counts its bytes.
+  static constexpr int master_arrays = Prec::separate_master ? 1 : 0;
+  static constexpr int state_arrays = master_arrays + Opt::slots;
+  mutable offload::state_store<system> store_;
+  offload::host_block<system> stage_g_, stage_p_;  // a device system's operands of an offloaded update
+  static constexpr bool host_memory_system = requires { requires system::host_addressable; };
+  // Stage 3's persistent units (persist_below_elements): their whole parameters, and where each
+  // unit's copy starts in it (not_persistent: gathered on demand).
+  static constexpr std::size_t not_persistent = static_cast<std::size_t>(-1);
+  buffer<param_type, system> persistent_;
+  std::vector<std::size_t> persistent_at_;
+  std::uint64_t persistent_elems_ = 0;
+  std::vector<unit_state> units_;  // after the buffers: its requests wait before the buffers are freed
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
   bool evaluating_ = false;     // inside an evaluation() scope

@@ -24,6 +24,8 @@ namespace zero::sys {
 // A failed allocation (std::bad_alloc) becomes error_kind::out_of_memory in the engine's buffer.
 struct host {
   static constexpr std::size_t alignment = 64;  // a cache line; also the shard alignment in bytes
+  // Its memory is the host's: the host loop may read and write it directly (an offloaded update).
+  static constexpr bool host_addressable = true;
 
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
