@@ -6,9 +6,10 @@
 #    the tier's reads, updates and writes happen), and the bytes the disk tier moved per step.
 # 2. dd on the offload directory: a file of the rank's tier size written and read back with
 #    oflag=direct / iflag=direct (the engine's O_DIRECT; buffered when the file system refuses it,
-#    as the engine falls back), block size = the engine's slice per array (4 MiB by default).
-# The records: host_over_memory (step with --offload host / without), disk_throughput_gbps (bytes
-# moved per step / the optimizer time of the disk run, over all ranks), dd_gbps (the same bytes over
+#    as the engine falls back), block size = the engine's slice per array (4 MiB by default), into a
+#    preallocated file like the engine's.
+# The records: host_over_memory (step with --offload host / without), disk_throughput_gbps (every
+# rank's bytes moved per step / the disk run's optimizer time, during which all ranks stream at once), dd_gbps (the same bytes over
 # dd's write + read time, for as many files as ranks, one after the other), and
 # disk_over_dd = disk / dd (target >= 0.7, issue 15 item 6).
 #
@@ -65,9 +66,14 @@ block=$((4 << 20))
 count=$(((bytes + block - 1) / block))
 oflag=(); iflag=()
 if [ "$direct" = 1 ]; then oflag=(oflag=direct); iflag=(iflag=direct); fi
+# Into preallocated files, as the engine's (its file is preallocated at construction), over the
+# existing blocks (notrunc); buffered I/O ends with an fdatasync so that the bytes reached the disk.
+sync_flag=(conv=notrunc,fdatasync)
+[ "$direct" = 1 ] && sync_flag=(conv=notrunc)
+for r in $(seq 1 "$ranks"); do fallocate -l $((block * count)) "$dir/dd.$r"; done
 start=$(date +%s.%N)
 for r in $(seq 1 "$ranks"); do
-  dd if=/dev/zero of="$dir/dd.$r" bs="$block" count="$count" conv=fsync "${oflag[@]}" status=none
+  dd if=/dev/zero of="$dir/dd.$r" bs="$block" count="$count" "${sync_flag[@]}" "${oflag[@]}" status=none
   dd if="$dir/dd.$r" of=/dev/null bs="$block" "${iflag[@]}" status=none
 done
 dd_s=$(python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$start" "$(date +%s.%N)")
@@ -79,8 +85,9 @@ memory, host, disk = (json.loads(a) for a in sys.argv[1:4])
 dd_s, block, count, ranks = float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 assert memory["param_hash"] == host["param_hash"] == disk["param_hash"], "offload changed the bits"
 moved = disk["offload_moved_bytes_per_step"] * ranks  # every rank's reads and writes
-# The ranks update one after the other on a shared disk: their optimizer times add up.
-disk_gbps = moved / (disk["time_optimizer_s"] * ranks) / 1e9
+# The ranks' step() calls run at the same time (each rank streams its own file): all of their bytes
+# move during one optimizer time (the mean over ranks).
+disk_gbps = moved / disk["time_optimizer_s"] / 1e9
 dd_gbps = 2 * block * count * ranks / dd_s / 1e9
 r = {"bench": "offload_target", "ranks": ranks, "loadavg": sys.argv[8],
      "step_memory_ms": round(1e3 * memory["time_step_s"], 2), "step_host_ms": round(1e3 * host["time_step_s"], 2),
