@@ -230,8 +230,8 @@ TEST_CASE("quantize: dequantize_sum adds the sources' values in source order, in
   }
   std::vector<float> sum(n);
   std::vector<zero::bf16> sum_bf16(n);
-  quant::dequantize_sum(host{}, wires.data(), sources, n, f, sum.data());
-  quant::dequantize_sum(host{}, wires.data(), sources, n, f, sum_bf16.data());
+  quant::dequantize_sum(host{}, wires.data(), stride, sources, n, f, sum.data());
+  quant::dequantize_sum(host{}, wires.data(), stride, sources, n, f, sum_bf16.data());
   for (std::size_t i = 0; i < n; ++i) {
     float acc = deq[0][i];
     for (int k = 1; k < sources; ++k) acc += deq[k][i];

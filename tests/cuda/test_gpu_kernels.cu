@@ -353,10 +353,10 @@ void check_quantizer(zero::quant::format fmt, bool specials) {
     for (int k = 0; k < 3; ++k) three.insert(three.end(), hw.begin(), hw.end());
     for (std::size_t i = 0; i < wb; i += 7) three[wb + i] ^= 0x11;  // the sources differ
     std::vector<T> hs(n);
-    quant::dequantize_sum(host{}, three.data(), 3, n, fmt, hs.data());
+    quant::dequantize_sum(host{}, three.data(), wb, 3, n, fmt, hs.data());
     device_vector<std::uint8_t> d3(three, 0);
     device_vector<T> ds(std::vector<T>(n), 0);
-    quant::dequantize_sum(f.sys, d3.data(), 3, n, fmt, ds.data());
+    quant::dequantize_sum(f.sys, d3.data(), wb, 3, n, fmt, ds.data());
     CHECK(same_bits(ds.read(), hs));
   }
 }

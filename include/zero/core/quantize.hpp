@@ -197,11 +197,13 @@ void dequantize(const System& sys, const std::uint8_t* wire, std::size_t n, cons
   sys.for_each_index(n, decode_rule<T>{wire + 4 * nb, reinterpret_cast<const float*>(wire), f.block, f.bits, y});
 }
 
-// y = the sum, in source order, of `sources` wires of n values each, wire_bytes(n, f) apart.
+// y = the sum, in source order, of `sources` wires of n values each, `stride` bytes apart (a wire
+// of n values is wire_bytes(n, f); a larger stride skips other data between them).
 template <class System, class T>
-void dequantize_sum(const System& sys, const std::uint8_t* wires, int sources, std::size_t n, const format& f, T* y) {
+void dequantize_sum(const System& sys, const std::uint8_t* wires, std::size_t stride, int sources, std::size_t n,
+                    const format& f, T* y) {
   if (n == 0) return;
-  sys.for_each_index(n, decode_sum_rule<T>{wires, wire_bytes(n, f), n, f.block, f.bits, sources, y});
+  sys.for_each_index(n, decode_sum_rule<T>{wires, stride, n, f.block, f.bits, sources, y});
 }
 
 }  // namespace zero::quant

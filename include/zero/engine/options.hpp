@@ -3,6 +3,7 @@
 
 #include <cstddef>
 
+#include "zero/engine/zeropp.hpp"
 #include "zero/precision/loss_scaler.hpp"
 
 namespace zero {
@@ -59,6 +60,10 @@ struct engine_options {
   // the bucket starts when full or at step()). Independent of `overlap`; the same bits. 0: every
   // unit is reduced on its own.
   std::size_t reduce_bucket_elements = 0;
+
+  // ZeRO++: quantized gathers (qwZ) and reductions (qgZ), a secondary partition within nodes (hpZ),
+  // and the nodes that decide what counts as inter-node traffic (engine/zeropp.hpp). Off by default.
+  zeropp_options zeropp{};
 };
 
 }  // namespace zero
