@@ -89,8 +89,13 @@ def main():
         tail, base_tail = r["losses"][-window:], b["losses"][-window:]
         metric, base_metric = statistics.fmean(tail), statistics.fmean(base_tail)
         tolerance = statistics.pstdev(base_tail) / len(base_tail) ** 0.5
+        # The largest difference along the way, as a running mean over the same window (early training
+        # is where a coarse gradient shows most).
+        d = [x - y for x, y in zip(r["losses"], b["losses"])]
+        running = [statistics.fmean(d[max(0, k - window + 1):k + 1]) for k in range(len(d))]
+        worst = max(range(len(running)), key=lambda k: abs(running[k]))
         r.update(metric=metric, delta=metric - base_metric, tolerance=tolerance,
-                 within=abs(metric - base_metric) <= tolerance)
+                 within=abs(metric - base_metric) <= tolerance, worst=running[worst], worst_step=worst + 1)
         for key, formula in (("comm_bytes_per_rank_per_step", "comm_formula_bytes"),
                              ("comm_inter_node_bytes_per_rank_per_step", "comm_inter_node_formula_bytes")):
             if s[key] != s[formula]:
@@ -103,24 +108,24 @@ def main():
         rows.append((r["label"], s["comm_bytes_per_rank_per_step"], s["comm_inter_node_bytes_per_rank_per_step"],
                      s["comm_inter_node_bytes_per_rank_per_step"] / psi_bytes,
                      s["comm_inter_node_bytes_per_rank_per_step"] / b["summary"]["comm_inter_node_bytes_per_rank_per_step"],
-                     r["losses"][-1], metric, r["delta"], tolerance, r["within"]))
+                     r["losses"][-1], metric, r["delta"], tolerance, r["within"], r["worst"], r["worst_step"]))
 
     print(f"train_mlp, stage 3, {args.ranks} ranks in nodes of {args.node_size}, {args.steps} steps, seed {args.seed}, "
           f"blocks of {args.block}; {results[0]['summary']['padded_params']} padded parameters (Psi); final loss: mean of "
           f"the last {window} steps; tolerance: the standard error of the baseline's mean, sigma / sqrt({window})\n")
     print("| run | bytes/step (total) | between nodes | between nodes / Psi | / baseline's | last loss | final loss "
-          "(mean) | difference | tolerance | within |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "(mean) | difference | tolerance | within | largest running difference (step) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for row in rows:
         print(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]:.3f} | {row[4]:.3f} | {row[5]:.4f} | {row[6]:.4f} | "
-              f"{row[7]:+.4f} | {row[8]:.4f} | {'yes' if row[9] else 'NO'} |")
+              f"{row[7]:+.4f} | {row[8]:.4f} | {'yes' if row[9] else 'NO'} | {row[10]:+.4f} ({row[11]}) |")
 
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "zeropp.jsonl"), "w") as f:
             for r in results:
                 f.write(json.dumps({k: r[k] for k in ("label", "precision", "command", "losses", "metric", "delta",
-                                                       "tolerance", "within")} | {
+                                                       "tolerance", "within", "worst", "worst_step")} | {
                     "bytes_per_step": r["summary"]["comm_bytes_per_rank_per_step"],
                     "inter_node_bytes_per_step": r["summary"]["comm_inter_node_bytes_per_rank_per_step"],
                     "param_hash": r["summary"]["param_hash"]}) + "\n")

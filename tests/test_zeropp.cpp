@@ -161,7 +161,8 @@ TEST_CASE("qwZ: gather(u) returns each rank slice's quantized round trip, the sa
 }
 
 TEST_CASE("qgZ: stages 1, 2 and 3 give the same bits, those of the quantized slices summed in rank order") {
-  for (const auto& [n, g] : std::vector<std::pair<int, int>>{{2, 0}, {4, 0}, {4, 2}, {4, 1}}) {
+  for (const auto& ng : std::vector<std::pair<int, int>>{{2, 0}, {4, 0}, {4, 2}, {4, 1}}) {
+    const int n = ng.first, g = ng.second;
     for (int bits : {8, 4}) {
       CAPTURE(n);
       CAPTURE(g);
@@ -181,7 +182,8 @@ TEST_CASE("qgZ: stages 1, 2 and 3 give the same bits, those of the quantized sli
 }
 
 TEST_CASE("hpZ: the secondary partition changes no bit: hpZ = stage 3, qwZ + hpZ = qwZ, all three = the reference") {
-  for (const auto& [n, g] : std::vector<std::pair<int, int>>{{2, 1}, {4, 2}, {4, 1}}) {
+  for (const auto& ng : std::vector<std::pair<int, int>>{{2, 1}, {4, 2}, {4, 1}}) {
+    const int n = ng.first, g = ng.second;
     CAPTURE(n);
     CAPTURE(g);
     const zero::optim::adamw a;
