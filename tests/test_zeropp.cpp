@@ -394,6 +394,13 @@ TEST_CASE("memory: hpZ's secondary shard is Psi/node_size params; quantized wire
   CHECK(qgz.memory.peak_bytes(mem_category::transient) ==
         2 * largest * 4 + 2 * n * quant::wire_bytes(largest / n, quant::format{8, 64}));
   CHECK(qgz.memory.bytes(mem_category::transient) == 0);
+  // qwZ's N wires beside the gathered unit: with a scale per value (4 + 1 bytes per element) the gather,
+  // 4 P + 5 P, outweighs the backward's unit and bucket, 4 P + 4 P.
+  auto one = with(true, false, false, 0);
+  one.zeropp.weights.block = 1;
+  const auto qwz = measure<zero::stage3>(n, one);
+  CHECK(qwz.memory.peak_bytes(mem_category::transient) == largest * 4 + n * quant::wire_bytes(largest / n, one.zeropp.weights));
+  CHECK(quant::wire_bytes(largest / n, one.zeropp.weights) == 5 * largest / n);
 }
 
 TEST_CASE("ZeRO++ options that mean nothing, or a backend without what they need, are refused naming the setting") {
@@ -421,8 +428,10 @@ TEST_CASE("ZeRO++ options that mean nothing, or a backend without what they need
   CHECK(refused(zero::stage3{}, 4, with(false, false, true, 0)).find("hpZ needs nodes smaller than the world") !=
         std::string::npos);
   CHECK(refused(zero::stage3{}, 4, with(false, false, true, 4)).find("got node_size 4") != std::string::npos);
-  CHECK(refused(zero::stage3{}, 2, with(true, false, false, 0, 5)).find(
-            "rank 0: engine_options::zeropp.weights: quantization bits must be 8 or 4, got 5") != std::string::npos);
+  // Every rank refuses; the error rethrown is the first rank's to fail, whichever that is.
+  const std::string bits = refused(zero::stage3{}, 2, with(true, false, false, 0, 5));
+  CHECK(bits.rfind("rank ", 0) == 0);
+  CHECK(bits.find(": engine_options::zeropp.weights: quantization bits must be 8 or 4, got 5") != std::string::npos);
   auto odd = with(false, true, false, 0, 8, 4);
   odd.zeropp.gradients.block = 63;
   CHECK(refused(zero::stage3{}, 2, odd).find("int4 packs two values per byte") != std::string::npos);
