@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/all_to_all.hpp"
@@ -99,56 +100,76 @@ class cuda_threads {
 
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
-    enter<T>(detail::coll_kind::all_reduce, send, recv, count, op, 0);
-    // Rank r reduces the r-th chunk and writes it to every rank: each element is summed once, in rank
-    // order; chunks are disjoint, so in-place use is safe. Chunk edges are multiples of the kernel's
-    // vector width, so a chunk of aligned buffers is aligned too.
-    const std::size_t begin = edge(count, rank_), end = edge(count, rank_ + 1);
-    if (end > begin) {
-      gpu::peer_table<const T> in{};
-      gpu::peer_table<T> out{};
-      in.n = out.n = size();
-      bool aligned = true;
-      for (int k = 0; k < size(); ++k) {
-        in.p[k] = static_cast<const T*>(world().slot(k).send) + begin;
-        out.p[k] = static_cast<T*>(world().slot(k).recv) + begin;
-        aligned = aligned && gpu::aligned_16(in.p[k]) && gpu::aligned_16(out.p[k]);
-      }
-      gpu::launch_rank_sum<T>(context().comm(), context().multiprocessors(), end - begin, in, out, op, aligned);
-    }
-    leave(detail::coll_kind::all_reduce);
+    enqueue_all_reduce(send, recv, count, op);
+    compute_waits_for_peers();
   }
-
   template <class T>
   void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
-    enter<T>(detail::coll_kind::reduce_scatter, send, recv, count, op, 0);
-    if (count > 0) {
-      const std::size_t base = count * static_cast<std::size_t>(rank_);
-      gpu::peer_table<const T> in{};
-      gpu::peer_table<T> out{};
-      in.n = size();
-      out.n = 1;
-      out.p[0] = recv;
-      bool aligned = gpu::aligned_16(recv);
-      for (int k = 0; k < size(); ++k) {
-        in.p[k] = static_cast<const T*>(world().slot(k).send) + base;
-        aligned = aligned && gpu::aligned_16(in.p[k]);
-      }
-      gpu::launch_rank_sum<T>(context().comm(), context().multiprocessors(), count, in, out, op, aligned);
-    }
-    leave(detail::coll_kind::reduce_scatter);
+    enqueue_reduce_scatter(send, recv, count, op);
+    compute_waits_for_peers();
   }
-
   template <class T>
   void all_gather(const T* send, T* recv, std::size_t count) {
-    enter<T>(detail::coll_kind::all_gather, send, recv, count, reduce_op::sum, 0);
-    for (int k = 0; k < size() && count > 0; ++k) {
-      const T* src = static_cast<const T*>(world().slot(k).send);
-      T* dst = recv + count * static_cast<std::size_t>(k);
-      if (src != dst)
-        ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, context().comm()));
+    enqueue_all_gather(send, recv, count);
+    compute_waits_for_peers();
+  }
+
+  // Nonblocking collectives (comm/nonblocking.hpp): start_* makes the host agreement and enqueues
+  // the work as the blocking call does, but the compute stream does not wait for it until wait(r),
+  // an event wait on the device (the host never blocks on the GPU): kernels enqueued in between run
+  // while the collective moves data. wait(r) waits on every rank's `comm done` event as the blocking
+  // call would. A peer may have re-recorded its event for a later collective by then; the wait is then
+  // for that later record, which follows this collective's work on the peer's stream: a longer wait,
+  // never a shorter one, and never a cycle (a record exists only for a collective this rank entered,
+  // whose `compute ready` precedes the wait on this rank's compute stream). A request dropped without
+  // wait waits in its destructor.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        finish();
+        owner_ = std::exchange(o.owner_, nullptr);
+      }
+      return *this;
     }
-    leave(detail::coll_kind::all_gather);
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { finish(); }
+
+   private:
+    friend class cuda_threads;
+    explicit request(cuda_threads* owner) : owner_(owner) {}
+    void finish() noexcept {
+      if (!owner_) return;
+      try {
+        owner_->compute_waits_for_peers();
+      } catch (...) {  // a destructor: the next checked call reports a device error
+      }
+      owner_ = nullptr;
+    }
+    cuda_threads* owner_ = nullptr;
+  };
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_all_reduce(send, recv, count, op);
+    return request(this);
+  }
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_reduce_scatter(send, recv, count, op);
+    return request(this);
+  }
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    enqueue_all_gather(send, recv, count);
+    return request(this);
+  }
+  void wait(request& r) {
+    if (!r.owner_) return;
+    r.owner_ = nullptr;
+    compute_waits_for_peers();
   }
 
   template <class T>
@@ -160,19 +181,20 @@ class cuda_threads {
     if (src != recv && count > 0)
       ZERO_CUDA_CHECK(cudaMemcpyAsync(recv, src, count * sizeof(T), cudaMemcpyDeviceToDevice, context().comm()));
     leave(detail::coll_kind::broadcast);
+    compute_waits_for_peers();
   }
 
   // Block k of send to rank k, recv[k*count..] from rank k (comm/all_to_all.hpp): copies on the
   // communication stream out of each peer's send buffer, so send and recv must not overlap.
   template <class T>
   void all_to_all(const T* send, T* recv, std::size_t count) {
-    enter<T>(detail::coll_kind::all_to_all, send, recv, count, reduce_op::sum, 0);
-    for (int k = 0; k < size() && count > 0; ++k) {
-      const T* src = static_cast<const T*>(world().slot(k).send) + count * static_cast<std::size_t>(rank_);
-      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv + count * static_cast<std::size_t>(k), src, count * sizeof(T),
-                                      cudaMemcpyDeviceToDevice, context().comm()));
-    }
-    leave(detail::coll_kind::all_to_all);
+    enqueue_all_to_all(send, recv, count);
+    compute_waits_for_peers();
+  }
+  template <class T>
+  request start_all_to_all(const T* send, T* recv, std::size_t count) {
+    enqueue_all_to_all(send, recv, count);
+    return request(this);
   }
 
   // The ranks that pass the same color form a world of their own on the same contexts (comm/split.hpp):
@@ -216,6 +238,71 @@ class cuda_threads {
   }
 
  private:
+  template <class T>
+  void enqueue_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enter<T>(detail::coll_kind::all_reduce, send, recv, count, op, 0);
+    // Rank r reduces the r-th chunk and writes it to every rank: each element is summed once, in rank
+    // order; chunks are disjoint, so in-place use is safe. Chunk edges are multiples of the kernel's
+    // vector width, so a chunk of aligned buffers is aligned too.
+    const std::size_t begin = edge(count, rank_), end = edge(count, rank_ + 1);
+    if (end > begin) {
+      gpu::peer_table<const T> in{};
+      gpu::peer_table<T> out{};
+      in.n = out.n = size();
+      bool aligned = true;
+      for (int k = 0; k < size(); ++k) {
+        in.p[k] = static_cast<const T*>(world().slot(k).send) + begin;
+        out.p[k] = static_cast<T*>(world().slot(k).recv) + begin;
+        aligned = aligned && gpu::aligned_16(in.p[k]) && gpu::aligned_16(out.p[k]);
+      }
+      gpu::launch_rank_sum<T>(context().comm(), context().multiprocessors(), end - begin, in, out, op, aligned);
+    }
+    leave(detail::coll_kind::all_reduce);
+  }
+
+  template <class T>
+  void enqueue_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enter<T>(detail::coll_kind::reduce_scatter, send, recv, count, op, 0);
+    if (count > 0) {
+      const std::size_t base = count * static_cast<std::size_t>(rank_);
+      gpu::peer_table<const T> in{};
+      gpu::peer_table<T> out{};
+      in.n = size();
+      out.n = 1;
+      out.p[0] = recv;
+      bool aligned = gpu::aligned_16(recv);
+      for (int k = 0; k < size(); ++k) {
+        in.p[k] = static_cast<const T*>(world().slot(k).send) + base;
+        aligned = aligned && gpu::aligned_16(in.p[k]);
+      }
+      gpu::launch_rank_sum<T>(context().comm(), context().multiprocessors(), count, in, out, op, aligned);
+    }
+    leave(detail::coll_kind::reduce_scatter);
+  }
+
+  template <class T>
+  void enqueue_all_gather(const T* send, T* recv, std::size_t count) {
+    enter<T>(detail::coll_kind::all_gather, send, recv, count, reduce_op::sum, 0);
+    for (int k = 0; k < size() && count > 0; ++k) {
+      const T* src = static_cast<const T*>(world().slot(k).send);
+      T* dst = recv + count * static_cast<std::size_t>(k);
+      if (src != dst)
+        ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, context().comm()));
+    }
+    leave(detail::coll_kind::all_gather);
+  }
+
+  template <class T>
+  void enqueue_all_to_all(const T* send, T* recv, std::size_t count) {
+    enter<T>(detail::coll_kind::all_to_all, send, recv, count, reduce_op::sum, 0);
+    for (int k = 0; k < size() && count > 0; ++k) {
+      const T* src = static_cast<const T*>(world().slot(k).send) + count * static_cast<std::size_t>(rank_);
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv + count * static_cast<std::size_t>(k), src, count * sizeof(T),
+                                      cudaMemcpyDeviceToDevice, context().comm()));
+    }
+    leave(detail::coll_kind::all_to_all);
+  }
+
   struct shared {
     shared(int n, std::chrono::milliseconds timeout)
         : world(n, timeout, "comm::cuda_threads"),
@@ -252,11 +339,15 @@ class cuda_threads {
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().comm(), peer(k).compute_ready_event(), 0));
   }
-  // Nobody's compute stream goes on (and reuses or frees a buffer) before every rank's part is done.
+  // Every rank's work is enqueued and its `comm done` recorded before any rank leaves the host
+  // agreement.
   void leave(detail::coll_kind kind) {
     context().record_comm_done();
     world().arrive_and_wait(rank_, kind);
     world().finish(rank_);
+  }
+  // Nobody's compute stream goes on (and reuses or frees a buffer) before every rank's part is done.
+  void compute_waits_for_peers() {
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).comm_done_event(), 0));
   }
@@ -267,6 +358,7 @@ class cuda_threads {
 };
 static_assert(CommBackend<cuda_threads>);
 static_assert(CommBackend<counted<cuda_threads>>);
-static_assert(has_all_to_all<cuda_threads> && splittable<cuda_threads>);
+static_assert(nonblocking<cuda_threads>);
+static_assert(has_all_to_all<cuda_threads> && nonblocking_all_to_all<cuda_threads> && splittable<cuda_threads>);
 
 }  // namespace zero::comm

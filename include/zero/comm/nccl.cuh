@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(ZERO_WITH_MPI) && ZERO_WITH_MPI
@@ -163,38 +164,86 @@ class nccl {
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     begin();
-    if (count > 0) {
-      // Deterministic mode: every reducing collective, max and one rank included, goes through the
-      // rank-ordered kernel, which also makes its NaNs canonical as on the host backends.
-      if (o_.deterministic)
-        ordered_all_reduce(send, recv, count, op);
-      else
-        settle(ncclAllReduce(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
-               "ncclAllReduce");
-    }
+    enqueue_all_reduce(send, recv, count, op);
     end();
   }
 
   template <class T>
   void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
     begin();
-    if (count > 0) {
-      if (o_.deterministic)
-        ordered_reduce_scatter(send, recv, count, op);
-      else
-        settle(ncclReduceScatter(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
-               "ncclReduceScatter");
-    }
+    enqueue_reduce_scatter(send, recv, count, op);
     end();
   }
 
-  // Copies are exact whatever NCCL's algorithm: the native collectives serve both modes.
   template <class T>
   void all_gather(const T* send, T* recv, std::size_t count) {
     begin();
-    if (count > 0)
-      settle(ncclAllGather(send, recv, count, detail::nccl_type<T>(), comm_, ctx_->comm()), "ncclAllGather");
+    enqueue_all_gather(send, recv, count);
     end();
+  }
+
+  // Nonblocking collectives (comm/nonblocking.hpp). start_* enqueues the collective on the
+  // communication stream exactly as the blocking call does, but leaves the compute stream free: the
+  // kernels the user enqueues between start and wait run while the collective moves data. wait(r)
+  // makes the compute stream wait on the collective's event, on the device: the host never blocks.
+  // A request dropped without wait does the same in its destructor, so a buffer freed afterwards on
+  // the compute stream (stream-ordered) is never freed under the collective.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : compute_(o.compute_), event_(std::exchange(o.event_, nullptr)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        finish();
+        compute_ = o.compute_;
+        event_ = std::exchange(o.event_, nullptr);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { finish(); }
+
+   private:
+    friend class nccl;
+    request(cudaStream_t compute, cudaEvent_t done) : compute_(compute), event_(done) {}
+    // The compute stream waits for the collective; the event is destroyed (CUDA releases it once the
+    // wait no longer needs it). Errors cannot be thrown from here: the next checked call reports them.
+    void finish() noexcept {
+      if (!event_) return;
+      (void)cudaStreamWaitEvent(compute_, event_, 0);
+      (void)cudaEventDestroy(event_);
+      event_ = nullptr;
+    }
+    cudaStream_t compute_ = nullptr;
+    cudaEvent_t event_ = nullptr;
+  };
+
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    begin();
+    enqueue_all_reduce(send, recv, count, op);
+    return issued();
+  }
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    begin();
+    enqueue_reduce_scatter(send, recv, count, op);
+    return issued();
+  }
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    begin();
+    enqueue_all_gather(send, recv, count);
+    return issued();
+  }
+  void wait(request& r) {
+    if (!r.event_) return;
+    usable();
+    const cudaEvent_t e = std::exchange(r.event_, nullptr);
+    const cudaError_t waited = cudaStreamWaitEvent(ctx_->compute(), e, 0);
+    (void)cudaEventDestroy(e);
+    ZERO_CUDA_CHECK(waited);
   }
 
   template <class T>
@@ -212,19 +261,14 @@ class nccl {
   template <class T>
   void all_to_all(const T* send, T* recv, std::size_t count) {
     begin();
-    if (count > 0) {
-      group_start();
-      for (int k = 0; k < size_; ++k) {
-        if (k == rank_) continue;
-        send_to(send + count * static_cast<std::size_t>(k), count, k);
-        recv_from(recv + count * static_cast<std::size_t>(k), count, k);
-      }
-      group_end("ncclGroupEnd (all_to_all)");
-      const std::size_t mine = count * static_cast<std::size_t>(rank_);
-      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv + mine, send + mine, count * sizeof(T), cudaMemcpyDeviceToDevice,
-                                      ctx_->comm()));
-    }
+    enqueue_all_to_all(send, recv, count);
     end();
+  }
+  template <class T>
+  request start_all_to_all(const T* send, T* recv, std::size_t count) {
+    begin();
+    enqueue_all_to_all(send, recv, count);
+    return issued();
   }
 
   // The ranks that pass the same color form a new communicator (ncclCommSplit, key = rank, a
@@ -411,6 +455,59 @@ class nccl {
     ctx_->comm_waits_for_compute();
   }
   void end() { ctx_->compute_waits_for_comm(); }
+  // A started collective's completion: an event of its own on the communication stream (the
+  // context's shared event is re-recorded by every call, and a request may be waited for late).
+  request issued() {
+    cudaEvent_t e = nullptr;
+    ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(e, ctx_->comm());
+    if (recorded != cudaSuccess) {
+      (void)cudaEventDestroy(e);
+      ZERO_CUDA_CHECK(recorded);
+    }
+    return request(ctx_->compute(), e);
+  }
+
+  template <class T>
+  void enqueue_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    if (count == 0) return;
+    // Deterministic mode: every reducing collective, max and one rank included, goes through the
+    // rank-ordered kernel, which also makes its NaNs canonical as on the host backends.
+    if (o_.deterministic)
+      ordered_all_reduce(send, recv, count, op);
+    else
+      settle(ncclAllReduce(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
+             "ncclAllReduce");
+  }
+  template <class T>
+  void enqueue_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    if (count == 0) return;
+    if (o_.deterministic)
+      ordered_reduce_scatter(send, recv, count, op);
+    else
+      settle(ncclReduceScatter(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
+             "ncclReduceScatter");
+  }
+  // Copies are exact whatever NCCL's algorithm: the native collectives serve both modes.
+  template <class T>
+  void enqueue_all_to_all(const T* send, T* recv, std::size_t count) {
+    if (count == 0) return;
+    group_start();
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_) continue;
+      send_to(send + count * static_cast<std::size_t>(k), count, k);
+      recv_from(recv + count * static_cast<std::size_t>(k), count, k);
+    }
+    group_end("ncclGroupEnd (all_to_all)");
+    const std::size_t mine = count * static_cast<std::size_t>(rank_);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(recv + mine, send + mine, count * sizeof(T), cudaMemcpyDeviceToDevice,
+                                    ctx_->comm()));
+  }
+  template <class T>
+  void enqueue_all_gather(const T* send, T* recv, std::size_t count) {
+    if (count > 0)
+      settle(ncclAllGather(send, recv, count, detail::nccl_type<T>(), comm_, ctx_->comm()), "ncclAllGather");
+  }
   void usable() const {
     ZERO_CHECK(comm_ != nullptr, comm, "comm::nccl rank ", rank_, ": the communicator was aborted after an earlier ",
                "failure; create a new one");
@@ -593,6 +690,7 @@ class nccl {
 };
 static_assert(CommBackend<nccl>);
 static_assert(CommBackend<counted<nccl>>);
-static_assert(has_all_to_all<nccl> && splittable<nccl>);
+static_assert(nonblocking<nccl>);
+static_assert(has_all_to_all<nccl> && nonblocking_all_to_all<nccl> && splittable<nccl>);
 
 }  // namespace zero::comm
