@@ -166,6 +166,8 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
   out.comm_bytes = global_max(report, static_cast<double>(step_bytes.bytes));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   trainer::offload_summary(e, out, [&](double v) { return global_max(report, v); });
+  out.comm_inter_bytes = global_max(report, static_cast<double>(step_bytes.inter));
+  out.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
   trainer::finish(e, comm, o);
 }
 
@@ -266,6 +268,8 @@ int main(int argc, char** argv) {
     else if (o.model.batch % (world * o.accum) != 0)
       problem = batch_rule + "the number of MPI processes " + std::to_string(world) + " times --accum " +
                 std::to_string(o.accum);
+    else
+      problem = trainer::zeropp_problem(o, world);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
@@ -280,6 +284,7 @@ int main(int argc, char** argv) {
     if (o.model.batch % (o.ranks * o.accum) != 0)
       return usage_error(batch_rule + "--ranks " + std::to_string(o.ranks) + " times --accum " +
                          std::to_string(o.accum));
+    if (const std::string p = trainer::zeropp_problem(o, o.ranks); !p.empty()) return usage_error(p);
     try {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;

@@ -24,6 +24,7 @@ HEADERS = {
     "include/zero/engine/engine.hpp": ["engine"],
     "include/zero/engine/reports.hpp": None,
     "include/zero/engine/options.hpp": None,
+    "include/zero/engine/zeropp.hpp": ["zeropp_options"],
     "include/zero/engine/init.hpp": None,
     "include/zero/engine/tensor_view.hpp": None,
     "include/zero/core/model_spec.hpp": None,

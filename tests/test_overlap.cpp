@@ -461,3 +461,19 @@ TEST_CASE("stage 3 persistent units after a load: the copies are refreshed from 
   CHECK(bit_equal(pa, pb));
   CHECK(bit_equal(pa, toy::reference(3, 4, zero::optim::adamw{})));
 }
+
+TEST_CASE("stage 3 persistent units and ZeRO++ are refused together, naming both") {
+  std::string m;
+  zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
+    zero::engine_options o;
+    o.persist_below_elements = 150;
+    o.zeropp.qwz = true;
+    try {
+      zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+    } catch (const zero::error& e) {
+      if (comm.rank() == 0) m = e.what();
+    }
+  });
+  CHECK(m.find("rank 0: engine_options: persist_below_elements") == 0);
+  CHECK(m.find("ZeRO++") != std::string::npos);
+}

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,9 +20,11 @@
 #include "zero/comm/mpi_session.hpp"  // <mpi.h> without the deprecated C++ bindings
 #endif
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/core/reduce_op.hpp"
 #include "zero/comm/detail/threads_world.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/error.hpp"
@@ -49,15 +52,18 @@ namespace detail {
 template <class T>
 inline constexpr bool nccl_type_supported =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-    std::is_same_v<T, int>;
+    std::is_same_v<T, int> || std::is_same_v<T, std::uint8_t> || std::is_same_v<T, std::int8_t>;
 
 template <class T>
 constexpr ncclDataType_t nccl_type() {
-  static_assert(nccl_type_supported<T>, "comm::nccl collectives take float, double, zero::bf16 and zero::fp16");
+  static_assert(nccl_type_supported<T>, "comm::nccl collectives take float, double, zero::bf16 and zero::fp16 (and "
+                                        "bytes, std::uint8_t and std::int8_t, for quantized data)");
   if constexpr (std::is_same_v<T, float>) return ncclFloat32;
   else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
   else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;  // bit-compatible with __nv_bfloat16
   else if constexpr (std::is_same_v<T, fp16>) return ncclFloat16;   // bit-compatible with __half
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return ncclInt8;
   else return ncclInt32;
 }
 
@@ -250,6 +256,52 @@ class nccl {
     end();
   }
 
+  // Block k of send to rank k, recv[k*count..] from rank k (comm/all_to_all.hpp): grouped
+  // ncclSend/ncclRecv, this rank's own block copied on the communication stream.
+  template <class T>
+  void all_to_all(const T* send, T* recv, std::size_t count) {
+    begin();
+    enqueue_all_to_all(send, recv, count);
+    end();
+  }
+  template <class T>
+  request start_all_to_all(const T* send, T* recv, std::size_t count) {
+    begin();
+    enqueue_all_to_all(send, recv, count);
+    return issued();
+  }
+
+  // The ranks that pass the same color form a new communicator (ncclCommSplit, key = rank, a
+  // collective on this one) on this rank's context: the same device, streams and pool, so the
+  // engine's buffers and events serve both (comm/split.hpp). Destroy it before this one.
+  std::unique_ptr<nccl> split(int color) {
+    ZERO_CHECK(color >= 0, invalid_argument, "comm::nccl rank ", rank_, ": split color must be >= 0, got ", color);
+    usable();
+    ctx_->wait_all();  // NCCL's split may synchronise; nothing of ours is left in flight
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t part = nullptr;
+    settle(ncclCommSplit(comm_, color, rank_, &part, &config), "ncclCommSplit");
+    // The new communicator initialises in the background: poll it until it is ready or fails.
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t q = part ? ncclCommGetAsyncError(part, &state) : ncclInvalidUsage;
+      if (q != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+        if (part) (void)ncclCommAbort(part);
+        fail_comm("ncclCommSplit (initialisation)", q != ncclSuccess ? q : state);
+      }
+      if (state == ncclSuccess) break;
+      poll_health(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start),
+                  "ncclCommSplit");
+      std::this_thread::yield();
+    }
+    int sub_rank = 0, sub_size = 0;
+    settle(ncclCommUserRank(part, &sub_rank), "ncclCommUserRank");
+    settle(ncclCommCount(part, &sub_size), "ncclCommCount");
+    return std::unique_ptr<nccl>(new nccl(part, sub_rank, sub_size, *ctx_, o_, peers_failed_));
+  }
+
   // NCCL has no barrier: a one-word all-reduce the host waits for, so no rank returns before every
   // rank has contributed.
   void barrier() {
@@ -266,6 +318,18 @@ class nccl {
     int rank, size, device;
   };
   nccl(const bootstrap& b, options o) : nccl(b.id, b.rank, b.size, b.device, o) {}
+
+  // A communicator made by split(): on the parent's context (not owned), with its own barrier word.
+  nccl(ncclComm_t comm, int rank, int size, gpu::context& ctx, options o, std::shared_ptr<std::atomic<bool>> failed)
+      : o_(o), rank_(rank), size_(size), ctx_(&ctx), comm_(comm), peers_failed_(std::move(failed)) {
+    try {
+      make_barrier_word();
+    } catch (...) {
+      (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw;
+    }
+  }
 
   // A communicator made by launch(): this rank takes ownership of it.
   nccl(ncclComm_t comm, int rank, int size, int device, options o, std::shared_ptr<std::atomic<bool>> failed)
@@ -373,9 +437,13 @@ class nccl {
   // The rank's context (bound to this thread), the watchdog that polls NCCL during host waits, and
   // the barrier's word.
   void start(int device) {
-    ctx_ = std::make_unique<gpu::context>(device);
+    own_ctx_ = std::make_unique<gpu::context>(device);
+    ctx_ = own_ctx_.get();
     binding_ = std::make_unique<gpu::context::binding>(*ctx_);
     ctx_->set_watchdog([this](std::chrono::milliseconds waited) { poll_health(waited, "a wait for the device"); });
+    make_barrier_word();
+  }
+  void make_barrier_word() {
     void* word = nullptr;
     ZERO_CUDA_CHECK(cudaMallocFromPoolAsync(&word, sizeof(int), ctx_->pool(), ctx_->comm()));
     ZERO_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(int), ctx_->comm()));
@@ -421,6 +489,20 @@ class nccl {
              "ncclReduceScatter");
   }
   // Copies are exact whatever NCCL's algorithm: the native collectives serve both modes.
+  template <class T>
+  void enqueue_all_to_all(const T* send, T* recv, std::size_t count) {
+    if (count == 0) return;
+    group_start();
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_) continue;
+      send_to(send + count * static_cast<std::size_t>(k), count, k);
+      recv_from(recv + count * static_cast<std::size_t>(k), count, k);
+    }
+    group_end("ncclGroupEnd (all_to_all)");
+    const std::size_t mine = count * static_cast<std::size_t>(rank_);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(recv + mine, send + mine, count * sizeof(T), cudaMemcpyDeviceToDevice,
+                                    ctx_->comm()));
+  }
   template <class T>
   void enqueue_all_gather(const T* send, T* recv, std::size_t count) {
     if (count > 0)
@@ -501,7 +583,8 @@ class nccl {
     workspace_ = nullptr;
     barrier_word_ = nullptr;
     binding_.reset();
-    ctx_.reset();
+    own_ctx_.reset();
+    ctx_ = nullptr;
   }
 
   // The deterministic mode's staging buffer, grown on the communication stream (the only stream that
@@ -596,7 +679,8 @@ class nccl {
 
   options o_;
   int rank_ = 0, size_ = 1;
-  std::unique_ptr<gpu::context> ctx_;
+  std::unique_ptr<gpu::context> own_ctx_;  // null for a split, which runs on its parent's
+  gpu::context* ctx_ = nullptr;
   std::unique_ptr<gpu::context::binding> binding_;
   ncclComm_t comm_ = nullptr;
   std::shared_ptr<std::atomic<bool>> peers_failed_;
@@ -607,5 +691,6 @@ class nccl {
 static_assert(CommBackend<nccl>);
 static_assert(CommBackend<counted<nccl>>);
 static_assert(nonblocking<nccl>);
+static_assert(has_all_to_all<nccl> && nonblocking_all_to_all<nccl> && splittable<nccl>);
 
 }  // namespace zero::comm

@@ -15,8 +15,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/partitioner.hpp"
@@ -26,14 +28,17 @@
 #include "zero/core/fp.hpp"
 #include "zero/core/hash.hpp"
 #include "zero/core/layout.hpp"
+#include "zero/core/link_formulas.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/core/quantize.hpp"
 #include "zero/core/value_checks.hpp"
 #include "zero/engine/init.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/tensor_view.hpp"
+#include "zero/engine/zeropp.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/state_store.hpp"
 #include "zero/precision/fp32.hpp"
@@ -74,6 +79,7 @@ class engine {
         rank_(comm.rank()),
         units_(spec.num_units()) {
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
+    check_zeropp();
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
     const std::size_t param_elems = P::shards_parameters ? shard : full;
     const std::size_t grad_elems = P::shards_gradients ? shard : full;
@@ -81,12 +87,13 @@ class engine {
     place_persistent_units();
     // Offloaded master weights and slots are not in the system's memory: nothing of them to check here.
     const std::size_t in_system = options_.offload.tier == offload_tier::none ? state_elems : 0;
-    check_memory(model_state_plan{(param_elems + persistent_elems_) * sizeof(param_type),
+    check_memory(model_state_plan{(param_elems + persistent_elems_ + secondary_elements()) * sizeof(param_type),
                                   grad_elems * (options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type)),
                                   Prec::separate_master ? in_system * sizeof(float) : 0,
                                   static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float)});
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
     if (persistent_elems_ > 0) persistent_ = buffer<param_type, system>(persistent_elems_, mem_category::params, acct_);
+    if (zpp().hpz) secondary_ = buffer<param_type, system>(secondary_elements(), mem_category::params, acct_);
     if (options_.fp32_grad_accumulation)
       grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
     else
@@ -95,6 +102,7 @@ class engine {
     for (int a = 0; a < state_arrays; ++a)
       categories[static_cast<std::size_t>(a)] = a < master_arrays ? mem_category::master : mem_category::optimizer_states;
     store_ = offload::state_store<system>(options_.offload, rank_, state_arrays, state_elems, categories.data(), acct_);
+    connect_nodes();
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -219,9 +227,9 @@ class engine {
         complete_parameter_gather(s);  // a view of the unit's persistent copy, once step()'s gather is done
       } else if (evaluating_) {
         s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
-        const auto l = label("gather", u);
-        auto r = eval_comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
-        eval_comm_.wait(r);
+        buffer<std::uint8_t, system> wire;
+        auto r = start_gather(eval_comm_, u, s.full_params.data(), wire, false);
+        finish_gather(eval_comm_, r, u, s.full_params.data(), wire, false, false);
       } else {
         gather_in_step(u, s, ul);
       }
@@ -300,7 +308,7 @@ class engine {
     {
       const auto l = label("reduce", u);
       if constexpr (updates_every_element<P>) f.pending = comm_.start_all_reduce(g, g, ul.padded, reduce_op::sum);
-      else f.pending = comm_.start_reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
+      else start_scatter(f, u, g, ul.shard, {ul.shard});
     }
     launched(std::move(f));
   }
@@ -347,13 +355,16 @@ class engine {
     }
     scaler_.update(r.skipped);
     with_grad_store([&](auto& store) { sys_.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
-    for (auto& s : units_) s.reduces = s.step_gathers = 0;
+    for (auto& s : units_) {
+      s.reduces = s.step_gathers = 0;
+      s.secondary_ready = false;  // the update changed the parameters: the next step's first gather refills it
+    }
     step_started_ = false;
 
     r.step = step_;
-    r.comm = comm_.stats() - at_step_start_;
+    r.comm = protocol_stats() - at_step_start_;
     last_step_ = r.comm;
-    at_step_start_ = comm_.stats();
+    at_step_start_ = protocol_stats();
     return r;
   }
 
@@ -485,7 +496,10 @@ class engine {
       ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
                  "finish_load() in the middle of a step");
     complete_parameter_gathers();
-    for (auto& s : units_) s.step_gathers = 0;  // a loaded engine starts a step afresh
+    for (auto& s : units_) {
+      s.step_gathers = 0;  // a loaded engine starts a step afresh
+      s.secondary_ready = false;
+    }
     step_started_ = false;
     step_ = ts.step;
     skipped_ = ts.skipped_steps;
@@ -507,7 +521,7 @@ class engine {
     return r;
   }
   comm_report comm() const {
-    return comm_report{comm_.stats(),          last_step_,       other_comm_.stats(),
+    return comm_report{protocol_stats(),       last_step_,       other_comm_.stats(),
                        control_comm_.stats(), step_ + skipped_, eval_comm_.stats()};
   }
 
@@ -516,11 +530,14 @@ class engine {
     return {sizeof(param_type), options_.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type),
             (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
   }
-  // The model-state bytes in the system's memory: with offload, without the offloaded K bytes.
+  // The model-state bytes in the system's memory: with offload, without the offloaded K bytes; plus
+  // hpZ's secondary shard (Psi / node_size parameters).
   std::uint64_t model_state_formula_bytes() const {
     formula::state_sizes z = state_sizes();
     if (store_.offloaded()) z.k_bytes = 0;
-    return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z, persistent_elems_);
+    return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z, persistent_elems_) +
+           (zpp().hpz ? formula::hpz_secondary_bytes(layout_.padded(), layout_.ranks(), node_size(), sizeof(param_type))
+                      : 0);
   }
   // What the offload tier holds and moves (engine_options::offload), and its formulas: the tier's
   // bytes, and the bytes moved by one step that updates.
@@ -538,14 +555,26 @@ class engine {
                                                    Prec::separate_master ? sizeof(param_type) : 0);
     return {t.disk_read, t.disk_written, t.to_host, t.from_host};
   }
-  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3.
+  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3;
+  // with ZeRO++ on, zero::formula::bytes_per_step's (core/link_formulas.hpp).
   std::uint64_t comm_formula_bytes() const {
+    if (zeropp_on()) return comm_formula_by_level().total;
     return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type),
                                         reduces_per_step(), extra_gathered_elements(), persistent_elems_);
+  }
+  // The same per link level: the total and the part sent between nodes (engine_options::zeropp's
+  // node_size; comm_stats::inter counts it), by zero::formula::bytes_per_step.
+  formula::link_bytes comm_formula_by_level() const {
+    return formula::bytes_per_step(P::stage, unit_extents(), layout_.ranks(), sizeof(typename Prec::comm_type),
+                                   reduces_per_step(), traffic_options());
   }
   // Bytes of one forward-only pass inside evaluation() (every unit gathered `gathers` times): stage 3
   // only.
   std::uint64_t eval_comm_formula_bytes() const {
+    if (zeropp_on())
+      return formula::eval_bytes_per_pass(P::stage, unit_extents(), layout_.ranks(), sizeof(typename Prec::comm_type),
+                                          traffic_options())
+          .total;
     return formula::eval_comm_bytes_per_pass(P::stage, layout_.padded(), layout_.ranks(),
                                              sizeof(typename Prec::comm_type), extra_gathered_elements(),
                                              persistent_elems_);
@@ -661,8 +690,11 @@ class engine {
     // Stage 3: an all-gather started before gather(u) asked for it (declared after its buffer, so
     // the request, whose destructor waits, is destroyed first).
     buffer<param_type, system> prefetched;
+    buffer<std::uint8_t, system> prefetch_wire;  // qwZ: the prefetch's quantized shards
     request prefetch;
     bool prefetching = false;
+    bool prefetch_secondary = false;  // hpZ: the prefetch reads the secondary partition (node_comm_)
+    bool secondary_ready = false;     // hpZ: this step's first gather has filled the secondary shard
     // Stages 1-2: the all-gather of the unit's updated parameters, started by step().
     request parameter_gather;
     bool parameter_gather_pending = false;
@@ -679,6 +711,13 @@ class engine {
     };
     std::vector<part> parts;           // the units the bucket carries, in reduce order
     buffer<grad_type, system> bucket;  // empty (and no parts): the persistent gradient was reduced in place
+    // qgZ: the quantized slices sent and received (declared before the request, which is destroyed
+    // first), where the reduced slice goes, and whether the request is the first hop's (node_comm_).
+    buffer<std::uint8_t, system> send_wire, recv_wire;
+    detail::quantized_slice slice;
+    grad_type* reduced = nullptr;
+    unit_id unit{};
+    bool quantized = false, first_hop = false;
     request pending{};
   };
   // A unit's gradient waiting in the open bucket of reduce_bucket_elements.
@@ -708,11 +747,15 @@ class engine {
       f.bucket = std::move(parts[0].bucket);
       f.parts.push_back({parts[0].unit, parts[0].first, own});
       const auto l = label("reduce", parts[0].unit);
-      f.pending = comm_.start_reduce_scatter(f.bucket.data(), f.bucket.data() + own, ul.shard, reduce_op::sum);
+      start_scatter(f, parts[0].unit, f.bucket.data(), ul.shard, {ul.shard});
       return launched(std::move(f));
     }
     std::size_t shard_sum = 0;
-    for (const auto& p : parts) shard_sum += layout_.unit(p.unit).shard;
+    std::vector<std::size_t> segments;  // qgZ quantizes each unit's part of a slice in blocks of its own
+    for (const auto& p : parts) {
+      shard_sum += layout_.unit(p.unit).shard;
+      segments.push_back(layout_.unit(p.unit).shard);
+    }
     const auto ranks = static_cast<std::size_t>(layout_.ranks());
     make_room(shard_sum * ranks * sizeof(grad_type));
     f.bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, acct_);
@@ -727,8 +770,7 @@ class engine {
     }
     {
       const auto l = label("reduce bucket", parts[0].unit);
-      f.pending = comm_.start_reduce_scatter(f.bucket.data(), f.bucket.data() + static_cast<std::size_t>(rank_) * shard_sum,
-                                             shard_sum, reduce_op::sum);
+      start_scatter(f, parts[0].unit, f.bucket.data(), shard_sum, std::move(segments));
     }
     ++overlap_.fused_reduces;
     launched(std::move(f));
@@ -754,7 +796,9 @@ class engine {
   void complete_oldest_reduce() {
     in_flight_reduce f = std::move(reduces_.front());
     reduces_.pop_front();
-    comm_.wait(f.pending);
+    if (f.first_hop) node_comm_->wait(f.pending);
+    else comm_.wait(f.pending);
+    if (f.quantized) finish_scatter(f);
     for (const auto& part : f.parts) {
       const unit_layout& ul = layout_.unit(part.unit);
       const std::size_t from = updates_every_element<P> ? 0 : layout_.owned(part.unit, rank_).begin;
@@ -794,23 +838,30 @@ class engine {
       drop_prefetches();
     }
     request r{};
+    buffer<std::uint8_t, system> wire;
+    // hpZ: a unit already gathered in this step reads the secondary partition, inside the node.
+    const bool secondary = zpp().hpz && s.secondary_ready;
+    if (s.prefetching && s.prefetch_secondary != secondary) drop_prefetch(s);  // (cannot happen: same rule)
     if (s.prefetching) {
       s.full_params = std::move(s.prefetched);
+      wire = std::move(s.prefetch_wire);
       r = std::move(s.prefetch);
       s.prefetching = false;
       ++overlap_.prefetch_hits;
     } else {
-      make_room(ul.padded * sizeof(param_type));
+      make_room(gather_bytes(ul, secondary));
       s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
-      const auto l = label("gather", u);
-      r = comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
+      r = start_gather(comm_, u, s.full_params.data(), wire, secondary);
     }
     step_order_.push_back(u.index);
     if (order_holds_ && next_prefetch_ <= position) next_prefetch_ = position + 1;
     s.gathered = true;  // counted as live by prefetch_ahead
     try {
       if (prefetching()) prefetch_ahead();
-      comm_.wait(r);
+      finish_gather(comm_, r, u, s.full_params.data(), wire, secondary, true);
+      // hpZ: the walk stops at a secondary gather whose primary had not completed (this one's, for the
+      // backward pass's first unit); now it has.
+      if (zpp().hpz && prefetching()) prefetch_ahead();
     } catch (...) {
       s.gathered = false;
       s.full_params.reset();
@@ -832,13 +883,17 @@ class engine {
       const unit_id v{gather_order_[next_prefetch_]};
       unit_state& t = units_[v.index];
       if (t.prefetching) return;
+      // hpZ: the gather at this position reads the secondary partition when the order gathered the unit
+      // before it (as the gather itself will decide); its source must be filled first.
+      const bool secondary = zpp().hpz && gathered_before(v.index, next_prefetch_);
+      if (secondary && !t.secondary_ready) return;
       const unit_layout& ul = layout_.unit(v);
       if (options_.max_live_parameters > 0 && live_parameters() + ul.padded > options_.max_live_parameters) return;
-      const std::size_t bytes = ul.padded * sizeof(param_type);
+      const std::size_t bytes = gather_bytes(ul, secondary);
       if (acct_.limit() > 0 && acct_.total() + bytes > acct_.limit()) return;
       t.prefetched = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
-      const auto l = label("gather", v);
-      t.prefetch = comm_.start_all_gather(shard_of_params(ul, v), t.prefetched.data(), ul.shard);
+      t.prefetch = start_gather(comm_, v, t.prefetched.data(), t.prefetch_wire, secondary);
+      t.prefetch_secondary = secondary;
       t.prefetching = true;
       ++overlap_.prefetches;
     }
@@ -853,13 +908,16 @@ class engine {
   }
   // Completes and frees the prefetches no gather took (the order changed, or the step ended).
   void drop_prefetches() {
-    for (auto& t : units_) {
-      if (!t.prefetching) continue;
-      comm_.wait(t.prefetch);
-      t.prefetched.reset();
-      t.prefetching = false;
-      ++overlap_.prefetch_misses;
-    }
+    for (auto& t : units_)
+      if (t.prefetching) drop_prefetch(t);
+  }
+  void drop_prefetch(unit_state& t) {
+    if (t.prefetch_secondary) node_comm_->wait(t.prefetch);
+    else comm_.wait(t.prefetch);
+    t.prefetched.reset();
+    t.prefetch_wire.reset();
+    t.prefetching = false;
+    ++overlap_.prefetch_misses;
   }
 
   // The update of each unit, and where a unit's parameters are kept whole (stages 1-2; stage 3's
@@ -945,6 +1003,236 @@ class engine {
     evaluating_ = false;
   }
 
+  // ---- ZeRO++ (engine_options::zeropp, engine/zeropp.hpp) --------------------------------------
+  //
+  // The protocol is unchanged: gather(u) still all-gathers (quantized under qwZ, from the secondary
+  // partition under hpZ), reduce(u) still leaves each rank its reduced slice (through qgZ's
+  // all-to-all), and every decision depends only on the calls, so every rank issues the same
+  // collectives in the same order on each communicator.
+
+  // What the backend and the system must offer for each technique (checked at construction, so an
+  // engine on a backend without them compiles and refuses only the options it cannot serve).
+  static constexpr bool has_index_loop =
+      requires(const system& s, std::size_t n, quant::scale_rule<float> r) { s.for_each_index(n, r); };
+  static constexpr bool can_qwz = comm::moves_bytes<Comm> && has_index_loop;
+  static constexpr bool can_qgz = comm::has_all_to_all<Comm> && has_index_loop;
+  static constexpr bool can_split = comm::splittable<Comm>;
+
+  const zeropp_options& zpp() const { return options_.zeropp; }
+  bool zeropp_on() const { return zpp().qwz || zpp().qgz || zpp().hpz; }
+  int node_size() const { return zpp().node_size == 0 ? layout_.ranks() : zpp().node_size; }
+  // qgZ in two hops: nodes of more than one rank, more than one node.
+  bool hierarchical() const { return zpp().qgz && node_size() > 1 && node_size() < layout_.ranks(); }
+  std::size_t secondary_elements() const {
+    return zpp().hpz ? layout_.padded() / static_cast<std::size_t>(node_size()) : 0;
+  }
+
+  // Before anything is allocated: options that mean nothing for this stage or world, formats the
+  // quantizer cannot represent, backends without what a technique needs.
+  void check_zeropp() const {
+    const zeropp_options& z = zpp();
+    const int n = layout_.ranks();
+    const char* where = "engine_options::zeropp";
+    ZERO_CHECK(z.node_size >= 0 && (z.node_size == 0 || n % z.node_size == 0), invalid_argument, "rank ", rank_, ": ",
+               where, ": node_size ", z.node_size, " does not divide the world size ", n,
+               " (a node holds node_size consecutive ranks; 0: one node holds them all)");
+    ZERO_CHECK(!z.qwz || P::shards_parameters, invalid_argument, "rank ", rank_, ": ", where,
+               ": qwZ quantizes the parameter all-gathers of stage 3; ZeRO stage ", P::stage, " gathers no parameters");
+    ZERO_CHECK(!z.hpz || P::shards_parameters, invalid_argument, "rank ", rank_, ": ", where,
+               ": hpZ keeps a secondary partition of stage 3's sharded parameters; ZeRO stage ", P::stage,
+               " does not shard them");
+    ZERO_CHECK(!z.qgz || P::shards_optimizer_states, invalid_argument, "rank ", rank_, ": ", where,
+               ": qgZ replaces the gradient reduce-scatter of stages 1-3; ZeRO stage ", P::stage,
+               " all-reduces every gradient");
+    ZERO_CHECK(!z.hpz || (z.node_size > 0 && z.node_size < n), invalid_argument, "rank ", rank_, ": ", where,
+               ": hpZ needs nodes smaller than the world (node_size in [1, N) dividing N = ", n, "), got node_size ",
+               z.node_size, ": with one node the secondary partition is the primary one");
+    with_rank(rank_, [&] {
+      if (z.qwz) quant::validate(z.weights, "engine_options::zeropp.weights");
+      if (z.qgz) quant::validate(z.gradients, "engine_options::zeropp.gradients");
+    });
+    ZERO_CHECK(!z.qwz || can_qwz, invalid_argument, "rank ", rank_, ": ", where,
+               ": qwZ needs a backend with a byte all_gather (std::uint8_t) and a system with for_each_index");
+    ZERO_CHECK(!z.qgz || can_qgz, invalid_argument, "rank ", rank_, ": ", where,
+               ": qgZ needs a backend with all_to_all (comm/all_to_all.hpp) and a system with for_each_index");
+    ZERO_CHECK(!(z.hpz || hierarchical()) || can_split, invalid_argument, "rank ", rank_, ": ", where, ": ",
+               z.hpz ? "hpZ" : "qgZ over several nodes", " needs a backend with split (comm/split.hpp)");
+  }
+
+  // After the model states exist: tells the counters where the nodes are, and splits the backend for
+  // hpZ (the node's ranks) and two-hop qgZ (the node's ranks, and the ranks of this rank's position
+  // in every node). The splits are collectives on the backend, made by every rank here.
+  void connect_nodes() {
+    const int g = node_size();
+    for (auto* c : {&comm_, &other_comm_, &control_comm_, &eval_comm_}) c->set_node_size(g);
+    if (!(zpp().hpz || hierarchical())) return;
+    if constexpr (can_split) {
+      node_backend_ = comm_.inner().split(rank_ / g);
+      node_comm_.emplace(*node_backend_);  // one node: all of its traffic is intra-node
+      if (hierarchical()) {
+        cross_backend_ = comm_.inner().split(rank_ % g);
+        cross_comm_.emplace(*cross_backend_);
+        cross_comm_->set_node_size(1);  // one rank per node: all of it is inter-node
+      }
+    }
+  }
+
+  // The protocol's traffic on every communicator it uses.
+  comm::comm_stats protocol_stats() const {
+    comm::comm_stats s = comm_.stats();
+    if (node_comm_) s = s + node_comm_->stats();
+    if (cross_comm_) s = s + cross_comm_->stats();
+    return s;
+  }
+  std::vector<formula::unit_extent> unit_extents() const {
+    std::vector<formula::unit_extent> v;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      v.push_back({layout_.unit(unit_id{u}).padded, spec_.units()[u].gathers});
+    return v;
+  }
+  formula::traffic_options traffic_options() const {
+    return {zpp().qwz, zpp().qgz, zpp().hpz, zpp().weights, zpp().gradients, node_size()};
+  }
+
+  // Transient bytes a gather of unit ul holds until it completes: the unit, and qwZ's wire.
+  std::size_t gather_bytes(const unit_layout& ul, bool secondary) const {
+    const std::size_t wire = zpp().qwz && !secondary ? static_cast<std::size_t>(layout_.ranks()) *
+                                                           quant::wire_bytes(ul.shard, zpp().weights)
+                                                     : 0;
+    return ul.padded * sizeof(param_type) + wire;
+  }
+  // Whether the recorded order gathers unit v before position `pos` (then that gather reads hpZ's secondary).
+  bool gathered_before(std::size_t v, std::size_t pos) const {
+    for (std::size_t i = 0; i < pos && i < gather_order_.size(); ++i)
+      if (gather_order_[i] == v) return true;
+    return false;
+  }
+
+  comm::scoped_label<Comm> label_on(Comm& c, const char* phase, unit_id u) {
+    return comm::scoped_label<Comm>(c, phase, spec_.units()[u.index].name);
+  }
+
+  // Starts stage 3's all-gather of unit u into `full` (padded elements) on `via`: the exact shards;
+  // under qwZ this rank's shard quantized into its slot of `wire` (N slots) and the wire all-gathered
+  // in place; under hpZ's `secondary`, the node's secondary shards on node_comm_ (exact).
+  request start_gather(comm::counted<Comm>& via, unit_id u, param_type* full, buffer<std::uint8_t, system>& wire,
+                       bool secondary) {
+    const unit_layout& ul = layout_.unit(u);
+    if (secondary) {
+      const std::size_t part = ul.padded / static_cast<std::size_t>(node_size());
+      const auto l = label_on(*node_backend_, "gather", u);
+      return node_comm_->start_all_gather(secondary_.data() + ul.offset / static_cast<std::size_t>(node_size()), full,
+                                          part);
+    }
+    const auto l = label("gather", u);
+    if (!zpp().qwz) return via.start_all_gather(shard_of_params(ul, u), full, ul.shard);
+    if constexpr (can_qwz) {
+      const std::size_t wb = quant::wire_bytes(ul.shard, zpp().weights), at = static_cast<std::size_t>(rank_) * wb;
+      wire = buffer<std::uint8_t, system>(static_cast<std::size_t>(layout_.ranks()) * wb, mem_category::transient, acct_);
+      quant::quantize(sys_, shard_of_params(ul, u), ul.shard, zpp().weights, wire.data() + at);
+      return via.start_all_gather(wire.data() + at, wire.data(), wb);
+    }
+    fail(error_kind::invalid_argument, where(u), "qwZ on a backend without byte collectives");
+  }
+  // Completes start_gather: waits; under qwZ dequantizes every rank's slice, this rank's included,
+  // from the same bytes (so every rank holds the same values); with `fill` (a gather in a step) and
+  // hpZ, keeps this rank's part of the node's partition as its secondary shard.
+  void finish_gather(comm::counted<Comm>& via, request& r, unit_id u, param_type* full,
+                     buffer<std::uint8_t, system>& wire, bool secondary, bool fill) {
+    const unit_layout& ul = layout_.unit(u);
+    if (secondary) return node_comm_->wait(r);
+    via.wait(r);
+    if (!wire.empty()) {
+      if constexpr (can_qwz) {
+        const std::size_t wb = quant::wire_bytes(ul.shard, zpp().weights);
+        for (std::size_t k = 0; k < static_cast<std::size_t>(layout_.ranks()); ++k)
+          quant::dequantize(sys_, wire.data() + k * wb, ul.shard, zpp().weights, full + k * ul.shard);
+      }
+      wire.reset();
+    }
+    if (fill && zpp().hpz) {
+      const auto g = static_cast<std::size_t>(node_size());
+      const std::size_t part = ul.padded / g, local = static_cast<std::size_t>(rank_) % g;
+      sys_.copy(secondary_.data() + ul.offset / g, full + local * part, part * sizeof(param_type));
+      units_[u.index].secondary_ready = true;
+    }
+  }
+
+  // Starts the reduction of g's N slices of `count` elements (slice k for rank k) into this rank's
+  // slice, in place: a reduce-scatter, or qgZ: each slice quantized (each of `segments`, the units'
+  // shards, in blocks of its own) and exchanged by an all_to_all, summed at completion
+  // (finish_scatter). Two hops: to the rank of local position l of this node go the slices of the
+  // ranks of position l in every node (node k's at k), on node_comm_.
+  void start_scatter(in_flight_reduce& f, unit_id u, grad_type* g, std::size_t count,
+                     std::vector<std::size_t> segments) {
+    grad_type* mine = g + static_cast<std::size_t>(rank_) * count;
+    if (!zpp().qgz) {
+      f.pending = comm_.start_reduce_scatter(g, mine, count, reduce_op::sum);
+      return;
+    }
+    if constexpr (can_qgz) {
+      const auto n = static_cast<std::size_t>(layout_.ranks());
+      f.quantized = true;
+      f.unit = u;
+      f.reduced = mine;
+      f.slice = detail::quantized_slice::of(std::move(segments), zpp().gradients);
+      const std::size_t wb = f.slice.wire;
+      make_room(2 * n * wb);
+      f.send_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, acct_);
+      f.recv_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, acct_);
+      std::vector<std::size_t> order(n);
+      if (!hierarchical()) {
+        for (std::size_t k = 0; k < n; ++k) order[k] = k;
+        f.slice.quantize(sys_, g, order, f.send_wire.data());
+        f.pending = comm_.start_all_to_all(f.send_wire.data(), f.recv_wire.data(), wb);
+        return;
+      }
+      const auto gs = static_cast<std::size_t>(node_size()), nodes = n / gs;
+      for (std::size_t l = 0; l < gs; ++l)
+        for (std::size_t m = 0; m < nodes; ++m) order[l * nodes + m] = m * gs + l;
+      f.slice.quantize(sys_, g, order, f.send_wire.data());
+      const auto l = label_on(*node_backend_, "reduce", u);
+      f.pending = node_comm_->start_all_to_all(f.send_wire.data(), f.recv_wire.data(), nodes * wb);
+      f.first_hop = true;
+      return;
+    }
+    fail(error_kind::invalid_argument, where(u), "qgZ on a backend without all_to_all");
+  }
+  // Completes qgZ's reduction once its all_to_all is done: the N received slices summed in fp32 in
+  // rank order into this rank's slice. Two hops: the node's G slices of each of the K ranks of this
+  // position summed in local order (fp32), quantized once more and exchanged across nodes, then the K
+  // node sums summed in node order.
+  void finish_scatter(in_flight_reduce& f) {
+    if constexpr (can_qgz) {
+      const std::size_t wb = f.slice.wire;
+      if (!f.first_hop) {
+        f.slice.sum(sys_, f.recv_wire.data(), wb, layout_.ranks(), f.reduced);
+        f.send_wire.reset();
+        f.recv_wire.reset();
+        return;
+      }
+      const auto gs = static_cast<std::size_t>(node_size());
+      const std::size_t nodes = static_cast<std::size_t>(layout_.ranks()) / gs, count = f.slice.elements;
+      buffer<float, system> partial(nodes * count, mem_category::transient, acct_);
+      for (std::size_t m = 0; m < nodes; ++m)
+        f.slice.sum(sys_, f.recv_wire.data() + m * wb, nodes * wb, static_cast<int>(gs), partial.data() + m * count);
+      f.send_wire.reset();
+      f.recv_wire.reset();
+      buffer<std::uint8_t, system> send(nodes * wb, mem_category::transient, acct_);
+      std::vector<std::size_t> order(nodes);
+      for (std::size_t m = 0; m < nodes; ++m) order[m] = m;
+      f.slice.quantize(sys_, partial.data(), order, send.data());
+      partial.reset();
+      buffer<std::uint8_t, system> recv(nodes * wb, mem_category::transient, acct_);
+      {
+        const auto l = label_on(*cross_backend_, "reduce", f.unit);
+        auto r = cross_comm_->start_all_to_all(send.data(), recv.data(), wb);
+        cross_comm_->wait(r);
+      }
+      f.slice.sum(sys_, recv.data(), wb, static_cast<int>(nodes), f.reduced);
+    }
+  }
+
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
   static system system_of(Comm& c) {
     if constexpr (requires { c.make_system(); }) return c.make_system();
@@ -1010,6 +1298,10 @@ class engine {
                ": engine_options: prefetch_units must be >= 0 (0: no prefetch), got ", o.prefetch_units);
     ZERO_CHECK(o.reduces_in_flight >= 1, invalid_argument, "rank ", rank,
                ": engine_options: reduces_in_flight must be >= 1, got ", o.reduces_in_flight);
+    ZERO_CHECK(o.persist_below_elements == 0 || !(o.zeropp.qwz || o.zeropp.qgz || o.zeropp.hpz), invalid_argument,
+               "rank ", rank, ": engine_options: persist_below_elements (stage 3's persistent units) and ZeRO++ "
+               "(zeropp.qwz, qgz, hpz) cannot be combined yet: a persistent unit's gathers and its traffic would "
+               "bypass the quantized and hierarchical paths; set one of them");
     const offload_options& f = o.offload;
     ZERO_CHECK(f.tier == offload_tier::none || f.tier == offload_tier::host || f.tier == offload_tier::disk,
                invalid_argument, "rank ", rank, ": engine_options: offload.tier is not an offload_tier value (",
@@ -1424,6 +1716,11 @@ class engine {
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)
   comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
+  // ZeRO++ (engine_options::zeropp): the node's ranks (hpZ's secondary gathers, qgZ's first hop) and
+  // the ranks of this rank's position in every node (qgZ's second hop), split from the backend at
+  // construction; their traffic is protocol traffic (protocol_stats).
+  std::unique_ptr<Comm> node_backend_, cross_backend_;
+  std::optional<comm::counted<Comm>> node_comm_, cross_comm_;
   const model_spec spec_;
   const zero::layout layout_;
   Opt opt_;
@@ -1447,6 +1744,7 @@ class engine {
   buffer<param_type, system> persistent_;
   std::vector<std::size_t> persistent_at_;
   std::uint64_t persistent_elems_ = 0;
+  buffer<param_type, system> secondary_;  // hpZ: the parameters partitioned within the node (Psi / node_size)
   std::vector<unit_state> units_;  // after the buffers: its requests wait before the buffers are freed
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;

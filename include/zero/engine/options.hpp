@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "zero/offload/options.hpp"
+#include "zero/engine/zeropp.hpp"
 #include "zero/precision/loss_scaler.hpp"
 
 namespace zero {
@@ -72,6 +73,10 @@ struct engine_options {
   // (ZeRO-Offload / ZeRO-Infinity): the same bits, memory() counts only what stays in the system,
   // offload() reports the tier's bytes and what moves per step.
   offload_options offload{};
+
+  // ZeRO++: quantized gathers (qwZ) and reductions (qgZ), a secondary partition within nodes (hpZ),
+  // and the nodes that decide what counts as inter-node traffic (engine/zeropp.hpp). Off by default.
+  zeropp_options zeropp{};
 };
 
 }  // namespace zero

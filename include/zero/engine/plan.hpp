@@ -129,6 +129,10 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
              "plan: local_then_reduce accumulation needs full gradients; stage ", stage, " shards them");
   ZERO_CHECK(!options.fp32_grad_accumulation || shards_grads, invalid_argument,
              "plan: fp32_grad_accumulation applies to stages 2 and 3, not stage ", stage);
+  ZERO_CHECK(!(options.zeropp.qwz || options.zeropp.qgz || options.zeropp.hpz), invalid_argument,
+             "plan: ZeRO++ (engine_options::zeropp qwz, qgz, hpz) is not planned yet; its traffic per step is "
+             "zero::formula::bytes_per_step (core/link_formulas.hpp), its model states add hpZ's secondary shard "
+             "(formula::hpz_secondary_bytes)");
 
   // The layout alone decides how units split, the same for every stage, so one layout serves them all.
   const layout l = layout::make(spec, ranks);

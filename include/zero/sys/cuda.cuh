@@ -85,6 +85,13 @@ struct cuda {
     gpu::context& x = context();
     gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, rule, ops...);
   }
+  // rule(j) for j in [0, n) (rules that hold their arrays: core/quantize.hpp), one kernel on the
+  // compute stream through the same launcher, one j per thread.
+  template <class Rule>
+  void for_each_index(std::size_t n, const Rule& rule) const {
+    gpu::context& x = context();
+    gpu::launch_indexed(x.compute(), x.multiprocessors(), n, rule);
+  }
   template <class G>
   double sum_of_squares(const G* g, std::size_t n, float divisor) const {
     return gpu::sum_of_squares(context(), &g, &n, 1, divisor);
