@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU trainer at a scale where memory decides: a 2.43B-parameter MLP on 4 cuda_threads ranks sharing
 # one GPU. Stage 0 must be refused before anything is allocated, naming the stages that fit; stage 3
-# must train, with set-up time and host memory that fall with N (each rank initializes only its shard).
+# must train, with set-up time and host memory that fall with N (each rank initializes only its shard);
+# stage 0 with --offload host must train (the optimizer states in host memory).
 # JSON lines to stdout. Usage: gpu_scale.sh TRAIN_MLP_CUDA
 set -u
 train=$1
@@ -41,5 +42,25 @@ print(json.dumps({"bench": "gpu_scale", "case": "stage3_trains", "exit": code, "
                   "setup_seconds": j.get("setup_seconds"), "setup_cpu_seconds": j.get("setup_cpu_seconds"),
                   "max_rss_bytes": rss, "loss_first": j.get("loss_first"),
                   "error": "" if code == 0 else (err.strip().splitlines() or [""])[-1][:600]}))
-sys.exit(0 if code == 0 else 1)
+failed = code != 0
+
+# Stage 0 with the master weights and slots in host memory (--offload host): the device keeps the
+# parameters and gradients (8 bytes per parameter per rank, 78 GB for the 4 ranks), the host the 8
+# bytes of AdamW's slots; the host loops update. One step.
+code, wall, rss, out, err = run(["--stage", "0", "--ranks", "4", "--steps", "1", "--json", "--offload", "host"])
+line = out.strip().splitlines()[-1] if out.strip() else "{}"
+try:
+    j = json.loads(line)
+except ValueError:
+    j = {}
+print(json.dumps({"bench": "gpu_scale", "case": "stage0_offload_host_trains", "exit": code, "seconds": round(wall, 2),
+                  "params": j.get("params"), "model_state_bytes_per_rank": j.get("model_state_bytes_per_rank"),
+                  "model_state_formula_bytes": j.get("model_state_formula_bytes"),
+                  "offload_bytes_per_rank": j.get("offload_bytes_per_rank"),
+                  "offload_formula_bytes": j.get("offload_formula_bytes"),
+                  "offload_moved_bytes_per_step": j.get("offload_moved_bytes_per_step"),
+                  "offload_moved_formula_bytes": j.get("offload_moved_formula_bytes"),
+                  "time_step_s": j.get("time_step_s"), "max_rss_bytes": rss,
+                  "error": "" if code == 0 else (err.strip().splitlines() or [""])[-1][:600]}))
+sys.exit(1 if failed or code != 0 else 0)
 PY

@@ -131,6 +131,9 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   s.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   s.comm_bytes = global_max(comm, static_cast<double>(step_bytes.bytes));
   s.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  trainer::offload_summary(e, s, [&](double v) { return global_max(comm, v); });
+  s.comm_inter_bytes = global_max(comm, static_cast<double>(step_bytes.inter));
+  s.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
   for (std::size_t u = 0; u < spec.num_units(); ++u) out.unit_padded.push_back(e.layout().unit(zero::unit_id{u}).padded);
   // The formula counts wte's second gathers (declared with gathers(2)); the paper's counts one per pass.
   out.comm_paper_formula = zero::formula::comm_bytes_per_step(Stage::stage, e.layout().padded(), ranks,

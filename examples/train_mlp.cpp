@@ -165,6 +165,9 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
       global_max(report, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   out.comm_bytes = global_max(report, static_cast<double>(step_bytes.bytes));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  trainer::offload_summary(e, out, [&](double v) { return global_max(report, v); });
+  out.comm_inter_bytes = global_max(report, static_cast<double>(step_bytes.inter));
+  out.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
   trainer::finish(e, comm, o);
 }
 
@@ -261,8 +264,9 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend mpi the ranks are the processes mpirun starts; drop --ranks)";
-    else
-      problem = trainer::split_batch(o, o.model.batch, world, "the number of MPI processes " + std::to_string(world));
+    else if (problem = trainer::split_batch(o, o.model.batch, world, "the number of MPI processes " + std::to_string(world));
+             problem.empty())
+      problem = trainer::zeropp_problem(o, world);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
@@ -278,6 +282,7 @@ int main(int argc, char** argv) {
             trainer::split_batch(o, o.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
         !problem.empty())
       return usage_error(problem);
+    if (const std::string p = trainer::zeropp_problem(o, o.ranks); !p.empty()) return usage_error(p);
     try {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;

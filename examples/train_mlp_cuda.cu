@@ -528,7 +528,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   std::vector<double> maxima{static_cast<double>(mem.model_state_bytes()),
                              static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]),
                              static_cast<double>(step_bytes.bytes), setup_seconds,
-                             setup_cpu_seconds};
+                             setup_cpu_seconds, static_cast<double>(step_bytes.inter)};
   for (int c = 0; c < zero::mem_category_count; ++c) maxima.push_back(static_cast<double>(mem.current[c]));
   maxima = reduce_over_ranks(comm, maxima, zero::reduce_op::max);
   out.model_state_bytes = maxima[0];
@@ -536,9 +536,12 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   out.comm_bytes = maxima[2];
   out.setup_seconds = maxima[3];
   out.setup_cpu_seconds = maxima[4];
-  for (int c = 0; c < zero::mem_category_count; ++c) out.by_category[c] = maxima[5 + static_cast<std::size_t>(c)];
+  out.comm_inter_bytes = maxima[5];
+  for (int c = 0; c < zero::mem_category_count; ++c) out.by_category[c] = maxima[6 + static_cast<std::size_t>(c)];
   out.model_state_formula = static_cast<double>(e.model_state_formula_bytes());
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  trainer::offload_summary(e, out, [&](double v) { return reduce_over_ranks(comm, {v}, zero::reduce_op::max)[0]; });
+  out.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
   out.device = device_name(comm.context().device());
   trainer::finish(e, comm, o);
   if (rl.wanted && rank == 0) measure_floor(comm.context(), m, e, o.model, rl);

@@ -50,7 +50,19 @@ struct options {
   std::string gemm;
   double link_gbps = 0, link_latency_us = 0;
   std::string overlap = "on";  // engine_options::overlap: on|off
+  // engine_options::offload: where master weights and optimizer slots live (none|host|disk), the
+  // disk tier's directory, and the elements streamed per slice.
+  std::string offload = "none";
+  std::string offload_dir;
+  std::uint64_t offload_slice = std::uint64_t{1} << 20;
   bool link() const { return link_gbps > 0 || link_latency_us > 0; }
+  // ZeRO++ (engine_options::zeropp): --qwz, --qgz, --hpz NODE_SIZE, --node-size, the formats.
+  bool qwz = false, qgz = false;
+  int hpz = 0;        // the node size of hpZ's secondary partition; 0: hpZ off
+  int node_size = 0;  // ranks per node (what counts as inter-node; qgZ's hops); 0: one node, or --hpz's
+  int quant_block = 256, qwz_bits = 8, qgz_bits = 8;
+  bool zeropp() const { return qwz || qgz || hpz > 0; }
+  int nodes_of() const { return hpz > 0 ? hpz : node_size; }
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).
@@ -68,6 +80,12 @@ struct summary {
   // definitions are in docs/performance.md): compute + comm_exposed + optimizer + other = step.
   double time_step_s = -1, time_compute_s = -1, time_comm_exposed_s = -1, time_optimizer_s = -1, time_other_s = -1;
   double link_modeled_s = -1, link_waited_s = -1;  // per step, with a modeled link: its cost, and the time held
+  // With --offload host|disk (max over ranks): the tier's bytes, their formula, the host memory of the
+  // slices in flight, and what the last updating step moved (disk reads + writes, host <-> device).
+  double offload_bytes = 0, offload_formula = 0, offload_staging = 0, offload_moved = 0, offload_moved_formula = 0;
+  std::string offload_file;  // rank 0's, disk tier
+  bool offload_direct = false;
+  double comm_inter_bytes = 0, comm_inter_formula = 0;  // the part of comm_bytes sent between nodes, and its formula
 };
 
 // ---- flag values, checked after their conversion ---------------------------------------------
@@ -194,11 +212,12 @@ O trainer_optimizer(const options& o) {
 // sends less than the formula (no post-update all-gather in stages 1-2), so a run whose last step
 // overflowed would otherwise report a mismatch that is not one.
 struct step_traffic {
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0, inter = 0;
   bool applied = false;
   void add(const zero::step_report& r) {
     if (r.skipped && applied) return;
     bytes = r.comm.total_bytes();
+    inter = r.comm.inter_node_bytes();
     applied = !r.skipped;
   }
 };
@@ -216,6 +235,57 @@ inline std::string default_rates(const auto& tune) {
     t += buf;
   });
   return t;
+}
+
+// ZeRO++'s flags (docs/zeropp.md): each technique on its own, and the formats.
+inline void add_zeropp_flags(CLI::App& app, options& o) {
+  app.add_flag("--qwz", o.qwz, "ZeRO++ qwZ: stage 3 gathers parameters as blockwise int8 (or --qwz-bits 4) codes");
+  app.add_flag("--qgz", o.qgz,
+               "ZeRO++ qgZ: stages 1-3 reduce gradients as blockwise int8 (or --qgz-bits 4) codes through an "
+               "all-to-all, summed in fp32 in rank order (two hops with --node-size or --hpz)");
+  app.add_option("--hpz", o.hpz,
+                 "ZeRO++ hpZ: stage 3 keeps a secondary partition within nodes of this many consecutive ranks; the "
+                 "backward pass gathers inside the node")
+      ->check(CLI::Range(1, 1 << 20))
+      ->type_name("NODE_SIZE");
+  app.add_option("--node-size", o.node_size,
+                 "ranks per node (consecutive): what the summary counts as inter-node traffic, and qgZ's hops "
+                 "(default: one node, or --hpz's)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--quant-block", o.quant_block, "values per fp32 scale in qwZ's and qgZ's blocks")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--qwz-bits", o.qwz_bits, "qwZ's code width")->check(CLI::IsMember({8, 4}))->capture_default_str();
+  app.add_option("--qgz-bits", o.qgz_bits, "qgZ's code width")->check(CLI::IsMember({8, 4}))->capture_default_str();
+}
+
+// Why the ZeRO++ flags make no sense for this stage and world size, or "" (the engine refuses the
+// same with a rank-prefixed error; a trainer says it first, as a usage error).
+inline std::string zeropp_problem(const options& o, int ranks) {
+  if (o.qwz && o.stage != 3) return "--qwz quantizes stage 3's parameter gathers; --stage " + std::to_string(o.stage) +
+                                    " gathers no parameters";
+  if (o.hpz > 0 && o.stage != 3)
+    return "--hpz keeps a secondary partition of stage 3's parameters; --stage " + std::to_string(o.stage) +
+           " does not shard them";
+  if (o.qgz && o.stage == 0) return "--qgz replaces the reduce-scatter of stages 1-3; --stage 0 all-reduces";
+  if (o.reproducible && (o.qwz || o.qgz || o.hpz > 0))
+    return "--reproducible keeps the bits at any world size; --qwz and --qgz quantize per rank's shard and --hpz is "
+           "not carried through its exact reduction yet: drop one of them";
+  if (o.hpz > 0 && o.node_size > 0 && o.hpz != o.node_size)
+    return "--hpz " + std::to_string(o.hpz) + " and --node-size " + std::to_string(o.node_size) +
+           " disagree on the node size";
+  const int g = o.nodes_of();
+  if (g > 0 && ranks % g != 0)
+    return std::string(o.hpz > 0 ? "--hpz " : "--node-size ") + std::to_string(g) + " does not divide the " +
+           std::to_string(ranks) + " ranks";
+  if (o.hpz > 0 && o.hpz >= ranks)
+    return "--hpz " + std::to_string(o.hpz) + ": nodes of all " + std::to_string(ranks) +
+           " ranks make the secondary partition the primary one; use a node size below the ranks";
+  if (o.qgz_bits == 4 && o.quant_block % 2 != 0 && o.qgz)
+    return "--qgz-bits 4 packs two codes per byte: --quant-block must be even, got " + std::to_string(o.quant_block);
+  if (o.qwz_bits == 4 && o.quant_block % 2 != 0 && o.qwz)
+    return "--qwz-bits 4 packs two codes per byte: --quant-block must be even, got " + std::to_string(o.quant_block);
+  return "";
 }
 
 // The flags every trainer takes (--ranks and --backend are the trainer's own: their meaning depends
@@ -274,13 +344,29 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file")
       ->check(checked_target(export_target_problem, "export target"));
-  app.add_option("--memory-limit", o.memory_limit,
-                 "bytes each rank's engine may hold (model states are checked before allocation; 0: no limit)")
+  app.add_option("--memory-limit,--state-memory-limit", o.memory_limit,
+                 "bytes each rank's engine may hold in its system's memory (model states are checked before "
+                 "allocation; 0: no limit); offloaded states (--offload) are outside it")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  auto* offload_flag =
+      app.add_option("--offload", o.offload,
+                     "where master weights and optimizer states live: none (with the parameters), host (host "
+                     "memory), disk (a file per rank in --offload-dir); the same bits either way")
+          ->check(CLI::IsMember({"none", "host", "disk"}))
+          ->capture_default_str();
+  app.add_option("--offload-dir", o.offload_dir, "--offload disk: the directory each rank's state file is created in")
+      ->check(CLI::ExistingDirectory)
+      ->needs(offload_flag);
+  app.add_option("--offload-slice", o.offload_slice,
+                 "--offload: elements streamed per slice (a multiple of 1024; three slices per state array in flight)")
+      ->check(CLI::Range(std::uint64_t{1024}, std::uint64_t{1} << 40))
+      ->capture_default_str()
+      ->needs(offload_flag);
   app.add_option("--log", o.log, "write one JSON line per step into this file (tools/plot_run.py draws it)")
       ->check(checked_target(log_target_problem, "log file"));
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
+  add_zeropp_flags(app, o);
 }
 
 // Sets the micro-batches per rank (o.accum) for `ranks` ranks: batch / (ranks x --micro-batch) when
@@ -324,6 +410,17 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.memory_limit_bytes = o.memory_limit;
   eo.overlap = o.overlap != "off";
   eo.reproducible = o.reproducible;
+  eo.offload.tier = o.offload == "host" ? zero::offload_tier::host
+                    : o.offload == "disk" ? zero::offload_tier::disk
+                                          : zero::offload_tier::none;
+  eo.offload.directory = o.offload_dir;
+  eo.offload.slice_elements = static_cast<std::size_t>(o.offload_slice);
+  eo.zeropp.qwz = o.qwz;
+  eo.zeropp.qgz = o.qgz;
+  eo.zeropp.hpz = o.hpz > 0;
+  eo.zeropp.node_size = o.nodes_of();
+  eo.zeropp.weights = {o.qwz_bits, static_cast<std::size_t>(o.quant_block)};
+  eo.zeropp.gradients = {o.qgz_bits, static_cast<std::size_t>(o.quant_block)};
   return eo;
 }
 
@@ -355,6 +452,20 @@ inline std::string hex(std::uint64_t v) {
   return buf;
 }
 
+// The offload part of the summary, from the rank's engine; `max` reduces a value over ranks.
+template <class Engine, class Max>
+void offload_summary(const Engine& e, summary& out, Max&& max) {
+  const zero::offload_report& r = e.offload();
+  const auto moved = [](const zero::offload_traffic& t) { return static_cast<double>(t.total()); };
+  out.offload_bytes = max(static_cast<double>(r.host_bytes + r.disk_bytes));
+  out.offload_formula = max(static_cast<double>(e.offload_formula_bytes()));
+  out.offload_staging = max(static_cast<double>(r.staging_bytes));
+  out.offload_moved = max(moved(r.last_step));
+  out.offload_moved_formula = max(moved(e.offload_formula_traffic()));
+  out.offload_file = r.file;
+  out.offload_direct = r.direct_io;
+}
+
 inline void print_summary(const options& o, const summary& s) {
   std::printf("\nZeRO stage %d, %d ranks (%s%s%s), %s, %s%s, steps %llu-%llu in %.2f s\n", o.stage, o.ranks,
               o.backend.c_str(), s.device.empty() ? "" : " on ", s.device.c_str(), o.precision.c_str(),
@@ -371,6 +482,14 @@ inline void print_summary(const options& o, const summary& s) {
   std::printf("    %-17s %14.0f   formula %.0f (%s)\n", "model states", s.model_state_bytes, s.model_state_formula,
               s.model_state_bytes == s.model_state_formula ? "equal" : "DIFFERS");
   std::printf("    %-17s %14.0f\n", "transient peak", s.transient_peak);
+  if (o.offload != "none") {
+    std::printf("  offloaded to %s%s: %.0f bytes per rank, formula %.0f (%s); %.0f bytes of host staging\n",
+                o.offload.c_str(), o.offload == "disk" ? (s.offload_direct ? " (O_DIRECT)" : " (buffered)") : "",
+                s.offload_bytes, s.offload_formula, s.offload_bytes == s.offload_formula ? "equal" : "DIFFERS",
+                s.offload_staging);
+    std::printf("    moved per step between tiers: %.0f bytes, formula %.0f (%s)\n", s.offload_moved,
+                s.offload_moved_formula, s.offload_moved == s.offload_moved_formula ? "equal" : "DIFFERS");
+  }
   const double elem = o.precision == "fp32" ? 4.0 : 2.0;
   std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.3f x Psi elements\n", s.comm_bytes,
               s.comm_formula, s.comm_bytes == s.comm_formula ? "equal" : "DIFFERS",
@@ -388,6 +507,14 @@ inline void print_summary(const options& o, const summary& s) {
   if (s.link_modeled_s >= 0)
     std::printf("  modeled link %g GB/s, %g us: %.3f ms of communication per step, %.3f ms of it held\n", o.link_gbps,
                 o.link_latency_us, 1e3 * s.link_modeled_s, 1e3 * s.link_waited_s);
+  if (o.zeropp() || o.nodes_of() > 0)
+    std::printf("  ZeRO++%s%s%s, nodes of %d: %.0f bytes per step between nodes, formula %.0f (%s); %.3f x Psi "
+                "elements\n",
+                o.qwz ? " qwZ" : "", o.qgz ? " qgZ" : "", o.hpz > 0 ? " hpZ" : "",
+                o.nodes_of() > 0 ? o.nodes_of() : o.ranks, s.comm_inter_bytes, s.comm_inter_formula,
+                s.comm_inter_bytes == s.comm_inter_formula ? "equal" : "DIFFERS",
+                o.ranks > 1 ? s.comm_inter_bytes / ((o.precision == "fp32" ? 4.0 : 2.0) * static_cast<double>(s.padded))
+                            : 0.0);
 }
 
 inline nlohmann::json summary_json(const options& o, const summary& s) {
@@ -423,6 +550,15 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
   };
   if (!s.device.empty()) j["device"] = s.device;
   if (!o.gemm.empty()) j["gemm"] = o.gemm;
+  if (o.offload != "none") {
+    j["offload"] = o.offload;
+    j["offload_bytes_per_rank"] = static_cast<std::uint64_t>(s.offload_bytes);
+    j["offload_formula_bytes"] = static_cast<std::uint64_t>(s.offload_formula);
+    j["offload_staging_bytes"] = static_cast<std::uint64_t>(s.offload_staging);
+    j["offload_moved_bytes_per_step"] = static_cast<std::uint64_t>(s.offload_moved);
+    j["offload_moved_formula_bytes"] = static_cast<std::uint64_t>(s.offload_moved_formula);
+    if (o.offload == "disk") j["offload_direct_io"] = s.offload_direct;
+  }
   const std::pair<const char*, double> split[] = {
       {"time_step_s", s.time_step_s},           {"time_compute_s", s.time_compute_s},
       {"time_comm_exposed_s", s.time_comm_exposed_s}, {"time_optimizer_s", s.time_optimizer_s},
@@ -434,6 +570,12 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
     j["link_gbps"] = o.link_gbps;
     j["link_latency_us"] = o.link_latency_us;
   }
+  j["comm_inter_node_bytes_per_rank_per_step"] = static_cast<std::uint64_t>(s.comm_inter_bytes);
+  j["comm_inter_node_formula_bytes"] = static_cast<std::uint64_t>(s.comm_inter_formula);
+  if (o.zeropp() || o.nodes_of() > 0)
+    j["zeropp"] = {{"qwz", o.qwz},          {"qgz", o.qgz},           {"hpz", o.hpz > 0},
+                   {"node_size", o.nodes_of()}, {"quant_block", o.quant_block}, {"qwz_bits", o.qwz_bits},
+                   {"qgz_bits", o.qgz_bits}};
   return j;
 }
 

@@ -24,12 +24,15 @@ HEADERS = {
     "include/zero/engine/engine.hpp": ["engine"],
     "include/zero/engine/reports.hpp": None,
     "include/zero/engine/options.hpp": None,
+    "include/zero/engine/zeropp.hpp": ["zeropp_options"],
     "include/zero/engine/init.hpp": None,
     "include/zero/engine/tensor_view.hpp": None,
     "include/zero/core/model_spec.hpp": None,
     "include/zero/comm/counted.hpp": ["comm_stats", "collective"],
     "include/zero/core/memory.hpp": ["memory_report", "mem_category"],
     "include/zero/core/half_types.hpp": ["bf16", "fp16", "to_float"],
+    "include/zero/offload/options.hpp": None,
+    "include/zero/offload/state_store.hpp": ["offload_report", "offload_traffic"],
 }
 
 IDENT = re.compile(r"[A-Za-z_]\w*")

@@ -6,10 +6,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <utility>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/nonblocking.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 
 namespace testing {
@@ -87,6 +90,29 @@ class deferred {
     run_all();
     inner_->barrier();
   }
+  template <class T>
+  void all_to_all(const T* s, T* r, std::size_t n)
+    requires zero::comm::has_all_to_all<C>
+  {
+    run_all();
+    labelled(label_, [&] { inner_->all_to_all(s, r, n); });
+  }
+  template <class T>
+  request start_all_to_all(const T* s, T* r, std::size_t n)
+    requires zero::comm::has_all_to_all<C>
+  {
+    return queue([=, this] { inner_->all_to_all(s, r, n); });
+  }
+  // A deferred backend over the inner backend's split (which it owns).
+  std::unique_ptr<deferred> split(int color)
+    requires zero::comm::splittable<C>
+  {
+    run_all();
+    auto part = inner_->split(color);
+    auto out = std::make_unique<deferred>(*part);
+    out->owned_ = std::move(part);
+    return out;
+  }
 
   template <class T>
   request start_all_reduce(const T* s, T* r, std::size_t n, zero::reduce_op op) {
@@ -144,6 +170,7 @@ class deferred {
   }
 
   C* inner_;
+  std::unique_ptr<C> owned_;  // a split's backend
   zero::comm::call_label label_{};
   std::deque<queued> queue_;
   std::uint64_t last_id_ = 0;

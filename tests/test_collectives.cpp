@@ -924,3 +924,129 @@ TEST_CASE("threads: outputs above the streaming threshold are bit-identical to t
       },
       opt);
 }
+
+// ---- all_to_all, split and bytes per link level ---------------------------------------------------
+
+TEST_CASE("threads: all_to_all gives rank r block r of every rank's send, in rank order") {
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    threads::launch(n, [&](threads& t) {
+      counted<threads> c(t);
+      const auto N = static_cast<std::size_t>(n), r = static_cast<std::size_t>(c.rank());
+      constexpr std::size_t k = 5;
+      // Element i of block b from rank s: s * 100 + b * 10 + i, as bytes and as floats.
+      std::vector<std::uint8_t> send(N * k), recv(N * k, 0xff);
+      std::vector<float> fsend(N * k), frecv(N * k, -1.0f);
+      for (std::size_t b = 0; b < N; ++b)
+        for (std::size_t i = 0; i < k; ++i) {
+          send[b * k + i] = static_cast<std::uint8_t>(r * 50 + b * 10 + i);
+          fsend[b * k + i] = static_cast<float>(r * 100 + b * 10 + i);
+        }
+      c.all_to_all(send.data(), recv.data(), k);
+      auto req = c.start_all_to_all(fsend.data(), frecv.data(), k);
+      c.wait(req);
+      for (std::size_t s = 0; s < N; ++s)
+        for (std::size_t i = 0; i < k; ++i) {
+          CHECK(recv[s * k + i] == static_cast<std::uint8_t>(s * 50 + r * 10 + i));
+          CHECK(frecv[s * k + i] == static_cast<float>(s * 100 + r * 10 + i));
+        }
+      using zero::comm::collective;
+      CHECK(c.stats()[collective::all_to_all] == (N - 1) * k * (1 + 4));
+      CHECK(c.stats().calls[static_cast<int>(collective::all_to_all)] == 2);
+    });
+  }
+}
+
+TEST_CASE("counted: the inter-node part of each collective by the direct model, for every node size") {
+  using zero::comm::collective;
+  const int n = 4;
+  for (int g : {1, 2, 4}) {
+    CAPTURE(g);
+    const auto N = static_cast<std::uint64_t>(n), G = static_cast<std::uint64_t>(g);
+    threads::launch(n, [&](threads& t) {
+      counted<threads> c(t);
+      c.set_node_size(g);
+      constexpr std::size_t k = 24;
+      std::vector<float> f(n * k, 1.0f), h(n * k);
+      std::vector<std::uint8_t> b(n * k, 1), e(n * k);
+      c.all_reduce(f.data(), h.data(), n * k, zero::reduce_op::sum);  // buffer N k 4
+      c.reduce_scatter(f.data(), h.data(), k, zero::reduce_op::sum);  // N k 4
+      c.all_gather(b.data(), e.data(), k);                             // N k 1
+      c.all_to_all(b.data(), e.data(), k);                             // N k 1
+      c.broadcast(f.data(), h.data(), 3 * k, 0);                       // 3 k 4
+      const auto& s = c.stats();
+      const auto inter = [&](collective x) { return s.inter[static_cast<int>(x)]; };
+      // Each peer on another node gets its block: N - G of the N - 1 peers.
+      CHECK(inter(collective::all_reduce) == 2 * (N - G) * k * 4);
+      CHECK(inter(collective::reduce_scatter) == (N - G) * k * 4);
+      CHECK(inter(collective::all_gather) == (N - G) * k);
+      CHECK(inter(collective::all_to_all) == (N - G) * k);
+      CHECK(inter(collective::broadcast) == (N - G) * 3 * k * 4 / (N - 1));
+      CHECK(s.inter_node_bytes() + s.intra_node_bytes() == s.total_bytes());
+      CHECK(s.intra_node_bytes() == (G - 1) * k * (2 * 4 + 4 + 1 + 1) + 3 * k * 4 * (G - 1) / (N - 1));
+    });
+  }
+  // One node (the default) sends nothing between nodes; a node size that does not divide N is refused.
+  threads::launch(2, [](threads& t) {
+    counted<threads> c(t);
+    CHECK(c.node_size() == 2);
+    float x = 1.0f, y[2];
+    c.all_gather(&x, y, 1);
+    CHECK(c.stats().inter_node_bytes() == 0);
+    CHECK_THROWS_WITH_AS(c.set_node_size(3), doctest::Contains("node size 3 does not divide the world size 2"),
+                         zero::error);
+  });
+}
+
+TEST_CASE("threads: split forms worlds of equal colors, ranked in the parent's order, independent of it") {
+  constexpr int n = 4;
+  threads::launch(n, [](threads& c) {
+    // Nodes of two consecutive ranks, and the ranks of equal position across nodes.
+    auto node = c.split(c.rank() / 2);
+    auto across = c.split(c.rank() % 2);
+    CHECK(node->size() == 2);
+    CHECK(node->rank() == c.rank() % 2);
+    CHECK(across->size() == 2);
+    CHECK(across->rank() == c.rank() / 2);
+    double x = c.rank() + 1.0, y = 0.0;
+    node->all_reduce(&x, &y, 1, zero::reduce_op::sum);
+    CHECK(y == (c.rank() < 2 ? 3.0 : 7.0));
+    across->all_reduce(&x, &y, 1, zero::reduce_op::sum);
+    CHECK(y == (c.rank() % 2 == 0 ? 4.0 : 6.0));
+    c.all_reduce(&x, &y, 1, zero::reduce_op::sum);  // the parent goes on by itself
+    CHECK(y == 10.0);
+    auto alone = c.split(c.rank());  // every rank a world of one
+    CHECK(alone->size() == 1);
+    alone->all_reduce(&x, &y, 1, zero::reduce_op::sum);
+    CHECK(y == x);
+  });
+}
+
+TEST_CASE("threads: a rank that throws or leaves ends its peers' waits inside a split world") {
+  threads::options opt;
+  opt.timeout = std::chrono::seconds(60);
+  for (const bool leave : {false, true}) {
+    CAPTURE(leave);
+    std::vector<outcome> seen(2);
+    const auto t0 = clock_type::now();
+    try {
+      threads::launch(
+          2,
+          [&](threads& c) {
+            auto node = c.split(0);
+            if (c.rank() == 0) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 1 waits by then
+              if (leave) return;  // destroys its part of the split world
+              throw std::runtime_error("injected failure");
+            }
+            float x = 1.0f;
+            record(seen[1], [&] { node->all_reduce(&x, &x, 1, zero::reduce_op::sum); });
+          },
+          opt);
+    } catch (const std::exception&) {
+    }
+    CHECK(seen[1].failed);
+    CHECK(seen[1].kind == zero::error_kind::comm);
+    CHECK(seconds_since(t0) < 10.0);
+  }
+}

@@ -357,3 +357,123 @@ TEST_CASE("comm::modeled overlaps: every stage bit-identical to the reference wi
     for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
   });
 }
+
+// Stage 3 persistent units (engine_options::persist_below_elements). The toy model's units have 407,
+// 1, 407 and 150 elements: a threshold of 150 keeps "tiny" and "head" gathered, 1000 keeps them all.
+TEST_CASE("stage 3 persistent units: the same bits, memory and traffic equal the formulas") {
+  const zero::optim::adamw opt;
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    const auto ref = toy::reference(n, steps, opt);
+    const zero::layout l = zero::layout::make(toy::spec(), n);
+    for (std::size_t threshold : {std::size_t{1}, std::size_t{150}, std::size_t{1000}}) {
+      CAPTURE(threshold);
+      std::uint64_t psi_p = 0;  // independent of the engine: the padded elements of the small units
+      for (std::size_t u = 0; u < units; ++u)
+        if (l.unit(zero::unit_id{u}).numel <= threshold) psi_p += l.unit(zero::unit_id{u}).padded;
+      const std::uint64_t psi = l.padded(), N = static_cast<std::uint64_t>(n);
+      for (bool on : {true, false}) {
+        CAPTURE(on);
+        zero::engine_options o = overlap(on);
+        o.persist_below_elements = threshold;
+        const auto r = toy::run<zero::stage3, zero::optim::adamw, zero::precision::fp32, deferred>(n, steps, opt, o);
+        CHECK(bit_equal(r.params, ref));
+        CHECK(r.model_state_formula == 16 * psi / N + 4 * psi_p);
+        CHECK(r.comm_formula == (3 * (psi - psi_p) + 2 * psi_p) / N * (N - 1) * 4);
+        for (std::size_t k = 0; k < r.comm.size(); ++k) {
+          CHECK(r.memory[k].model_state_bytes() == r.model_state_formula);
+          CHECK(r.memory[k].bytes(zero::mem_category::params) == 4 * (psi / N + psi_p));
+          CHECK(r.comm[k].last_step.total_bytes() == r.comm_formula);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage 3 persistent units: gathers are views, step() gathers them once, evaluation sends the rest") {
+  zero::comm::threads::launch(2, [&](zero::comm::threads& base) {
+    deferred<zero::comm::threads> comm(base);
+    zero::engine_options o = overlap(true);
+    o.persist_below_elements = 150;
+    zero::engine<zero::stage3, deferred<zero::comm::threads>, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+    e.initialize(toy::range_initializer());  // each rank stores its slice; the persistent units gather the rest
+    CHECK(e.persistent(zero::unit_id{1}));
+    CHECK(e.persistent(zero::unit_id{3}));
+    CHECK(!e.persistent(zero::unit_id{0}));
+    const zero::layout& l = e.layout();
+    CHECK(e.persistent_elements() == l.unit(zero::unit_id{1}).padded + l.unit(zero::unit_id{3}).padded);
+    for (int t = 0; t < steps; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    const auto ov = e.overlap();
+    CHECK(ov.parameter_gathers_started == steps * 2);
+    // Prefetch walks the two gathered units only: 2 x 2 - 1 per step after the first, all taken.
+    CHECK(ov.prefetches == (steps - 1) * 3);
+    CHECK(ov.prefetch_hits == ov.prefetches);
+    {
+      // The last step left the two persistent units' all-gathers in flight (unit 1's first); a
+      // gather(u) waits for its own, and is a view: no traffic.
+      auto ev = e.evaluation();
+      CHECK(comm.pending() == 2);
+      e.gather(zero::unit_id{1}).release();
+      CHECK(comm.pending() == 1);
+      e.gather(zero::unit_id{3}).release();
+      CHECK(comm.pending() == 0);
+      CHECK(e.comm().evaluation.total_bytes() == 0);
+      e.gather(zero::unit_id{0}).release();
+      e.gather(zero::unit_id{2}).release();
+    }
+    CHECK(e.comm().evaluation.total_bytes() == e.eval_comm_formula_bytes());
+    const std::uint64_t gathered = l.unit(zero::unit_id{0}).padded + l.unit(zero::unit_id{2}).padded;
+    CHECK(e.eval_comm_formula_bytes() == gathered / 2 * 4);
+  });
+}
+
+TEST_CASE("stage 3 persistent units after a load: the copies are refreshed from the loaded shards") {
+  // Engine a trains 2 steps; engine b (persistent units) takes a's state through read_state/write_state
+  // and finish_load; both train 2 more steps: the same bits.
+  std::vector<float> pa, pb;
+  zero::comm::threads::launch(3, [&](zero::comm::threads& comm) {
+    zero::engine_options o;
+    o.persist_below_elements = 1000;
+    zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> a(comm, toy::spec(), {}, {});
+    zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> b(comm, toy::spec(), {}, o);
+    a.initialize(toy::initializer());
+    for (std::uint64_t t = 0; t < 2; ++t) toy::train_step(a, comm.rank(), t);
+    for (std::size_t u = 0; u < units; ++u) {
+      const zero::range h = a.held_range(zero::unit_id{u});
+      std::vector<float> master(h.size()), m1(h.size()), m2(h.size());
+      float* slots[] = {m1.data(), m2.data()};
+      a.read_state(zero::unit_id{u}, h, master.data(), slots);
+      const float* in[] = {m1.data(), m2.data()};
+      b.write_state(zero::unit_id{u}, h, master.data(), in);
+    }
+    b.finish_load(a.state());
+    for (std::uint64_t t = 2; t < 4; ++t) {
+      toy::train_step(a, comm.rank(), t);
+      toy::train_step(b, comm.rank(), t);
+    }
+    auto fa = a.full_params();
+    auto fb = b.full_params();
+    if (comm.rank() == 0) {
+      pa = std::move(fa);
+      pb = std::move(fb);
+    }
+  });
+  CHECK(bit_equal(pa, pb));
+  CHECK(bit_equal(pa, toy::reference(3, 4, zero::optim::adamw{})));
+}
+
+TEST_CASE("stage 3 persistent units and ZeRO++ are refused together, naming both") {
+  std::string m;
+  zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
+    zero::engine_options o;
+    o.persist_below_elements = 150;
+    o.zeropp.qwz = true;
+    try {
+      zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+    } catch (const zero::error& e) {
+      if (comm.rank() == 0) m = e.what();
+    }
+  });
+  CHECK(m.find("rank 0: engine_options: persist_below_elements") == 0);
+  CHECK(m.find("ZeRO++") != std::string::npos);
+}

@@ -33,6 +33,7 @@ zero::init_range_fn init() {
 struct measured {
   std::array<std::size_t, zero::mem_category_count> current{};
   std::size_t transient_peak = 0, peak_total = 0;
+  std::uint64_t offloaded = 0;  // offload(): host and disk bytes
   zero::comm::comm_stats last_step, control;
   bool skipped = false;
   bool out_of_memory = false;
@@ -71,6 +72,7 @@ measured train(int n, const zero::engine_options& options, int steps = 2) {
         m.skipped = m.skipped || e.step().skipped;
       }
       m.current = e.memory().current;
+      m.offloaded = e.offload().host_bytes + e.offload().disk_bytes;
       m.transient_peak = e.memory().peak_bytes(mem_category::transient);
       m.peak_total = e.memory().peak_total;
       m.last_step = e.comm().last_step;
@@ -111,20 +113,22 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(p.model_states.master == m.current[static_cast<int>(mem_category::master)]);
   CHECK(p.model_states.optimizer_states == m.current[static_cast<int>(mem_category::optimizer_states)]);
   CHECK(m.current[static_cast<int>(mem_category::transient)] == 0);
+  CHECK(p.offloaded_bytes == m.offloaded);
   CHECK(p.step_transient_peak == m.transient_peak);
   CHECK(p.peak_bytes == m.peak_total);
   check_stats(p.step_comm, m.last_step);
   check_stats(p.control_comm, m.control, steps);
   // The bytes per step are the paper's formula's (the reproducible mode's, formula::reproducible_*).
   if (options.reproducible)
-    CHECK(p.step_bytes_sent() == zero::formula::reproducible_comm_bytes_per_step(Stage::stage, p.padded, n,
-                                                                                 sizeof(typename Prec::param_type),
-                                                                                 options.micro_batches, s.num_units()));
+    CHECK(p.step_bytes_sent() == zero::formula::reproducible_comm_bytes_per_step(
+                                     Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
+                                     options.micro_batches, s.num_units(), 0, p.persistent));
   else
     CHECK(p.step_bytes_sent() ==
           zero::formula::comm_bytes_per_step(
               Stage::stage, p.padded, n, sizeof(typename Prec::comm_type),
-              options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1));
+              options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1, 0,
+              p.persistent));
 
   // fits() is exact: a budget of peak_bytes trains, one byte less is refused as out of memory.
   zero::engine_options tight = options;
@@ -145,6 +149,8 @@ void check_all_options(int n) {
   o = {};
   o.clip_norm = 1.0f;
   check_plan<Stage, Opt, Prec>(n, o, "clipping (a norm in every precision)");
+  o.offload.tier = zero::offload_tier::host;  // master weights and slots out of memory(): none of them planned
+  check_plan<Stage, Opt, Prec>(n, o, "clipping, states offloaded to host memory");
   if constexpr (std::is_same_v<Opt, zero::optim::adamw>) {
     o = {};
     o.reproducible = true;
@@ -156,6 +162,14 @@ void check_all_options(int n) {
     o.fp32_grad_accumulation = true;
     o.micro_batches = 3;
     check_plan<Stage, Opt, Prec>(n, o, "fp32 gradient shard, 3 micro-batches");
+    if constexpr (Stage::shards_parameters) {
+      // embed, tiny and head (600, 1 and 357 elements) stay gathered; block (985) is gathered on demand.
+      o = {};
+      o.persist_below_elements = 600;
+      check_plan<Stage, Opt, Prec>(n, o, "persistent units");
+      o.micro_batches = 2;
+      check_plan<Stage, Opt, Prec>(n, o, "persistent units, 2 micro-batches");
+    }
   } else {
     o.accumulate = zero::accumulation::local_then_reduce;
     o.micro_batches = 2;

@@ -1,11 +1,14 @@
 // The reproducible reduction mode: binned sums against an exact reference, and the same parameters at any world size.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -373,6 +376,10 @@ struct repro_result {
   std::vector<zero::comm_report> comm;
   std::uint64_t model_state_formula = 0, comm_formula = 0, padded = 0;
   zero::overlap_report overlap;
+  zero::offload_report offload;  // rank 0's
+  std::uint64_t offload_formula = 0;
+  zero::offload_traffic offload_traffic_formula;
+  std::uint64_t persistent = 0;
 };
 
 template <class C>
@@ -442,6 +449,10 @@ repro_result run_repro(int n, zero::engine_options eo, int steps = repro_steps,
       res.comm_formula = e.comm_formula_bytes();
       res.padded = e.layout().padded();
       res.overlap = e.overlap();
+      res.offload = e.offload();
+      res.offload_formula = e.offload_formula_bytes();
+      res.offload_traffic_formula = e.offload_formula_traffic();
+      res.persistent = e.persistent_elements();
     }
   });
   return res;
@@ -563,6 +574,51 @@ TEST_CASE("reproducible: overlap, reduces in flight and fused reduce buckets giv
       for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
     }
   });
+}
+
+TEST_CASE("reproducible: persistent units and offloaded states keep the bits; the formulas hold") {
+  const repro_result base = run_repro<zero::stage0>(1, clipped());
+  // Stage 3 with the units of at most 400 elements persistent (tiny and head; not embed or block).
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    zero::engine_options eo = clipped();
+    eo.persist_below_elements = 400;
+    const repro_result r = run_repro<zero::stage3>(n, eo);
+    CHECK(same_bits(r.params, base.params));
+    REQUIRE(r.persistent > 0);
+    CHECK(r.persistent < r.padded);
+    for (const auto& mem : r.memory) CHECK(mem.model_state_bytes() == r.model_state_formula);
+    CHECK(r.model_state_formula == zero::formula::reproducible_model_state_bytes(
+                                       3, r.padded, n, {4, 0, 8}, r.persistent));
+    for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
+    CHECK(r.comm_formula == zero::formula::reproducible_comm_bytes_per_step(3, r.padded, n, 4, 8 / n, 4, 0,
+                                                                             r.persistent));
+  }
+  // Master weights and moments in host memory and on disk, stages 1 and 3.
+  // A fresh directory for the disk tier's files (each engine removes its own).
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("zero-repro-offload-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (zero::offload_tier tier : {zero::offload_tier::host, zero::offload_tier::disk}) {
+    CAPTURE(static_cast<int>(tier));
+    zero::engine_options eo = clipped();
+    eo.offload.tier = tier;
+    eo.offload.directory = dir.string();
+    eo.offload.slice_elements = 256;
+    auto check = [&](const repro_result& r) {
+      CHECK(same_bits(r.params, base.params));
+      CHECK(r.offload.tier == tier);
+      CHECK(r.offload.host_bytes + r.offload.disk_bytes == r.offload_formula);
+      CHECK(r.offload.last_step.disk_read == r.offload_traffic_formula.disk_read);
+      CHECK(r.offload.last_step.disk_written == r.offload_traffic_formula.disk_written);
+      for (const auto& mem : r.memory) CHECK(mem.model_state_bytes() == r.model_state_formula);
+      for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
+    };
+    check(run_repro<zero::stage1>(2, eo));
+    check(run_repro<zero::stage3>(4, eo));
+  }
+  CHECK(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
 }
 
 TEST_CASE("reproducible: model states and bytes per step equal the formulas, every stage, N = 1-4, M = 1 and 2") {
@@ -692,4 +748,10 @@ TEST_CASE("reproducible: combinations it cannot honour are refused, naming the o
   const std::string m = refused(many, 2);
   CHECK(m.find("N x micro_batches = 2 x 8388609 = 16777218 micro-batches, more than 2^24") != std::string::npos);
   CHECK(m.find("rank ") == 0);
+  for (int which = 0; which < 3; ++which) {
+    zero::engine_options z;
+    (which == 0 ? z.zeropp.qwz : which == 1 ? z.zeropp.qgz : z.zeropp.hpz) = true;
+    z.zeropp.node_size = 1;
+    CHECK(refused(z, 2).find("reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined") != std::string::npos);
+  }
 }

@@ -64,6 +64,13 @@ refused() {
 refused "--reproducible requires --micro-batch" --reproducible --steps 1
 refused "must be a multiple of --ranks 4 times --micro-batch 5" --batch 48 --micro-batch 5 --ranks 4 --steps 1
 refused "--accum excludes --micro-batch" --micro-batch 4 --accum 2 --steps 1
+refused "--reproducible keeps the bits at any world size" --reproducible --micro-batch 4 --qgz --ranks 2 --steps 1
+refused "--reproducible keeps the bits at any world size" --reproducible --micro-batch 4 --qwz --ranks 2 --steps 1
+
+# Master weights and moments on disk keep the bits.
+offload=$(run --ranks 2 --stage 3 --steps 12 --offload disk --offload-dir "$work" | field param_hash)
+echo "states on disk at N=2: $offload; uninterrupted at N=8: $straight"
+[ "$offload" = "$straight" ] || fail "--offload disk changed the reproducible bits"
 
 [ $status -eq 0 ] && echo ok
 exit $status

@@ -9,6 +9,7 @@
 #include "zero/concepts/partitioner.hpp"
 #include "zero/concepts/precision_policy.hpp"
 #include "zero/core/formulas.hpp"
+#include "zero/core/quantize.hpp"
 #include "zero/core/hash.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/core/memory.hpp"

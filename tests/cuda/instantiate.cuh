@@ -12,6 +12,13 @@ namespace instantiate {
 // every collective they call). Referenced, never run.
 template <class E>
 void every_member(typename E::comm_backend& comm, const zero::model_spec& spec) {
+  // ZeRO++ on (run-time options): every quantization kernel and the split compile for the device.
+  zero::engine_options zeropp;
+  zeropp.zeropp.qwz = zeropp.zeropp.hpz = E::partitioner::shards_parameters;
+  zeropp.zeropp.qgz = E::partitioner::shards_optimizer_states;
+  zeropp.zeropp.node_size = 1;
+  E z(comm, spec, typename E::optimizer{}, zeropp);
+  (void)z.comm_formula_by_level();
   E e(comm, spec, typename E::optimizer{}, zero::engine_options{});
   e.initialize(zero::init_fn{});
   e.initialize(zero::init_range_fn{}, zero::init_source::broadcast_from_rank0);

@@ -1,4 +1,6 @@
 // Compiles every collective of the device backends for every element type they take, with and without counted<>.
+#include <cstdint>
+
 #include "instantiate.cuh"
 
 namespace {
@@ -19,6 +21,15 @@ void every_type(Comm& c) {
   every_collective(c, static_cast<double*>(nullptr));
   every_collective(c, static_cast<zero::bf16*>(nullptr));
   every_collective(c, static_cast<zero::fp16*>(nullptr));
+  // ZeRO++: the byte all-gather (qwZ), all_to_all (qgZ), and the split (hpZ, two-hop qgZ).
+  std::uint8_t* b = nullptr;
+  c.all_gather(b, b, 1);
+  c.all_to_all(b, b + 1, 1);
+  if constexpr (zero::comm::nonblocking_all_to_all<Comm>) {
+    auto r = c.start_all_to_all(b, b + 1, 1);
+    c.wait(r);
+  }
+  if constexpr (zero::comm::splittable<Comm>) (void)c.split(0);
 }
 
 }  // namespace

@@ -72,6 +72,27 @@ TEST_CASE_TEMPLATE("GPU: stages 0-3 are bit-identical to each other and to the C
   check_device_against_host<Prec>(s);
 }
 
+TEST_CASE_TEMPLATE("GPU: ZeRO++ (qwZ, two-hop qgZ, hpZ) on cuda_threads gives the CPU engine's bits; qgZ alike in stages 1-3",
+                   Prec, zero::precision::fp32, zero::precision::bf16) {
+  // Nodes of 2 in a world of 4: qgZ's two hops and hpZ's node groups (split worlds on one device).
+  zero::engine_options o = toy_options();
+  o.zeropp.node_size = 2;
+  o.zeropp.weights = {8, 64};
+  o.zeropp.gradients = {4, 64};
+  o.zeropp.qgz = true;
+  const auto q1 = device_toy::run<zero::stage1, adamw, Prec>(4, steps, toy_adamw(), o).params;
+  const auto q2 = device_toy::run<zero::stage2, adamw, Prec>(4, steps, toy_adamw(), o).params;
+  const auto q3 = device_toy::run<zero::stage3, adamw, Prec>(4, steps, toy_adamw(), o).params;
+  const auto qh = toy::run<zero::stage3, adamw, Prec>(4, steps, toy_adamw(), o).params;
+  CHECK_MESSAGE(bit_equal(q3, qh), "GPU qgZ differs from the CPU first at ", first_difference(q3, qh));
+  CHECK(bit_equal(q1, q3));
+  CHECK(bit_equal(q2, q3));
+  o.zeropp.qwz = o.zeropp.hpz = true;
+  const auto all = device_toy::run<zero::stage3, adamw, Prec>(4, steps, toy_adamw(), o).params;
+  const auto host = toy::run<zero::stage3, adamw, Prec>(4, steps, toy_adamw(), o).params;
+  CHECK_MESSAGE(bit_equal(all, host), "GPU qwZ + qgZ + hpZ differs from the CPU first at ", first_difference(all, host));
+}
+
 TEST_CASE("GPU: an fp32 gradient shard (the accumulate kernel, bf16 into fp32) matches the CPU engine") {
   zero::engine_options o = toy_options();
   o.fp32_grad_accumulation = true;

@@ -321,3 +321,54 @@ TEST_CASE("GPU launcher: every launch shape the bench sweeps gives the host's bi
       run.template operator()<launch_shape<4, 4, true>>(n, off);
     }
 }
+
+// ---- the blockwise quantizer (core/quantize.hpp): the same rules through the device launcher ----
+
+namespace {
+
+template <class T>
+void check_quantizer(zero::quant::format fmt, bool specials) {
+  device_fixture f;
+  namespace quant = zero::quant;
+  for (std::size_t n : lengths) {
+    CAPTURE(n);
+    CAPTURE(fmt.bits);
+    CAPTURE(fmt.block);
+    auto x = samples<T>(41, n);
+    if (specials) add_specials(x, 42);
+    const std::size_t wb = quant::wire_bytes(n, fmt);
+    std::vector<std::uint8_t> hw(wb, 0xab);
+    quant::quantize(host{}, x.data(), n, fmt, hw.data());
+    device_vector<T> dx(x, 0);
+    device_vector<std::uint8_t> dw(std::vector<std::uint8_t>(wb, 0xcd), 0);
+    quant::quantize(f.sys, dx.data(), n, fmt, dw.data());
+    CHECK(same_bits(dw.read(), hw));  // scales, codes and padding, byte for byte
+    std::vector<T> hy(n);
+    quant::dequantize(host{}, hw.data(), n, fmt, hy.data());
+    device_vector<T> dy(std::vector<T>(n), 0);
+    quant::dequantize(f.sys, dw.data(), n, fmt, dy.data());
+    CHECK(same_bits(dy.read(), hy));
+    // Three sources summed in order (qgZ's reduction): the device's fp32 adds are the host's.
+    std::vector<std::uint8_t> three;
+    for (int k = 0; k < 3; ++k) three.insert(three.end(), hw.begin(), hw.end());
+    for (std::size_t i = 0; i < wb; i += 7) three[wb + i] ^= 0x11;  // the sources differ
+    std::vector<T> hs(n);
+    quant::dequantize_sum(host{}, three.data(), wb, 3, n, fmt, hs.data());
+    device_vector<std::uint8_t> d3(three, 0);
+    device_vector<T> ds(std::vector<T>(n), 0);
+    quant::dequantize_sum(f.sys, d3.data(), wb, 3, n, fmt, ds.data());
+    CHECK(same_bits(ds.read(), hs));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU kernels: the blockwise quantizer writes the host's bytes and dequantizes to the host's bits") {
+  for (const zero::quant::format fmt : {zero::quant::format{8, 256}, zero::quant::format{8, 1},
+                                        zero::quant::format{4, 64}, zero::quant::format{4, 2}}) {
+    check_quantizer<float>(fmt, false);
+    check_quantizer<float>(fmt, true);
+    check_quantizer<zero::bf16>(fmt, true);
+    check_quantizer<zero::fp16>(fmt, false);
+  }
+}

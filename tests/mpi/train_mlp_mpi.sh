@@ -45,6 +45,19 @@ for spec in "2 2" "4 3"; do
   [ -n "$want" ] && [ "$got" = "$want" ] || fail "reproducible -np $1 stage $2: param_hash '$got', N=1 '$want'"
 done
 
+# Master weights and optimizer states on disk, one file per MPI process (comm::mpi, the disk tier):
+# the same bits as threads in memory, at stage 1 and 3.
+offload_dir=$(mktemp -d)
+for stage in 1 3; do
+  want=$("$exe" --backend threads --ranks $np --stage $stage "${steps[@]}" --json 2>/dev/null | tail -n1 | hash_of)
+  got=$("$mpirun" --oversubscribe -np $np "$exe" --backend mpi --stage $stage "${steps[@]}" --offload disk \
+          --offload-dir "$offload_dir" --json 2>/dev/null | tail -n1 | hash_of)
+  echo "stage $stage, states on disk: mpi $got, threads in memory $want"
+  [ -n "$got" ] && [ "$got" = "$want" ] || fail "offload to disk under MPI: param_hash '$got', threads '$want'"
+done
+[ -z "$(ls -A "$offload_dir")" ] || fail "the MPI ranks left offload files: $(ls "$offload_dir")"
+rm -rf "$offload_dir"
+
 # A --ranks equal to the communicator's size is accepted; a different one is refused.
 "$mpirun" --oversubscribe -np $np "$exe" --backend mpi --ranks $np --steps 1 >/dev/null 2>&1 ||
   fail "--ranks $np under -np $np was refused"

@@ -38,6 +38,10 @@ inline std::string errno_text(int e) { return std::strerror(e); }
 // Reads and writes move at most this much per system call: bounded buffers and progress on large files.
 inline constexpr std::size_t io_chunk = std::size_t{1} << 20;
 
+// Elements of master weights and optimizer slots staged at once by save and load (4 MiB per array):
+// the host memory a checkpoint takes, whatever the units' sizes.
+inline constexpr std::size_t state_chunk_elements = std::size_t{1} << 20;
+
 }  // namespace detail
 
 // Whether the last component of a path may be a symbolic link that is followed. Entries inside a

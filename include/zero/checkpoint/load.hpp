@@ -127,21 +127,28 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
   detail::agree(comm, checked, "load (checking the manifest and data files)");
   shared.reset();
 
-  // 3. Read and store, one unit at a time so the staging buffer stays one unit's held range.
+  // 3. Read and store, in chunks of each unit's held range, so the staging stays one chunk of every
+  // array whatever the units' sizes (an offloaded engine takes them into its tier chunk by chunk).
   const detail::outcome stored = detail::attempt([&] {
     std::vector<float> buf;
     for (std::size_t u = 0; u < units; ++u) {
-      const std::size_t n = held[u].size();
-      if (n == 0) continue;
-      buf.assign(n * nslots, 0.0f);
-      const float* slots[nslots];
-      for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
-      for (const auto& pr : plan[u]) {
-        const file& f = files->get(pr.file);
-        for (std::size_t k = 0; k < nslots; ++k)
-          f.pread_exact(buf.data() + k * n + pr.dst, pr.count * sizeof(float), pr.offsets[k]);
+      const range h = held[u];
+      for (std::size_t c0 = 0; c0 < h.size(); c0 += detail::state_chunk_elements) {
+        const std::size_t c1 = std::min(h.size(), c0 + detail::state_chunk_elements), n = c1 - c0;
+        buf.assign(n * nslots, 0.0f);
+        const float* slots[nslots];
+        for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
+        for (const auto& pr : plan[u]) {
+          // The part of the read inside this chunk (dst: held-range-local, like c0 and c1).
+          const std::size_t lo = std::max(pr.dst, c0), hi = std::min(pr.dst + pr.count, c1);
+          if (lo >= hi) continue;
+          const file& f = files->get(pr.file);
+          for (std::size_t k = 0; k < nslots; ++k)
+            f.pread_exact(buf.data() + k * n + (lo - c0), (hi - lo) * sizeof(float),
+                          pr.offsets[k] + static_cast<std::uint64_t>(lo - pr.dst) * sizeof(float));
+        }
+        e.write_state(unit_id{u}, range{h.begin + c0, h.begin + c1}, slots[0], slots + 1);
       }
-      e.write_state(unit_id{u}, held[u], slots[0], slots + 1);
     }
   });
   detail::agree(comm, stored, "load (reading the data files)");

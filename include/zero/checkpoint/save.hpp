@@ -224,23 +224,29 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     std::uint64_t bytes = 0;
     const auto plan = detail::plan_data_file(spec, ranges, nslots, bytes);
     durable_writer w(my_file, existing_file::refuse);
+    // One array of one piece at a time, in chunks: the staging is one chunk whatever the units' sizes
+    // (an offloaded engine streams its states from the tier, never holding a unit's in memory).
     std::vector<float> buf;
     std::size_t p = 0;
     for (std::size_t u = 0; u < units; ++u) {
       const range r = ranges[u];
       if (r.empty()) continue;
-      const std::size_t n = r.size();
-      buf.assign(n * nslots, 0.0f);
-      float* slots[nslots];
-      for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
-      e.read_state(unit_id{u}, r, slots[0], slots + 1);
       std::size_t tensor_base = 0;  // unit-local offset of the current tensor
       std::size_t t_seen = 0;
       for (; p < plan.size() && plan[p].unit == u; ++p) {
         const auto& piece = plan[p];
         for (; t_seen < piece.tensor; ++t_seen) tensor_base += spec.units()[u].tensors[t_seen].numel;
-        const std::size_t from = tensor_base + piece.begin - r.begin, len = piece.end - piece.begin;
-        for (std::size_t k = 0; k < nslots; ++k) w.write(slots[k] + from, len * sizeof(float));
+        const std::size_t from = tensor_base + piece.begin, len = piece.end - piece.begin;
+        for (std::size_t k = 0; k < nslots; ++k) {
+          for (std::size_t c = 0; c < len; c += detail::state_chunk_elements) {
+            const std::size_t n = std::min(detail::state_chunk_elements, len - c);
+            buf.resize(n);
+            float* slots[nslots] = {};  // only array k is read
+            slots[k] = buf.data();
+            e.read_state(unit_id{u}, range{from + c, from + c + n}, slots[0], slots + 1);
+            w.write(buf.data(), n * sizeof(float));
+          }
+        }
       }
     }
     ZERO_CHECK(w.bytes() == bytes, invalid_argument, "checkpoint save: rank ", rank, " wrote ", w.bytes(),

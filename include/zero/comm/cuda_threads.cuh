@@ -9,11 +9,14 @@
 #include <functional>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/core/reduce_op.hpp"
 #include "zero/comm/detail/threads_world.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/error.hpp"
@@ -64,6 +67,7 @@ class cuda_threads {
     detail::run_ranks(s.world, n, [&](int r) {
       auto& slot = s.contexts[static_cast<std::size_t>(r)];
       slot = std::make_unique<gpu::context>(opt.device);
+      s.peers[static_cast<std::size_t>(r)] = slot.get();
       const gpu::context::binding bind(*slot);
       cuda_threads comm(s, r);
       // Every rank's context (and its events) exists before any rank reads a peer's.
@@ -76,19 +80,166 @@ class cuda_threads {
     // wait on one of their events.
   }
 
+  cuda_threads(const cuda_threads&) = delete;
+  cuda_threads& operator=(const cuda_threads&) = delete;
+  // A sub-communicator (split) leaves its world when destroyed, as comm::threads' does.
+  ~cuda_threads() {
+    if (owned_) owned_->world.depart(rank_);
+  }
+
   int rank() const { return rank_; }
   int size() const { return s_->world.size(); }
   // Names the following collectives in their fingerprints, as comm::threads does.
   call_label set_call_label(call_label l) { return world().set_label(rank_, l); }
 
   // The rank's context: its compute stream is where user kernels run.
-  gpu::context& context() const { return *s_->contexts[static_cast<std::size_t>(rank_)]; }
+  gpu::context& context() const { return *s_->peers[static_cast<std::size_t>(rank_)]; }
   cudaStream_t compute_stream() const { return context().compute(); }
   // What the engine uses as its system (zero::engine calls this).
   sys::cuda make_system() const { return sys::cuda(context()); }
 
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_all_reduce(send, recv, count, op);
+    compute_waits_for_peers();
+  }
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_reduce_scatter(send, recv, count, op);
+    compute_waits_for_peers();
+  }
+  template <class T>
+  void all_gather(const T* send, T* recv, std::size_t count) {
+    enqueue_all_gather(send, recv, count);
+    compute_waits_for_peers();
+  }
+
+  // Nonblocking collectives (comm/nonblocking.hpp): start_* makes the host agreement and enqueues
+  // the work as the blocking call does, but the compute stream does not wait for it until wait(r),
+  // an event wait on the device (the host never blocks on the GPU): kernels enqueued in between run
+  // while the collective moves data. wait(r) waits on every rank's `comm done` event as the blocking
+  // call would. A peer may have re-recorded its event for a later collective by then; the wait is then
+  // for that later record, which follows this collective's work on the peer's stream: a longer wait,
+  // never a shorter one, and never a cycle (a record exists only for a collective this rank entered,
+  // whose `compute ready` precedes the wait on this rank's compute stream). A request dropped without
+  // wait waits in its destructor.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        finish();
+        owner_ = std::exchange(o.owner_, nullptr);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { finish(); }
+
+   private:
+    friend class cuda_threads;
+    explicit request(cuda_threads* owner) : owner_(owner) {}
+    void finish() noexcept {
+      if (!owner_) return;
+      try {
+        owner_->compute_waits_for_peers();
+      } catch (...) {  // a destructor: the next checked call reports a device error
+      }
+      owner_ = nullptr;
+    }
+    cuda_threads* owner_ = nullptr;
+  };
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_all_reduce(send, recv, count, op);
+    return request(this);
+  }
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    enqueue_reduce_scatter(send, recv, count, op);
+    return request(this);
+  }
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    enqueue_all_gather(send, recv, count);
+    return request(this);
+  }
+  void wait(request& r) {
+    if (!r.owner_) return;
+    r.owner_ = nullptr;
+    compute_waits_for_peers();
+  }
+
+  template <class T>
+  void broadcast(const T* send, T* recv, std::size_t count, int root) {
+    ZERO_CHECK(root >= 0 && root < size(), invalid_argument, "comm::cuda_threads rank ", rank_, ": broadcast root ",
+               root, " is not in [0, ", size(), ")");
+    enter<T>(detail::coll_kind::broadcast, send, recv, count, reduce_op::sum, root);
+    const T* src = static_cast<const T*>(world().slot(root).send);
+    if (src != recv && count > 0)
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv, src, count * sizeof(T), cudaMemcpyDeviceToDevice, context().comm()));
+    leave(detail::coll_kind::broadcast);
+    compute_waits_for_peers();
+  }
+
+  // Block k of send to rank k, recv[k*count..] from rank k (comm/all_to_all.hpp): copies on the
+  // communication stream out of each peer's send buffer, so send and recv must not overlap.
+  template <class T>
+  void all_to_all(const T* send, T* recv, std::size_t count) {
+    enqueue_all_to_all(send, recv, count);
+    compute_waits_for_peers();
+  }
+  template <class T>
+  request start_all_to_all(const T* send, T* recv, std::size_t count) {
+    enqueue_all_to_all(send, recv, count);
+    return request(this);
+  }
+
+  // The ranks that pass the same color form a world of their own on the same contexts (comm/split.hpp):
+  // the colors meet on the host (no device memory involved), each group at one new world, which is
+  // aborted whenever this one is.
+  std::unique_ptr<cuda_threads> split(int color) {
+    ZERO_CHECK(color >= 0, invalid_argument, "comm::cuda_threads rank ", rank_, ": split color must be >= 0, got ",
+               color);
+    world().announce<int>(rank_, detail::coll_kind::all_gather, &color, nullptr, 1, reduce_op::sum, 0);
+    world().arrive_and_wait(rank_, detail::coll_kind::all_gather);
+    detail::check_agreement(world(), rank_);
+    int sub_rank = 0, members = 0;
+    for (int k = 0; k < size(); ++k)
+      if (*static_cast<const int*>(world().slot(k).send) == color) {
+        if (k < rank_) ++sub_rank;
+        ++members;
+      }
+    world().arrive_and_wait(rank_, detail::coll_kind::all_gather);  // every color read before any changes
+    world().finish(rank_);
+    detail::threads_world& parent = world();
+    auto sub = parent.meet<shared>(
+        parent.next_split(rank_), color, members, [&] { return std::make_shared<shared>(members, parent.timeout()); },
+        [](const std::shared_ptr<shared>& p) { return std::shared_ptr<detail::threads_world>(p, &p->world); });
+    sub->peers[static_cast<std::size_t>(sub_rank)] = &context();
+    // Every member's context is in the table before any member reads a peer's.
+    sub->world.arrive_and_wait(sub_rank, detail::coll_kind::barrier);
+    return std::unique_ptr<cuda_threads>(new cuda_threads(std::move(sub), sub_rank));
+  }
+
+  // Host and device: no rank returns before all have arrived, and work any rank enqueued before the
+  // barrier precedes work every rank enqueues after it.
+  void barrier() {
+    world().announce_barrier(rank_);
+    context().record_compute_ready();
+    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
+    detail::check_agreement(world(), rank_);
+    for (int k = 0; k < size(); ++k)
+      ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).compute_ready_event(), 0));
+    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
+    world().finish(rank_);
+  }
+
+ private:
+  template <class T>
+  void enqueue_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     enter<T>(detail::coll_kind::all_reduce, send, recv, count, op, 0);
     // Rank r reduces the r-th chunk and writes it to every rank: each element is summed once, in rank
     // order; chunks are disjoint, so in-place use is safe. Chunk edges are multiples of the kernel's
@@ -110,7 +261,7 @@ class cuda_threads {
   }
 
   template <class T>
-  void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+  void enqueue_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
     enter<T>(detail::coll_kind::reduce_scatter, send, recv, count, op, 0);
     if (count > 0) {
       const std::size_t base = count * static_cast<std::size_t>(rank_);
@@ -130,7 +281,7 @@ class cuda_threads {
   }
 
   template <class T>
-  void all_gather(const T* send, T* recv, std::size_t count) {
+  void enqueue_all_gather(const T* send, T* recv, std::size_t count) {
     enter<T>(detail::coll_kind::all_gather, send, recv, count, reduce_op::sum, 0);
     for (int k = 0; k < size() && count > 0; ++k) {
       const T* src = static_cast<const T*>(world().slot(k).send);
@@ -142,41 +293,31 @@ class cuda_threads {
   }
 
   template <class T>
-  void broadcast(const T* send, T* recv, std::size_t count, int root) {
-    ZERO_CHECK(root >= 0 && root < size(), invalid_argument, "comm::cuda_threads rank ", rank_, ": broadcast root ",
-               root, " is not in [0, ", size(), ")");
-    enter<T>(detail::coll_kind::broadcast, send, recv, count, reduce_op::sum, root);
-    const T* src = static_cast<const T*>(world().slot(root).send);
-    if (src != recv && count > 0)
-      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv, src, count * sizeof(T), cudaMemcpyDeviceToDevice, context().comm()));
-    leave(detail::coll_kind::broadcast);
+  void enqueue_all_to_all(const T* send, T* recv, std::size_t count) {
+    enter<T>(detail::coll_kind::all_to_all, send, recv, count, reduce_op::sum, 0);
+    for (int k = 0; k < size() && count > 0; ++k) {
+      const T* src = static_cast<const T*>(world().slot(k).send) + count * static_cast<std::size_t>(rank_);
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(recv + count * static_cast<std::size_t>(k), src, count * sizeof(T),
+                                      cudaMemcpyDeviceToDevice, context().comm()));
+    }
+    leave(detail::coll_kind::all_to_all);
   }
 
-  // Host and device: no rank returns before all have arrived, and work any rank enqueued before the
-  // barrier precedes work every rank enqueues after it.
-  void barrier() {
-    world().announce_barrier(rank_);
-    context().record_compute_ready();
-    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
-    detail::check_agreement(world(), rank_);
-    for (int k = 0; k < size(); ++k)
-      ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).compute_ready_event(), 0));
-    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
-    world().finish(rank_);
-  }
-
- private:
   struct shared {
     shared(int n, std::chrono::milliseconds timeout)
-        : world(n, timeout, "comm::cuda_threads"), contexts(static_cast<std::size_t>(n)) {}
+        : world(n, timeout, "comm::cuda_threads"),
+          contexts(static_cast<std::size_t>(n)),
+          peers(static_cast<std::size_t>(n), nullptr) {}
     detail::threads_world world;
-    std::vector<std::unique_ptr<gpu::context>> contexts;
+    std::vector<std::unique_ptr<gpu::context>> contexts;  // launch()'s, owned; a split's are its parent's
+    std::vector<gpu::context*> peers;                     // every rank's context, by rank
   };
 
   cuda_threads(shared& s, int rank) : s_(&s), rank_(rank) {}
+  cuda_threads(std::shared_ptr<shared> s, int rank) : s_(s.get()), rank_(rank), owned_(std::move(s)) {}
 
   detail::threads_world& world() const { return s_->world; }
-  gpu::context& peer(int k) const { return *s_->contexts[static_cast<std::size_t>(k)]; }
+  gpu::context& peer(int k) const { return *s_->peers[static_cast<std::size_t>(k)]; }
 
   // Where rank r's all_reduce chunk begins: count * r / N rounded down to the vector width.
   std::size_t edge(std::size_t count, int r) const {
@@ -187,9 +328,11 @@ class cuda_threads {
 
   template <class T>
   void enter(detail::coll_kind kind, const T* send, T* recv, std::size_t count, reduce_op op, int root) {
-    static_assert(
-        std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T> || std::is_same_v<T, std::int64_t>,
-        "comm::cuda_threads collectives take float, double, zero::bf16, zero::fp16 and std::int64_t");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_half_v<T> ||
+                      std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint8_t> ||
+                      std::is_same_v<T, std::int8_t>,
+                  "comm::cuda_threads collectives take float, double, zero::bf16, zero::fp16 and std::int64_t (and "
+                  "bytes, std::uint8_t and std::int8_t, for the all-gather and all-to-all of quantized data)");
     world().announce(rank_, kind, send, recv, count, op, root);
     context().record_compute_ready();
     world().arrive_and_wait(rank_, kind);
@@ -197,19 +340,26 @@ class cuda_threads {
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().comm(), peer(k).compute_ready_event(), 0));
   }
-  // Nobody's compute stream goes on (and reuses or frees a buffer) before every rank's part is done.
+  // Every rank's work is enqueued and its `comm done` recorded before any rank leaves the host
+  // agreement.
   void leave(detail::coll_kind kind) {
     context().record_comm_done();
     world().arrive_and_wait(rank_, kind);
     world().finish(rank_);
+  }
+  // Nobody's compute stream goes on (and reuses or frees a buffer) before every rank's part is done.
+  void compute_waits_for_peers() {
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).comm_done_event(), 0));
   }
 
   shared* s_;
   int rank_;
+  std::shared_ptr<shared> owned_;  // a split's shared state
 };
 static_assert(CommBackend<cuda_threads>);
 static_assert(CommBackend<counted<cuda_threads>>);
+static_assert(nonblocking<cuda_threads>);
+static_assert(has_all_to_all<cuda_threads> && nonblocking_all_to_all<cuda_threads> && splittable<cuda_threads>);
 
 }  // namespace zero::comm

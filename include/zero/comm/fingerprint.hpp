@@ -15,7 +15,7 @@
 
 namespace zero::comm {
 
-enum class coll_kind : int { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+enum class coll_kind : int { all_reduce, reduce_scatter, all_gather, broadcast, barrier, all_to_all };
 
 inline const char* to_string(coll_kind k) {
   switch (k) {
@@ -24,6 +24,7 @@ inline const char* to_string(coll_kind k) {
     case coll_kind::all_gather: return "all_gather";
     case coll_kind::broadcast: return "broadcast";
     case coll_kind::barrier: return "barrier";
+    case coll_kind::all_to_all: return "all_to_all";
   }
   return "?";
 }

@@ -32,10 +32,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <thread>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/error.hpp"
 
@@ -118,6 +121,24 @@ class modeled {
   }
   // A barrier sends nothing: it costs alpha.
   void barrier() { timed(0, [&] { inner_->barrier(); }); }
+  // Where the wrapped backend has it (comm/all_to_all.hpp): (N-1)/N of the N x count buffer.
+  template <class T>
+  void all_to_all(const T* send, T* recv, std::size_t count)
+    requires has_all_to_all<C>
+  {
+    run(collective::all_to_all, count * sizeof(T) * static_cast<std::size_t>(size()),
+        [&] { inner_->all_to_all(send, recv, count); });
+  }
+  // A split (comm/split.hpp) of the wrapped backend, over a link of the same model: each
+  // sub-communicator's collectives book a link of their own.
+  std::unique_ptr<modeled> split(int color)
+    requires splittable<C>
+  {
+    std::unique_ptr<C> part = inner_->split(color);
+    auto out = std::make_unique<modeled>(*part, link_);
+    out->owned_ = std::move(part);
+    return out;
+  }
 
   // The bus bytes and modeled seconds of a collective over a buffer of `buffer_bytes` (the larger
   // side: size() * count elements for reduce_scatter and all_gather).
@@ -165,6 +186,13 @@ class modeled {
     return started(collective::all_gather, count * sizeof(T) * static_cast<std::size_t>(size()),
                    [&] { inner_->all_gather(send, recv, count); });
   }
+  template <class T>
+  request start_all_to_all(const T* send, T* recv, std::size_t count)
+    requires has_all_to_all<C>
+  {
+    return started(collective::all_to_all, count * sizeof(T) * static_cast<std::size_t>(size()),
+                   [&] { inner_->all_to_all(send, recv, count); });
+  }
   void wait(request& r) {
     const clock::time_point t0 = clock::now();
     wait_until(r.end);
@@ -204,6 +232,7 @@ class modeled {
   link_model link_;
   link_stats stats_;
   clock::time_point link_free_at_{};
+  std::unique_ptr<C> owned_;  // a split's backend
 };
 
 }  // namespace zero::comm

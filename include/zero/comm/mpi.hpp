@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/backoff.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/detail/combine.hpp"  // the one definition of a rank-ordered step
@@ -30,6 +31,7 @@
 #include "zero/comm/mpi_session.hpp"  // <mpi.h> without the deprecated C++ bindings
 #include "zero/comm/nonblocking.hpp"
 #include "zero/comm/peer_process.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/comm/termination_report.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/numeric.hpp"
@@ -54,6 +56,14 @@ struct mpi_datatype<float> {
 template <>
 struct mpi_datatype<double> {
   static MPI_Datatype get() { return MPI_DOUBLE; }
+};
+template <>
+struct mpi_datatype<std::uint8_t> {
+  static MPI_Datatype get() { return MPI_UINT8_T; }
+};
+template <>
+struct mpi_datatype<std::int8_t> {
+  static MPI_Datatype get() { return MPI_INT8_T; }
 };
 template <>
 struct mpi_datatype<std::int32_t> {
@@ -542,6 +552,16 @@ class mpi {
                 [&](MPI_Request* r) { return MPI_Iallgather(in, in_count, in_type, recv, n, type, comm_, r); });
   }
 
+  // Block k of send to rank k, recv[k*count..] from rank k (comm/all_to_all.hpp): MPI_Ialltoall.
+  template <class T>
+  request start_all_to_all(const T* send, T* recv, std::size_t count) {
+    auto o = begin_op(make<T>(coll_kind::all_to_all, count, reduce_op::sum, 0));
+    const MPI_Datatype type = mpi_datatype<T>::get();
+    const int n = checked_count(count, "all_to_all");
+    return post(std::move(o), "MPI_Alltoall",
+                [&](MPI_Request* r) { return MPI_Ialltoall(send, n, type, recv, n, type, comm_, r); });
+  }
+
   // Returns when r's collective has completed (at once for a complete request). A timeout, or an
   // MPI failure of this or another started collective found while polling, throws zero::error (kind
   // comm) and leaves the communicator unusable. r is complete afterwards either way.
@@ -650,6 +670,37 @@ class mpi {
     collective(
         "MPI_Bcast", [&] { return MPI_Bcast(recv, n, type, root, comm_); },
         [&](MPI_Request* r) { return MPI_Ibcast(recv, n, type, root, comm_, r); });
+  }
+
+  template <class T>
+  void all_to_all(const T* send, T* recv, std::size_t count) {
+    const call_scope scope(*this, make<T>(coll_kind::all_to_all, count, reduce_op::sum, 0));
+    const MPI_Datatype type = mpi_datatype<T>::get();
+    const int n = checked_count(count, "all_to_all");
+    collective(
+        "MPI_Alltoall", [&] { return MPI_Alltoall(send, n, type, recv, n, type, comm_); },
+        [&](MPI_Request* r) { return MPI_Ialltoall(send, n, type, recv, n, type, comm_, r); });
+  }
+
+  // The ranks that pass the same color form a new comm::mpi with this one's options, ranked in this
+  // one's order (comm/split.hpp): MPI_Comm_split with key = rank, a collective on this communicator.
+  // Called when no started collective is in flight (the engine splits at construction).
+  std::unique_ptr<mpi> split(int color) {
+    ZERO_CHECK(color >= 0, invalid_argument, "comm::mpi rank ", rank_, ": split color must be >= 0, got ", color);
+    ZERO_CHECK(q_->ops.empty(), invalid_argument, "comm::mpi rank ", rank_,
+               ": split() while started collectives are in flight; wait for them first");
+    if (stuck_) unusable(w_->rec.last().call);
+    MPI_Comm part = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, rank_, &part), "MPI_Comm_split", "split");
+    std::unique_ptr<mpi> out;
+    try {
+      out.reset(new mpi(part, opt_));  // which duplicates `part`
+    } catch (...) {
+      MPI_Comm_free(&part);
+      throw;
+    }
+    MPI_Comm_free(&part);
+    return out;
   }
 
   void barrier() {
@@ -1092,5 +1143,7 @@ class mpi {
 };
 static_assert(CommBackend<mpi>);
 static_assert(nonblocking<mpi>);
+static_assert(has_all_to_all<mpi> && nonblocking_all_to_all<mpi>);
+static_assert(splittable<mpi>);
 
 }  // namespace zero::comm

@@ -13,15 +13,18 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(ZERO_WITH_MPI) && ZERO_WITH_MPI
 #include "zero/comm/mpi_session.hpp"  // <mpi.h> without the deprecated C++ bindings
 #endif
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/core/reduce_op.hpp"
 #include "zero/comm/detail/threads_world.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/error.hpp"
@@ -49,17 +52,20 @@ namespace detail {
 template <class T>
 inline constexpr bool nccl_type_supported =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-    std::is_same_v<T, int> || std::is_same_v<T, std::int64_t>;
+    std::is_same_v<T, int> || std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint8_t> ||
+    std::is_same_v<T, std::int8_t>;
 
 template <class T>
 constexpr ncclDataType_t nccl_type() {
-  static_assert(nccl_type_supported<T>,
-                "comm::nccl collectives take float, double, zero::bf16, zero::fp16, int and std::int64_t");
+  static_assert(nccl_type_supported<T>, "comm::nccl collectives take float, double, zero::bf16, zero::fp16, int and "
+                                        "std::int64_t (and bytes, std::uint8_t and std::int8_t, for quantized data)");
   if constexpr (std::is_same_v<T, float>) return ncclFloat32;
   else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
   else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;  // bit-compatible with __nv_bfloat16
   else if constexpr (std::is_same_v<T, fp16>) return ncclFloat16;   // bit-compatible with __half
   else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;  // binned sums: exact in any order
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return ncclInt8;
   else return ncclInt32;
 }
 
@@ -160,38 +166,86 @@ class nccl {
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     begin();
-    if (count > 0) {
-      // Deterministic mode: every reducing collective, max and one rank included, goes through the
-      // rank-ordered kernel, which also makes its NaNs canonical as on the host backends.
-      if (o_.deterministic)
-        ordered_all_reduce(send, recv, count, op);
-      else
-        settle(ncclAllReduce(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
-               "ncclAllReduce");
-    }
+    enqueue_all_reduce(send, recv, count, op);
     end();
   }
 
   template <class T>
   void reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
     begin();
-    if (count > 0) {
-      if (o_.deterministic)
-        ordered_reduce_scatter(send, recv, count, op);
-      else
-        settle(ncclReduceScatter(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
-               "ncclReduceScatter");
-    }
+    enqueue_reduce_scatter(send, recv, count, op);
     end();
   }
 
-  // Copies are exact whatever NCCL's algorithm: the native collectives serve both modes.
   template <class T>
   void all_gather(const T* send, T* recv, std::size_t count) {
     begin();
-    if (count > 0)
-      settle(ncclAllGather(send, recv, count, detail::nccl_type<T>(), comm_, ctx_->comm()), "ncclAllGather");
+    enqueue_all_gather(send, recv, count);
     end();
+  }
+
+  // Nonblocking collectives (comm/nonblocking.hpp). start_* enqueues the collective on the
+  // communication stream exactly as the blocking call does, but leaves the compute stream free: the
+  // kernels the user enqueues between start and wait run while the collective moves data. wait(r)
+  // makes the compute stream wait on the collective's event, on the device: the host never blocks.
+  // A request dropped without wait does the same in its destructor, so a buffer freed afterwards on
+  // the compute stream (stream-ordered) is never freed under the collective.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : compute_(o.compute_), event_(std::exchange(o.event_, nullptr)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        finish();
+        compute_ = o.compute_;
+        event_ = std::exchange(o.event_, nullptr);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { finish(); }
+
+   private:
+    friend class nccl;
+    request(cudaStream_t compute, cudaEvent_t done) : compute_(compute), event_(done) {}
+    // The compute stream waits for the collective; the event is destroyed (CUDA releases it once the
+    // wait no longer needs it). Errors cannot be thrown from here: the next checked call reports them.
+    void finish() noexcept {
+      if (!event_) return;
+      (void)cudaStreamWaitEvent(compute_, event_, 0);
+      (void)cudaEventDestroy(event_);
+      event_ = nullptr;
+    }
+    cudaStream_t compute_ = nullptr;
+    cudaEvent_t event_ = nullptr;
+  };
+
+  template <class T>
+  request start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    begin();
+    enqueue_all_reduce(send, recv, count, op);
+    return issued();
+  }
+  template <class T>
+  request start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    begin();
+    enqueue_reduce_scatter(send, recv, count, op);
+    return issued();
+  }
+  template <class T>
+  request start_all_gather(const T* send, T* recv, std::size_t count) {
+    begin();
+    enqueue_all_gather(send, recv, count);
+    return issued();
+  }
+  void wait(request& r) {
+    if (!r.event_) return;
+    usable();
+    const cudaEvent_t e = std::exchange(r.event_, nullptr);
+    const cudaError_t waited = cudaStreamWaitEvent(ctx_->compute(), e, 0);
+    (void)cudaEventDestroy(e);
+    ZERO_CUDA_CHECK(waited);
   }
 
   template <class T>
@@ -202,6 +256,52 @@ class nccl {
     if (count > 0)
       settle(ncclBroadcast(send, recv, count, detail::nccl_type<T>(), root, comm_, ctx_->comm()), "ncclBroadcast");
     end();
+  }
+
+  // Block k of send to rank k, recv[k*count..] from rank k (comm/all_to_all.hpp): grouped
+  // ncclSend/ncclRecv, this rank's own block copied on the communication stream.
+  template <class T>
+  void all_to_all(const T* send, T* recv, std::size_t count) {
+    begin();
+    enqueue_all_to_all(send, recv, count);
+    end();
+  }
+  template <class T>
+  request start_all_to_all(const T* send, T* recv, std::size_t count) {
+    begin();
+    enqueue_all_to_all(send, recv, count);
+    return issued();
+  }
+
+  // The ranks that pass the same color form a new communicator (ncclCommSplit, key = rank, a
+  // collective on this one) on this rank's context: the same device, streams and pool, so the
+  // engine's buffers and events serve both (comm/split.hpp). Destroy it before this one.
+  std::unique_ptr<nccl> split(int color) {
+    ZERO_CHECK(color >= 0, invalid_argument, "comm::nccl rank ", rank_, ": split color must be >= 0, got ", color);
+    usable();
+    ctx_->wait_all();  // NCCL's split may synchronise; nothing of ours is left in flight
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t part = nullptr;
+    settle(ncclCommSplit(comm_, color, rank_, &part, &config), "ncclCommSplit");
+    // The new communicator initialises in the background: poll it until it is ready or fails.
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t q = part ? ncclCommGetAsyncError(part, &state) : ncclInvalidUsage;
+      if (q != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+        if (part) (void)ncclCommAbort(part);
+        fail_comm("ncclCommSplit (initialisation)", q != ncclSuccess ? q : state);
+      }
+      if (state == ncclSuccess) break;
+      poll_health(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start),
+                  "ncclCommSplit");
+      std::this_thread::yield();
+    }
+    int sub_rank = 0, sub_size = 0;
+    settle(ncclCommUserRank(part, &sub_rank), "ncclCommUserRank");
+    settle(ncclCommCount(part, &sub_size), "ncclCommCount");
+    return std::unique_ptr<nccl>(new nccl(part, sub_rank, sub_size, *ctx_, o_, peers_failed_));
   }
 
   // NCCL has no barrier: a one-word all-reduce the host waits for, so no rank returns before every
@@ -220,6 +320,18 @@ class nccl {
     int rank, size, device;
   };
   nccl(const bootstrap& b, options o) : nccl(b.id, b.rank, b.size, b.device, o) {}
+
+  // A communicator made by split(): on the parent's context (not owned), with its own barrier word.
+  nccl(ncclComm_t comm, int rank, int size, gpu::context& ctx, options o, std::shared_ptr<std::atomic<bool>> failed)
+      : o_(o), rank_(rank), size_(size), ctx_(&ctx), comm_(comm), peers_failed_(std::move(failed)) {
+    try {
+      make_barrier_word();
+    } catch (...) {
+      (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw;
+    }
+  }
 
   // A communicator made by launch(): this rank takes ownership of it.
   nccl(ncclComm_t comm, int rank, int size, int device, options o, std::shared_ptr<std::atomic<bool>> failed)
@@ -327,9 +439,13 @@ class nccl {
   // The rank's context (bound to this thread), the watchdog that polls NCCL during host waits, and
   // the barrier's word.
   void start(int device) {
-    ctx_ = std::make_unique<gpu::context>(device);
+    own_ctx_ = std::make_unique<gpu::context>(device);
+    ctx_ = own_ctx_.get();
     binding_ = std::make_unique<gpu::context::binding>(*ctx_);
     ctx_->set_watchdog([this](std::chrono::milliseconds waited) { poll_health(waited, "a wait for the device"); });
+    make_barrier_word();
+  }
+  void make_barrier_word() {
     void* word = nullptr;
     ZERO_CUDA_CHECK(cudaMallocFromPoolAsync(&word, sizeof(int), ctx_->pool(), ctx_->comm()));
     ZERO_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(int), ctx_->comm()));
@@ -341,6 +457,59 @@ class nccl {
     ctx_->comm_waits_for_compute();
   }
   void end() { ctx_->compute_waits_for_comm(); }
+  // A started collective's completion: an event of its own on the communication stream (the
+  // context's shared event is re-recorded by every call, and a request may be waited for late).
+  request issued() {
+    cudaEvent_t e = nullptr;
+    ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(e, ctx_->comm());
+    if (recorded != cudaSuccess) {
+      (void)cudaEventDestroy(e);
+      ZERO_CUDA_CHECK(recorded);
+    }
+    return request(ctx_->compute(), e);
+  }
+
+  template <class T>
+  void enqueue_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    if (count == 0) return;
+    // Deterministic mode: every reducing collective, max and one rank included, goes through the
+    // rank-ordered kernel, which also makes its NaNs canonical as on the host backends.
+    if (o_.deterministic)
+      ordered_all_reduce(send, recv, count, op);
+    else
+      settle(ncclAllReduce(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
+             "ncclAllReduce");
+  }
+  template <class T>
+  void enqueue_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op) {
+    if (count == 0) return;
+    if (o_.deterministic)
+      ordered_reduce_scatter(send, recv, count, op);
+    else
+      settle(ncclReduceScatter(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), comm_, ctx_->comm()),
+             "ncclReduceScatter");
+  }
+  // Copies are exact whatever NCCL's algorithm: the native collectives serve both modes.
+  template <class T>
+  void enqueue_all_to_all(const T* send, T* recv, std::size_t count) {
+    if (count == 0) return;
+    group_start();
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_) continue;
+      send_to(send + count * static_cast<std::size_t>(k), count, k);
+      recv_from(recv + count * static_cast<std::size_t>(k), count, k);
+    }
+    group_end("ncclGroupEnd (all_to_all)");
+    const std::size_t mine = count * static_cast<std::size_t>(rank_);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(recv + mine, send + mine, count * sizeof(T), cudaMemcpyDeviceToDevice,
+                                    ctx_->comm()));
+  }
+  template <class T>
+  void enqueue_all_gather(const T* send, T* recv, std::size_t count) {
+    if (count > 0)
+      settle(ncclAllGather(send, recv, count, detail::nccl_type<T>(), comm_, ctx_->comm()), "ncclAllGather");
+  }
   void usable() const {
     ZERO_CHECK(comm_ != nullptr, comm, "comm::nccl rank ", rank_, ": the communicator was aborted after an earlier ",
                "failure; create a new one");
@@ -416,7 +585,8 @@ class nccl {
     workspace_ = nullptr;
     barrier_word_ = nullptr;
     binding_.reset();
-    ctx_.reset();
+    own_ctx_.reset();
+    ctx_ = nullptr;
   }
 
   // The deterministic mode's staging buffer, grown on the communication stream (the only stream that
@@ -511,7 +681,8 @@ class nccl {
 
   options o_;
   int rank_ = 0, size_ = 1;
-  std::unique_ptr<gpu::context> ctx_;
+  std::unique_ptr<gpu::context> own_ctx_;  // null for a split, which runs on its parent's
+  gpu::context* ctx_ = nullptr;
   std::unique_ptr<gpu::context::binding> binding_;
   ncclComm_t comm_ = nullptr;
   std::shared_ptr<std::atomic<bool>> peers_failed_;
@@ -521,5 +692,7 @@ class nccl {
 };
 static_assert(CommBackend<nccl>);
 static_assert(CommBackend<counted<nccl>>);
+static_assert(nonblocking<nccl>);
+static_assert(has_all_to_all<nccl> && nonblocking_all_to_all<nccl> && splittable<nccl>);
 
 }  // namespace zero::comm

@@ -17,10 +17,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/detail/combine.hpp"
 #include "zero/comm/detail/streaming_copy.hpp"
 #include "zero/comm/detail/threads_world.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/fixed_text.hpp"
 #include "zero/core/numeric.hpp"
@@ -54,6 +56,14 @@ class threads {
       threads comm(world, r);
       fn(comm);
     });
+  }
+
+  threads(const threads&) = delete;
+  threads& operator=(const threads&) = delete;
+  // A sub-communicator (split) leaves its world when destroyed: a peer still waiting in it fails
+  // instead of waiting for the timeout.
+  ~threads() {
+    if (owned_) owned_->depart(rank_);
   }
 
   int rank() const { return rank_; }
@@ -112,6 +122,44 @@ class threads {
     leave(detail::coll_kind::broadcast, streaming);
   }
 
+  // Block k of send to rank k; recv[k*count..] from rank k (comm/all_to_all.hpp). Each rank copies
+  // its blocks out of its peers' send buffers, so send and recv must not overlap.
+  template <class T>
+  void all_to_all(const T* send, T* recv, std::size_t count) {
+    enter<T>(detail::coll_kind::all_to_all, send, recv, count, reduce_op::sum, 0);
+    const std::size_t bytes = count * sizeof(T), mine = count * static_cast<std::size_t>(rank_);
+    const bool streaming = streams(bytes * static_cast<std::size_t>(size()));
+    for (int k = 0; k < size() && count > 0; ++k) {
+      const T* src = static_cast<const T*>(world_->slot(k).send) + mine;
+      copy(recv + count * static_cast<std::size_t>(k), src, bytes, streaming);
+    }
+    leave(detail::coll_kind::all_to_all, streaming);
+  }
+
+  // The ranks that pass the same color form a world of their own, ranked in this world's order
+  // (comm/split.hpp). A collective: the colors are all-gathered first, so every rank sees every
+  // group, and each group meets at one new threads_world, aborted whenever this one is.
+  std::unique_ptr<threads> split(int color) {
+    ZERO_CHECK(color >= 0, invalid_argument, "comm::threads rank ", rank_, ": split color must be >= 0, got ", color);
+    std::vector<int> colors(static_cast<std::size_t>(size()));
+    all_gather(&color, colors.data(), 1);
+    int sub_rank = 0, members = 0;
+    for (int k = 0; k < size(); ++k)
+      if (colors[static_cast<std::size_t>(k)] == color) {
+        if (k < rank_) ++sub_rank;
+        ++members;
+      }
+    detail::threads_world& parent = *world_;
+    auto child = parent.meet<detail::threads_world>(
+        parent.next_split(rank_), color, members,
+        [&] {
+          return std::make_shared<detail::threads_world>(members, parent.timeout(), parent.backend(), parent.spin(),
+                                                         parent.recorder_capacity());
+        },
+        [](const auto& w) { return w; });
+    return std::unique_ptr<threads>(new threads(std::move(child), sub_rank));
+  }
+
   void barrier() {
     world_->announce_barrier(rank_);
     world_->arrive_and_wait(rank_, detail::coll_kind::barrier);
@@ -123,6 +171,7 @@ class threads {
  private:
   threads(detail::threads_world& w, int rank)
       : world_(&w), rank_(rank), ins_(static_cast<std::size_t>(w.size())), outs_(static_cast<std::size_t>(w.size())) {}
+  threads(std::shared_ptr<detail::threads_world> w, int rank) : threads(*w, rank) { owned_ = std::move(w); }
 
   // After enter, every rank's announcement agrees and ins_ holds the ranks' send buffers.
   template <class T>
@@ -189,8 +238,11 @@ class threads {
   int rank_;
   std::vector<const void*> ins_;  // each rank's send buffer in the current collective
   std::vector<void*> outs_;       // each rank's receive buffer (all_reduce)
+  std::shared_ptr<detail::threads_world> owned_;  // a split's world, shared by its members
 };
 static_assert(CommBackend<threads>);
 static_assert(CommBackend<counted<threads>>);
+static_assert(has_all_to_all<threads> && has_all_to_all<counted<threads>>);
+static_assert(splittable<threads>);
 
 }  // namespace zero::comm

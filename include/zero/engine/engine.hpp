@@ -16,8 +16,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
+#include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/partitioner.hpp"
@@ -28,15 +30,19 @@
 #include "zero/core/fp.hpp"
 #include "zero/core/hash.hpp"
 #include "zero/core/layout.hpp"
+#include "zero/core/link_formulas.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/core/quantize.hpp"
 #include "zero/core/value_checks.hpp"
 #include "zero/engine/init.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/tensor_view.hpp"
+#include "zero/engine/zeropp.hpp"
 #include "zero/error.hpp"
+#include "zero/offload/state_store.hpp"
 #include "zero/precision/fp32.hpp"
 #include "zero/precision/loss_scaler.hpp"
 
@@ -76,6 +82,7 @@ class engine {
         units_(spec.num_units()) {
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
     if (options_.reproducible) check_reproducible();
+    check_zeropp();
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
     const std::size_t param_elems = P::shards_parameters ? shard : full;
     const std::size_t grad_elems = grads_sharded() ? shard : full;
@@ -83,10 +90,15 @@ class engine {
     const std::size_t grad_bytes = options_.reproducible             ? formula::reproducible_grad_bytes
                                    : options_.fp32_grad_accumulation ? sizeof(float)
                                                                      : sizeof(grad_type);
-    check_memory(model_state_plan{param_elems * sizeof(param_type), grad_elems * grad_bytes,
-                                  Prec::separate_master ? state_elems * sizeof(float) : 0,
-                                  static_cast<std::size_t>(Opt::slots) * state_elems * sizeof(float)});
+    place_persistent_units();
+    // Offloaded master weights and slots are not in the system's memory: nothing of them to check here.
+    const std::size_t in_system = options_.offload.tier == offload_tier::none ? state_elems : 0;
+    check_memory(model_state_plan{(param_elems + persistent_elems_ + secondary_elements()) * sizeof(param_type),
+                                  grad_elems * grad_bytes, Prec::separate_master ? in_system * sizeof(float) : 0,
+                                  static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float)});
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
+    if (persistent_elems_ > 0) persistent_ = buffer<param_type, system>(persistent_elems_, mem_category::params, acct_);
+    if (zpp().hpz) secondary_ = buffer<param_type, system>(secondary_elements(), mem_category::params, acct_);
     if (options_.reproducible) {
       // The binned sums (three word planes per unit) and their fp32 rounding, over what this rank updates.
       bins_ = buffer<std::int64_t, system>(binned::words * grad_elems, mem_category::grads, acct_);
@@ -96,9 +108,11 @@ class engine {
     } else {
       grads_ = buffer<grad_type, system>(grad_elems, mem_category::grads, acct_);
     }
-    if constexpr (Prec::separate_master) master_ = buffer<float, system>(state_elems, mem_category::master, acct_);
-    for (int k = 0; k < Opt::slots; ++k)
-      states_[k] = buffer<float, system>(state_elems, mem_category::optimizer_states, acct_);
+    std::array<mem_category, state_arrays> categories{};
+    for (int a = 0; a < state_arrays; ++a)
+      categories[static_cast<std::size_t>(a)] = a < master_arrays ? mem_category::master : mem_category::optimizer_states;
+    store_ = offload::state_store<system>(options_.offload, rank_, state_arrays, state_elems, categories.data(), acct_);
+    connect_nodes();
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -179,8 +193,8 @@ class engine {
       }
     }
     if (check) check_init_agreement(hashes);
-    if constexpr (gathers_parameters_after_update<P>)
-      if (!broadcast) gather_replicated_params(other_comm_, "parameter refresh");
+    // Each rank stored only what it keeps: the units kept whole gather the other ranks' slices.
+    if (!broadcast) refresh_whole_parameters(other_comm_, "parameter refresh");
   }
 
   // ---- the protocol --------------------------------------------------------------------------
@@ -219,11 +233,13 @@ class engine {
     }
     const unit_layout& ul = layout_.unit(u);
     if constexpr (P::shards_parameters) {
-      if (evaluating_) {
+      if (persistent(u)) {
+        complete_parameter_gather(s);  // a view of the unit's persistent copy, once step()'s gather is done
+      } else if (evaluating_) {
         s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
-        const auto l = label("gather", u);
-        auto r = eval_comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
-        eval_comm_.wait(r);
+        buffer<std::uint8_t, system> wire;
+        auto r = start_gather(eval_comm_, u, s.full_params.data(), wire, false);
+        finish_gather(eval_comm_, r, u, s.full_params.data(), wire, false, false);
       } else {
         gather_in_step(u, s, ul);
       }
@@ -307,7 +323,7 @@ class engine {
     {
       const auto l = label("reduce", u);
       if constexpr (updates_every_element<P>) f.pending = comm_.start_all_reduce(g, g, ul.padded, reduce_op::sum);
-      else f.pending = comm_.start_reduce_scatter(g, g + own, ul.shard, reduce_op::sum);
+      else start_scatter(f, u, g, ul.shard, {ul.shard});
     }
     launched(std::move(f));
   }
@@ -351,11 +367,7 @@ class engine {
     if (!r.skipped) {
       ++step_;
       const auto c = opt_.constants(step_);
-      if constexpr (gathers_parameters_after_update<P>) {
-        update_and_gather_params(c, divisor, coef);
-      } else {
-        for (std::size_t u = 0; u < units_.size(); ++u) update_unit(unit_id{u}, c, divisor, coef);
-      }
+      update_and_gather_params(c, divisor, coef);
     } else {
       ++skipped_;
     }
@@ -364,14 +376,15 @@ class engine {
     if (options_.reproducible) sys_.fill_zero(bins_.data(), bins_.size() * sizeof(std::int64_t));
     for (auto& s : units_) {
       s.reduces = s.step_gathers = 0;
+      s.secondary_ready = false;  // the update changed the parameters: the next step's first gather refills it
       s.sum = binned::summary{};
     }
     step_started_ = false;
 
     r.step = step_;
-    r.comm = comm_.stats() - at_step_start_;
+    r.comm = protocol_stats() - at_step_start_;
     last_step_ = r.comm;
-    at_step_start_ = comm_.stats();
+    at_step_start_ = protocol_stats();
     return r;
   }
 
@@ -470,13 +483,18 @@ class engine {
   // held_range(u)) to host memory: master[r.size()], slots[k][r.size()] for k < Opt::slots.
   // Needs no wait for step()'s parameter all-gathers still in flight (stages 1-2): it reads only this
   // rank's own slice, which those collectives send from and never write.
+  // From any offload tier (the disk's reads go through its staging blocks). A null pointer skips
+  // its array (a checkpoint streams one array at a time).
   void read_state(unit_id u, range r, float* master, float* const* slots) const {
     const unit_layout& ul = checked_state_range(u, r, "read_state");
-    constexpr bool os = P::shards_optimizer_states;
     if (r.empty()) return;
-    sys_.copy_to_host(master, master_element(ul, r.begin), r.size() * sizeof(float));
+    const std::size_t at = state_index(ul, r.begin);
+    if (master) {
+      if constexpr (Prec::separate_master) store_.read(sys_, 0, at, r.size(), master);
+      else sys_.copy_to_host(master, param_element(ul, r.begin), r.size() * sizeof(float));
+    }
     for (int k = 0; k < Opt::slots; ++k)
-      sys_.copy_to_host(slots[k], element<float, os>(states_[k], ul, r.begin), r.size() * sizeof(float));
+      if (slots[k]) store_.read(sys_, slot_array(k), at, r.size(), slots[k]);
   }
 
   // Stores master weights and optimizer slots of unit-local range r (within held_range(u)). The
@@ -484,11 +502,11 @@ class engine {
   void write_state(unit_id u, range r, const float* master, const float* const* slots) {
     const unit_layout& ul = checked_state_range(u, r, "write_state");
     complete_parameter_gathers();
-    constexpr bool os = P::shards_optimizer_states;
     if (r.empty()) return;
-    sys_.copy_from_host(master_element(ul, r.begin), master, r.size() * sizeof(float));
-    for (int k = 0; k < Opt::slots; ++k)
-      sys_.copy_from_host(element<float, os>(states_[k], ul, r.begin), slots[k], r.size() * sizeof(float));
+    const std::size_t at = state_index(ul, r.begin);
+    if constexpr (Prec::separate_master) store_.write(sys_, 0, at, r.size(), master);
+    else sys_.copy_from_host(param_element(ul, r.begin), master, r.size() * sizeof(float));
+    for (int k = 0; k < Opt::slots; ++k) store_.write(sys_, slot_array(k), at, r.size(), slots[k]);
   }
 
   // After write_state() on every held range: restores the step counter and training state and
@@ -498,21 +516,16 @@ class engine {
       ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
                  "finish_load() in the middle of a step");
     complete_parameter_gathers();
-    for (auto& s : units_) s.step_gathers = 0;  // a loaded engine starts a step afresh
+    for (auto& s : units_) {
+      s.step_gathers = 0;  // a loaded engine starts a step afresh
+      s.secondary_ready = false;
+    }
     step_started_ = false;
     step_ = ts.step;
     skipped_ = ts.skipped_steps;
     if constexpr (Prec::loss_scaling) scaler_.restore(ts.loss_scale, ts.clean_steps, ts.hysteresis_left);
-    if constexpr (Prec::separate_master) {
-      for (std::size_t u = 0; u < units_.size(); ++u) {
-        const unit_layout& ul = layout_.unit(unit_id{u});
-        const range r = held_range(unit_id{u});
-        sys_.for_each(r.size(), elementwise::cast_rule{},
-                      elementwise::out(element<param_type, P::shards_parameters>(params_, ul, r.begin)),
-                      elementwise::in(static_cast<const float*>(master_element(ul, r.begin))));
-      }
-    }
-    if constexpr (gathers_parameters_after_update<P>) gather_replicated_params(other_comm_, "parameter refresh");
+    if constexpr (Prec::separate_master) cast_master_into_params();
+    refresh_whole_parameters(other_comm_, "parameter refresh");
   }
 
   // Everything besides the tensors that a resumed run needs to continue identically.
@@ -528,7 +541,7 @@ class engine {
     return r;
   }
   comm_report comm() const {
-    return comm_report{comm_.stats(),          last_step_,       other_comm_.stats(),
+    return comm_report{protocol_stats(),       last_step_,       other_comm_.stats(),
                        control_comm_.stats(), step_ + skipped_, eval_comm_.stats()};
   }
 
@@ -541,33 +554,79 @@ class engine {
     return {sizeof(param_type), g,
             (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
   }
+  // The model-state bytes in the system's memory: with offload, without the offloaded K bytes; plus
+  // hpZ's secondary shard (Psi / node_size parameters).
   std::uint64_t model_state_formula_bytes() const {
-    if (options_.reproducible)
-      return formula::reproducible_model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
-    return formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), state_sizes());
+    formula::state_sizes z = state_sizes();
+    if (store_.offloaded()) z.k_bytes = 0;
+    const std::uint64_t states =
+        options_.reproducible
+            ? formula::reproducible_model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z, persistent_elems_)
+            : formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z, persistent_elems_);
+    return states + (zpp().hpz ? formula::hpz_secondary_bytes(layout_.padded(), layout_.ranks(), node_size(),
+                                                              sizeof(param_type))
+                               : 0);
   }
-  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3
-  // (reproducible: formula::reproducible_comm_bytes_per_step).
+  // What the offload tier holds and moves (engine_options::offload), and its formulas: the tier's
+  // bytes, and the bytes moved by one step that updates.
+  const offload_report& offload() const { return store_.report(); }
+  std::uint64_t offload_formula_bytes() const {
+    if (!store_.offloaded()) return 0;
+    return formula::offloaded_state_bytes(P::stage, layout_.padded(), layout_.ranks(),
+                                          static_cast<std::size_t>(state_arrays), on_disk());
+  }
+  offload_traffic offload_formula_traffic() const {
+    if (!store_.offloaded()) return {};
+    // The optimizer reads the gradient store: the fp32 rounding of the binned sums in the reproducible mode.
+    const std::size_t grad_read = options_.reproducible ? sizeof(float) : state_sizes().grad_bytes;
+    const auto t = formula::offload_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(),
+                                                   static_cast<std::size_t>(state_arrays), on_disk(), host_memory_system,
+                                                   held_real_elements(), grad_read,
+                                                   Prec::separate_master ? sizeof(param_type) : 0);
+    return {t.disk_read, t.disk_written, t.to_host, t.from_host};
+  }
+  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3;
+  // reproducible: formula::reproducible_comm_bytes_per_step; with ZeRO++ on, zero::formula::bytes_per_step's
+  // (core/link_formulas.hpp).
   std::uint64_t comm_formula_bytes() const {
     if (options_.reproducible)
       return formula::reproducible_comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(param_type),
-                                                       reduces_per_step(), units_.size(), extra_gathered_elements());
+                                                       reduces_per_step(), units_.size(), extra_gathered_elements(),
+                                                       persistent_elems_);
+    if (zeropp_on()) return comm_formula_by_level().total;
     return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type),
-                                        reduces_per_step(), extra_gathered_elements());
+                                        reduces_per_step(), extra_gathered_elements(), persistent_elems_);
+  }
+  // The same per link level: the total and the part sent between nodes (engine_options::zeropp's
+  // node_size; comm_stats::inter counts it), by zero::formula::bytes_per_step.
+  formula::link_bytes comm_formula_by_level() const {
+    return formula::bytes_per_step(P::stage, unit_extents(), layout_.ranks(), sizeof(typename Prec::comm_type),
+                                   reduces_per_step(), traffic_options());
   }
   // Bytes of one forward-only pass inside evaluation() (every unit gathered `gathers` times): stage 3
   // only.
   std::uint64_t eval_comm_formula_bytes() const {
+    if (zeropp_on())
+      return formula::eval_bytes_per_pass(P::stage, unit_extents(), layout_.ranks(), sizeof(typename Prec::comm_type),
+                                          traffic_options())
+          .total;
     return formula::eval_comm_bytes_per_pass(P::stage, layout_.padded(), layout_.ranks(),
-                                             sizeof(typename Prec::comm_type), extra_gathered_elements());
+                                             sizeof(typename Prec::comm_type), extra_gathered_elements(),
+                                             persistent_elems_);
   }
-  // Padded elements gathered per pass beyond once per unit: the sum of (gathers - 1) x padded.
+  // Padded elements gathered per pass beyond once per unit: the sum of (gathers - 1) x padded over
+  // the units that are gathered (a persistent unit's uses are views).
   std::uint64_t extra_gathered_elements() const {
     std::uint64_t n = 0;
     for (std::size_t u = 0; u < units_.size(); ++u)
-      n += static_cast<std::uint64_t>(spec_.units()[u].gathers - 1) * layout_.unit(unit_id{u}).padded;
+      if (!persistent(unit_id{u}))
+        n += static_cast<std::uint64_t>(spec_.units()[u].gathers - 1) * layout_.unit(unit_id{u}).padded;
     return n;
   }
+  // Stage 3: whether unit u keeps its gathered parameters between steps (persist_below_elements),
+  // and the padded elements of all such units (Psi_p of the formulas).
+  bool persistent(unit_id u) const { return persistent_at_[u.index] != not_persistent; }
+  std::uint64_t persistent_elements() const { return persistent_elems_; }
 
   const model_spec& spec() const { return spec_; }
   const zero::layout& layout() const { return layout_; }
@@ -666,8 +725,11 @@ class engine {
     // Stage 3: an all-gather started before gather(u) asked for it (declared after its buffer, so
     // the request, whose destructor waits, is destroyed first).
     buffer<param_type, system> prefetched;
+    buffer<std::uint8_t, system> prefetch_wire;  // qwZ: the prefetch's quantized shards
     request prefetch;
     bool prefetching = false;
+    bool prefetch_secondary = false;  // hpZ: the prefetch reads the secondary partition (node_comm_)
+    bool secondary_ready = false;     // hpZ: this step's first gather has filled the secondary shard
     // Stages 1-2: the all-gather of the unit's updated parameters, started by step().
     request parameter_gather;
     bool parameter_gather_pending = false;
@@ -693,6 +755,13 @@ class engine {
     std::size_t block = 0;
     std::vector<binned::summary> summaries;
     bool direct = false;  // the one unit's words went straight into its empty store
+    // qgZ: the quantized slices sent and received (declared before the request, which is destroyed
+    // first), where the reduced slice goes, and whether the request is the first hop's (node_comm_).
+    buffer<std::uint8_t, system> send_wire, recv_wire;
+    detail::quantized_slice slice;
+    grad_type* reduced = nullptr;
+    unit_id unit{};
+    bool quantized = false, first_hop = false;
     request pending{};
   };
   // A unit's gradient waiting in the open bucket of reduce_bucket_elements.
@@ -723,11 +792,15 @@ class engine {
       f.bucket = std::move(parts[0].bucket);
       f.parts.push_back({parts[0].unit, parts[0].first, own});
       const auto l = label("reduce", parts[0].unit);
-      f.pending = comm_.start_reduce_scatter(f.bucket.data(), f.bucket.data() + own, ul.shard, reduce_op::sum);
+      start_scatter(f, parts[0].unit, f.bucket.data(), ul.shard, {ul.shard});
       return launched(std::move(f));
     }
     std::size_t shard_sum = 0;
-    for (const auto& p : parts) shard_sum += layout_.unit(p.unit).shard;
+    std::vector<std::size_t> segments;  // qgZ quantizes each unit's part of a slice in blocks of its own
+    for (const auto& p : parts) {
+      shard_sum += layout_.unit(p.unit).shard;
+      segments.push_back(layout_.unit(p.unit).shard);
+    }
     const auto ranks = static_cast<std::size_t>(layout_.ranks());
     make_room(shard_sum * ranks * sizeof(grad_type));
     f.bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, acct_);
@@ -742,8 +815,7 @@ class engine {
     }
     {
       const auto l = label("reduce bucket", parts[0].unit);
-      f.pending = comm_.start_reduce_scatter(f.bucket.data(), f.bucket.data() + static_cast<std::size_t>(rank_) * shard_sum,
-                                             shard_sum, reduce_op::sum);
+      start_scatter(f, parts[0].unit, f.bucket.data(), shard_sum, std::move(segments));
     }
     ++overlap_.fused_reduces;
     launched(std::move(f));
@@ -991,11 +1063,13 @@ class engine {
   void complete_oldest_reduce() {
     in_flight_reduce f = std::move(reduces_.front());
     reduces_.pop_front();
-    comm_.wait(f.pending);
+    if (f.first_hop) node_comm_->wait(f.pending);
+    else comm_.wait(f.pending);
     if (options_.reproducible) {
       for (std::size_t i = 0; i < f.parts.size(); ++i) merge_binned(f, f.parts[i], f.summaries[i]);
       return;
     }
+    if (f.quantized) finish_scatter(f);
     for (const auto& part : f.parts) {
       const unit_layout& ul = layout_.unit(part.unit);
       const std::size_t from = updates_every_element<P> ? 0 : layout_.owned(part.unit, rank_).begin;
@@ -1035,23 +1109,30 @@ class engine {
       drop_prefetches();
     }
     request r{};
+    buffer<std::uint8_t, system> wire;
+    // hpZ: a unit already gathered in this step reads the secondary partition, inside the node.
+    const bool secondary = zpp().hpz && s.secondary_ready;
+    if (s.prefetching && s.prefetch_secondary != secondary) drop_prefetch(s);  // (cannot happen: same rule)
     if (s.prefetching) {
       s.full_params = std::move(s.prefetched);
+      wire = std::move(s.prefetch_wire);
       r = std::move(s.prefetch);
       s.prefetching = false;
       ++overlap_.prefetch_hits;
     } else {
-      make_room(ul.padded * sizeof(param_type));
+      make_room(gather_bytes(ul, secondary));
       s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
-      const auto l = label("gather", u);
-      r = comm_.start_all_gather(shard_of_params(ul, u), s.full_params.data(), ul.shard);
+      r = start_gather(comm_, u, s.full_params.data(), wire, secondary);
     }
     step_order_.push_back(u.index);
     if (order_holds_ && next_prefetch_ <= position) next_prefetch_ = position + 1;
     s.gathered = true;  // counted as live by prefetch_ahead
     try {
       if (prefetching()) prefetch_ahead();
-      comm_.wait(r);
+      finish_gather(comm_, r, u, s.full_params.data(), wire, secondary, true);
+      // hpZ: the walk stops at a secondary gather whose primary had not completed (this one's, for the
+      // backward pass's first unit); now it has.
+      if (zpp().hpz && prefetching()) prefetch_ahead();
     } catch (...) {
       s.gathered = false;
       s.full_params.reset();
@@ -1073,13 +1154,17 @@ class engine {
       const unit_id v{gather_order_[next_prefetch_]};
       unit_state& t = units_[v.index];
       if (t.prefetching) return;
+      // hpZ: the gather at this position reads the secondary partition when the order gathered the unit
+      // before it (as the gather itself will decide); its source must be filled first.
+      const bool secondary = zpp().hpz && gathered_before(v.index, next_prefetch_);
+      if (secondary && !t.secondary_ready) return;
       const unit_layout& ul = layout_.unit(v);
       if (options_.max_live_parameters > 0 && live_parameters() + ul.padded > options_.max_live_parameters) return;
-      const std::size_t bytes = ul.padded * sizeof(param_type);
+      const std::size_t bytes = gather_bytes(ul, secondary);
       if (acct_.limit() > 0 && acct_.total() + bytes > acct_.limit()) return;
       t.prefetched = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
-      const auto l = label("gather", v);
-      t.prefetch = comm_.start_all_gather(shard_of_params(ul, v), t.prefetched.data(), ul.shard);
+      t.prefetch = start_gather(comm_, v, t.prefetched.data(), t.prefetch_wire, secondary);
+      t.prefetch_secondary = secondary;
       t.prefetching = true;
       ++overlap_.prefetches;
     }
@@ -1088,39 +1173,85 @@ class engine {
   std::size_t live_parameters() const {
     std::size_t n = 0;
     for (std::size_t u = 0; u < units_.size(); ++u)
-      n += (std::size_t{units_[u].gathered} + std::size_t{units_[u].prefetching}) * layout_.unit(unit_id{u}).padded;
+      if (!persistent(unit_id{u}))
+        n += (std::size_t{units_[u].gathered} + std::size_t{units_[u].prefetching}) * layout_.unit(unit_id{u}).padded;
     return n;
   }
   // Completes and frees the prefetches no gather took (the order changed, or the step ended).
   void drop_prefetches() {
-    for (auto& t : units_) {
-      if (!t.prefetching) continue;
-      comm_.wait(t.prefetch);
-      t.prefetched.reset();
-      t.prefetching = false;
-      ++overlap_.prefetch_misses;
-    }
+    for (auto& t : units_)
+      if (t.prefetching) drop_prefetch(t);
+  }
+  void drop_prefetch(unit_state& t) {
+    if (t.prefetch_secondary) node_comm_->wait(t.prefetch);
+    else comm_.wait(t.prefetch);
+    t.prefetched.reset();
+    t.prefetch_wire.reset();
+    t.prefetching = false;
+    ++overlap_.prefetch_misses;
   }
 
-  // Stages 1-2: the update of each unit, and the all-gather of its parameters started as soon as it
-  // is updated, so that it runs while the next unit updates (overlap); all complete before return.
-  // With overlap, the all-gathers stay in flight after step() returns: the next step's gather(u)
-  // waits for its unit's (the forward pass overlaps them), anything else that reads or writes the
-  // parameters for all of them (complete_parameter_gathers).
+  // The update of each unit, and where a unit's parameters are kept whole (stages 1-2; stage 3's
+  // persistent units) the all-gather of its updated shard, started as soon as it is updated so that it
+  // runs while the next unit updates (overlap). Without overlap each completes at once. With overlap
+  // they stay in flight after step() returns: the next step's gather(u) waits for its unit's (the
+  // forward pass overlaps them), anything else that reads or writes the parameters for all of them
+  // (complete_parameter_gathers).
   void update_and_gather_params(const typename Opt::step_constants& c, float divisor, float coef) {
+    store_.begin_step();
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          update_segment(u, i, n, arrays, c, divisor, coef);
+        },
+        true,
+        [&](unit_id u) {
+          if (!keeps_parameters_whole(u)) return;
+          unit_state& s = units_[u.index];
+          {
+            const auto l = label("step", u);
+            s.parameter_gather = start_whole_parameter_gather(comm_, u);
+          }
+          s.parameter_gather_pending = true;
+          if (!overlapping()) complete_parameter_gather(s);
+          else ++overlap_.parameter_gathers_started;
+        });
+    store_.end_step();
+  }
+  // Whether unit u's parameters are held whole on every rank and so must be all-gathered after each
+  // update: every unit in stages 1-2 (in place), the persistent units in stage 3 (into their copy).
+  bool keeps_parameters_whole(unit_id u) const {
+    if constexpr (gathers_parameters_after_update<P>) return true;
+    else return P::shards_parameters && persistent(u);
+  }
+  // The all-gather of unit u's parameter shard into its whole copy, on `via`.
+  request start_whole_parameter_gather(comm::counted<Comm>& via, unit_id u) {
+    const unit_layout& ul = layout_.unit(u);
+    if constexpr (P::shards_parameters)
+      return via.start_all_gather(shard_of_params(ul, u), persistent_.data() + persistent_at_[u.index], ul.shard);
+    else
+      return via.start_all_gather(element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard),
+                                  params_.data() + ul.offset, ul.shard);
+  }
+  // The same all-gathers, completed at once, after an initialization or a load wrote only this rank's
+  // slices (counted on `via`, the set-up counter): every unit in stages 1-2, the persistent units in
+  // stage 3, nothing elsewhere.
+  void refresh_whole_parameters(comm::counted<Comm>& via, const char* phase) {
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      update_unit(unit_id{u}, c, divisor, coef);
+      if (!keeps_parameters_whole(unit_id{u})) continue;
+      const auto l = label(phase, unit_id{u});
+      auto r = start_whole_parameter_gather(via, unit_id{u});
+      via.wait(r);
+    }
+  }
+  // Stage 3: which units persist (persist_below_elements) and where each one's copy starts.
+  void place_persistent_units() {
+    persistent_at_.assign(units_.size(), not_persistent);
+    if (!P::shards_parameters || options_.persist_below_elements == 0) return;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
       const unit_layout& ul = layout_.unit(unit_id{u});
-      param_type* p = params_.data() + ul.offset;
-      unit_state& s = units_[u];
-      {
-        const auto l = label("step", unit_id{u});
-        s.parameter_gather = comm_.start_all_gather(
-            element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard);
-      }
-      s.parameter_gather_pending = true;
-      if (!overlapping()) complete_parameter_gather(s);
-      else ++overlap_.parameter_gathers_started;
+      if (ul.numel > options_.persist_below_elements) continue;
+      persistent_at_[u] = persistent_elems_;
+      persistent_elems_ += ul.padded;
     }
   }
   void complete_parameter_gather(unit_state& s) {
@@ -1141,6 +1272,236 @@ class engine {
         s.full_params.reset();
       }
     evaluating_ = false;
+  }
+
+  // ---- ZeRO++ (engine_options::zeropp, engine/zeropp.hpp) --------------------------------------
+  //
+  // The protocol is unchanged: gather(u) still all-gathers (quantized under qwZ, from the secondary
+  // partition under hpZ), reduce(u) still leaves each rank its reduced slice (through qgZ's
+  // all-to-all), and every decision depends only on the calls, so every rank issues the same
+  // collectives in the same order on each communicator.
+
+  // What the backend and the system must offer for each technique (checked at construction, so an
+  // engine on a backend without them compiles and refuses only the options it cannot serve).
+  static constexpr bool has_index_loop =
+      requires(const system& s, std::size_t n, quant::scale_rule<float> r) { s.for_each_index(n, r); };
+  static constexpr bool can_qwz = comm::moves_bytes<Comm> && has_index_loop;
+  static constexpr bool can_qgz = comm::has_all_to_all<Comm> && has_index_loop;
+  static constexpr bool can_split = comm::splittable<Comm>;
+
+  const zeropp_options& zpp() const { return options_.zeropp; }
+  bool zeropp_on() const { return zpp().qwz || zpp().qgz || zpp().hpz; }
+  int node_size() const { return zpp().node_size == 0 ? layout_.ranks() : zpp().node_size; }
+  // qgZ in two hops: nodes of more than one rank, more than one node.
+  bool hierarchical() const { return zpp().qgz && node_size() > 1 && node_size() < layout_.ranks(); }
+  std::size_t secondary_elements() const {
+    return zpp().hpz ? layout_.padded() / static_cast<std::size_t>(node_size()) : 0;
+  }
+
+  // Before anything is allocated: options that mean nothing for this stage or world, formats the
+  // quantizer cannot represent, backends without what a technique needs.
+  void check_zeropp() const {
+    const zeropp_options& z = zpp();
+    const int n = layout_.ranks();
+    const char* where = "engine_options::zeropp";
+    ZERO_CHECK(z.node_size >= 0 && (z.node_size == 0 || n % z.node_size == 0), invalid_argument, "rank ", rank_, ": ",
+               where, ": node_size ", z.node_size, " does not divide the world size ", n,
+               " (a node holds node_size consecutive ranks; 0: one node holds them all)");
+    ZERO_CHECK(!z.qwz || P::shards_parameters, invalid_argument, "rank ", rank_, ": ", where,
+               ": qwZ quantizes the parameter all-gathers of stage 3; ZeRO stage ", P::stage, " gathers no parameters");
+    ZERO_CHECK(!z.hpz || P::shards_parameters, invalid_argument, "rank ", rank_, ": ", where,
+               ": hpZ keeps a secondary partition of stage 3's sharded parameters; ZeRO stage ", P::stage,
+               " does not shard them");
+    ZERO_CHECK(!z.qgz || P::shards_optimizer_states, invalid_argument, "rank ", rank_, ": ", where,
+               ": qgZ replaces the gradient reduce-scatter of stages 1-3; ZeRO stage ", P::stage,
+               " all-reduces every gradient");
+    ZERO_CHECK(!z.hpz || (z.node_size > 0 && z.node_size < n), invalid_argument, "rank ", rank_, ": ", where,
+               ": hpZ needs nodes smaller than the world (node_size in [1, N) dividing N = ", n, "), got node_size ",
+               z.node_size, ": with one node the secondary partition is the primary one");
+    with_rank(rank_, [&] {
+      if (z.qwz) quant::validate(z.weights, "engine_options::zeropp.weights");
+      if (z.qgz) quant::validate(z.gradients, "engine_options::zeropp.gradients");
+    });
+    ZERO_CHECK(!z.qwz || can_qwz, invalid_argument, "rank ", rank_, ": ", where,
+               ": qwZ needs a backend with a byte all_gather (std::uint8_t) and a system with for_each_index");
+    ZERO_CHECK(!z.qgz || can_qgz, invalid_argument, "rank ", rank_, ": ", where,
+               ": qgZ needs a backend with all_to_all (comm/all_to_all.hpp) and a system with for_each_index");
+    ZERO_CHECK(!(z.hpz || hierarchical()) || can_split, invalid_argument, "rank ", rank_, ": ", where, ": ",
+               z.hpz ? "hpZ" : "qgZ over several nodes", " needs a backend with split (comm/split.hpp)");
+  }
+
+  // After the model states exist: tells the counters where the nodes are, and splits the backend for
+  // hpZ (the node's ranks) and two-hop qgZ (the node's ranks, and the ranks of this rank's position
+  // in every node). The splits are collectives on the backend, made by every rank here.
+  void connect_nodes() {
+    const int g = node_size();
+    for (auto* c : {&comm_, &other_comm_, &control_comm_, &eval_comm_}) c->set_node_size(g);
+    if (!(zpp().hpz || hierarchical())) return;
+    if constexpr (can_split) {
+      node_backend_ = comm_.inner().split(rank_ / g);
+      node_comm_.emplace(*node_backend_);  // one node: all of its traffic is intra-node
+      if (hierarchical()) {
+        cross_backend_ = comm_.inner().split(rank_ % g);
+        cross_comm_.emplace(*cross_backend_);
+        cross_comm_->set_node_size(1);  // one rank per node: all of it is inter-node
+      }
+    }
+  }
+
+  // The protocol's traffic on every communicator it uses.
+  comm::comm_stats protocol_stats() const {
+    comm::comm_stats s = comm_.stats();
+    if (node_comm_) s = s + node_comm_->stats();
+    if (cross_comm_) s = s + cross_comm_->stats();
+    return s;
+  }
+  std::vector<formula::unit_extent> unit_extents() const {
+    std::vector<formula::unit_extent> v;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      v.push_back({layout_.unit(unit_id{u}).padded, spec_.units()[u].gathers});
+    return v;
+  }
+  formula::traffic_options traffic_options() const {
+    return {zpp().qwz, zpp().qgz, zpp().hpz, zpp().weights, zpp().gradients, node_size()};
+  }
+
+  // Transient bytes a gather of unit ul holds until it completes: the unit, and qwZ's wire.
+  std::size_t gather_bytes(const unit_layout& ul, bool secondary) const {
+    const std::size_t wire = zpp().qwz && !secondary ? static_cast<std::size_t>(layout_.ranks()) *
+                                                           quant::wire_bytes(ul.shard, zpp().weights)
+                                                     : 0;
+    return ul.padded * sizeof(param_type) + wire;
+  }
+  // Whether the recorded order gathers unit v before position `pos` (then that gather reads hpZ's secondary).
+  bool gathered_before(std::size_t v, std::size_t pos) const {
+    for (std::size_t i = 0; i < pos && i < gather_order_.size(); ++i)
+      if (gather_order_[i] == v) return true;
+    return false;
+  }
+
+  comm::scoped_label<Comm> label_on(Comm& c, const char* phase, unit_id u) {
+    return comm::scoped_label<Comm>(c, phase, spec_.units()[u.index].name);
+  }
+
+  // Starts stage 3's all-gather of unit u into `full` (padded elements) on `via`: the exact shards;
+  // under qwZ this rank's shard quantized into its slot of `wire` (N slots) and the wire all-gathered
+  // in place; under hpZ's `secondary`, the node's secondary shards on node_comm_ (exact).
+  request start_gather(comm::counted<Comm>& via, unit_id u, param_type* full, buffer<std::uint8_t, system>& wire,
+                       bool secondary) {
+    const unit_layout& ul = layout_.unit(u);
+    if (secondary) {
+      const std::size_t part = ul.padded / static_cast<std::size_t>(node_size());
+      const auto l = label_on(*node_backend_, "gather", u);
+      return node_comm_->start_all_gather(secondary_.data() + ul.offset / static_cast<std::size_t>(node_size()), full,
+                                          part);
+    }
+    const auto l = label("gather", u);
+    if (!zpp().qwz) return via.start_all_gather(shard_of_params(ul, u), full, ul.shard);
+    if constexpr (can_qwz) {
+      const std::size_t wb = quant::wire_bytes(ul.shard, zpp().weights), at = static_cast<std::size_t>(rank_) * wb;
+      wire = buffer<std::uint8_t, system>(static_cast<std::size_t>(layout_.ranks()) * wb, mem_category::transient, acct_);
+      quant::quantize(sys_, shard_of_params(ul, u), ul.shard, zpp().weights, wire.data() + at);
+      return via.start_all_gather(wire.data() + at, wire.data(), wb);
+    }
+    fail(error_kind::invalid_argument, where(u), "qwZ on a backend without byte collectives");
+  }
+  // Completes start_gather: waits; under qwZ dequantizes every rank's slice, this rank's included,
+  // from the same bytes (so every rank holds the same values); with `fill` (a gather in a step) and
+  // hpZ, keeps this rank's part of the node's partition as its secondary shard.
+  void finish_gather(comm::counted<Comm>& via, request& r, unit_id u, param_type* full,
+                     buffer<std::uint8_t, system>& wire, bool secondary, bool fill) {
+    const unit_layout& ul = layout_.unit(u);
+    if (secondary) return node_comm_->wait(r);
+    via.wait(r);
+    if (!wire.empty()) {
+      if constexpr (can_qwz) {
+        const std::size_t wb = quant::wire_bytes(ul.shard, zpp().weights);
+        for (std::size_t k = 0; k < static_cast<std::size_t>(layout_.ranks()); ++k)
+          quant::dequantize(sys_, wire.data() + k * wb, ul.shard, zpp().weights, full + k * ul.shard);
+      }
+      wire.reset();
+    }
+    if (fill && zpp().hpz) {
+      const auto g = static_cast<std::size_t>(node_size());
+      const std::size_t part = ul.padded / g, local = static_cast<std::size_t>(rank_) % g;
+      sys_.copy(secondary_.data() + ul.offset / g, full + local * part, part * sizeof(param_type));
+      units_[u.index].secondary_ready = true;
+    }
+  }
+
+  // Starts the reduction of g's N slices of `count` elements (slice k for rank k) into this rank's
+  // slice, in place: a reduce-scatter, or qgZ: each slice quantized (each of `segments`, the units'
+  // shards, in blocks of its own) and exchanged by an all_to_all, summed at completion
+  // (finish_scatter). Two hops: to the rank of local position l of this node go the slices of the
+  // ranks of position l in every node (node k's at k), on node_comm_.
+  void start_scatter(in_flight_reduce& f, unit_id u, grad_type* g, std::size_t count,
+                     std::vector<std::size_t> segments) {
+    grad_type* mine = g + static_cast<std::size_t>(rank_) * count;
+    if (!zpp().qgz) {
+      f.pending = comm_.start_reduce_scatter(g, mine, count, reduce_op::sum);
+      return;
+    }
+    if constexpr (can_qgz) {
+      const auto n = static_cast<std::size_t>(layout_.ranks());
+      f.quantized = true;
+      f.unit = u;
+      f.reduced = mine;
+      f.slice = detail::quantized_slice::of(std::move(segments), zpp().gradients);
+      const std::size_t wb = f.slice.wire;
+      make_room(2 * n * wb);
+      f.send_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, acct_);
+      f.recv_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, acct_);
+      std::vector<std::size_t> order(n);
+      if (!hierarchical()) {
+        for (std::size_t k = 0; k < n; ++k) order[k] = k;
+        f.slice.quantize(sys_, g, order, f.send_wire.data());
+        f.pending = comm_.start_all_to_all(f.send_wire.data(), f.recv_wire.data(), wb);
+        return;
+      }
+      const auto gs = static_cast<std::size_t>(node_size()), nodes = n / gs;
+      for (std::size_t l = 0; l < gs; ++l)
+        for (std::size_t m = 0; m < nodes; ++m) order[l * nodes + m] = m * gs + l;
+      f.slice.quantize(sys_, g, order, f.send_wire.data());
+      const auto l = label_on(*node_backend_, "reduce", u);
+      f.pending = node_comm_->start_all_to_all(f.send_wire.data(), f.recv_wire.data(), nodes * wb);
+      f.first_hop = true;
+      return;
+    }
+    fail(error_kind::invalid_argument, where(u), "qgZ on a backend without all_to_all");
+  }
+  // Completes qgZ's reduction once its all_to_all is done: the N received slices summed in fp32 in
+  // rank order into this rank's slice. Two hops: the node's G slices of each of the K ranks of this
+  // position summed in local order (fp32), quantized once more and exchanged across nodes, then the K
+  // node sums summed in node order.
+  void finish_scatter(in_flight_reduce& f) {
+    if constexpr (can_qgz) {
+      const std::size_t wb = f.slice.wire;
+      if (!f.first_hop) {
+        f.slice.sum(sys_, f.recv_wire.data(), wb, layout_.ranks(), f.reduced);
+        f.send_wire.reset();
+        f.recv_wire.reset();
+        return;
+      }
+      const auto gs = static_cast<std::size_t>(node_size());
+      const std::size_t nodes = static_cast<std::size_t>(layout_.ranks()) / gs, count = f.slice.elements;
+      buffer<float, system> partial(nodes * count, mem_category::transient, acct_);
+      for (std::size_t m = 0; m < nodes; ++m)
+        f.slice.sum(sys_, f.recv_wire.data() + m * wb, nodes * wb, static_cast<int>(gs), partial.data() + m * count);
+      f.send_wire.reset();
+      f.recv_wire.reset();
+      buffer<std::uint8_t, system> send(nodes * wb, mem_category::transient, acct_);
+      std::vector<std::size_t> order(nodes);
+      for (std::size_t m = 0; m < nodes; ++m) order[m] = m;
+      f.slice.quantize(sys_, partial.data(), order, send.data());
+      partial.reset();
+      buffer<std::uint8_t, system> recv(nodes * wb, mem_category::transient, acct_);
+      {
+        const auto l = label_on(*cross_backend_, "reduce", f.unit);
+        auto r = cross_comm_->start_all_to_all(send.data(), recv.data(), wb);
+        cross_comm_->wait(r);
+      }
+      f.slice.sum(sys_, recv.data(), wb, static_cast<int>(nodes), f.reduced);
+    }
   }
 
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
@@ -1165,8 +1526,12 @@ class engine {
   }
 
   param_type* full_params_of(unit_id u) {
-    if constexpr (P::shards_parameters) return units_[u.index].full_params.data();
-    else return params_.data() + layout_.unit(u).offset;
+    if constexpr (P::shards_parameters) {
+      if (persistent(u)) return persistent_.data() + persistent_at_[u.index];
+      return units_[u.index].full_params.data();
+    } else {
+      return params_.data() + layout_.unit(u).offset;
+    }
   }
   grad_type* full_grads_of(unit_id u) {
     if (uses_bucket()) return units_[u.index].bucket.data();
@@ -1211,6 +1576,27 @@ class engine {
                ": engine_options: prefetch_units must be >= 0 (0: no prefetch), got ", o.prefetch_units);
     ZERO_CHECK(o.reduces_in_flight >= 1, invalid_argument, "rank ", rank,
                ": engine_options: reduces_in_flight must be >= 1, got ", o.reduces_in_flight);
+    ZERO_CHECK(o.persist_below_elements == 0 || !(o.zeropp.qwz || o.zeropp.qgz || o.zeropp.hpz), invalid_argument,
+               "rank ", rank, ": engine_options: persist_below_elements (stage 3's persistent units) and ZeRO++ "
+               "(zeropp.qwz, qgz, hpz) cannot be combined yet: a persistent unit's gathers and its traffic would "
+               "bypass the quantized and hierarchical paths; set one of them");
+    // qgZ replaces the exact sum by a quantized one, and qwZ quantizes each rank's shard (blocks that
+    // move with N): neither keeps the bits at another world size. hpZ is exact but not yet carried
+    // through the binned path and its formulas.
+    ZERO_CHECK(!o.reproducible || !(o.zeropp.qwz || o.zeropp.qgz || o.zeropp.hpz), invalid_argument, "rank ", rank,
+               ": engine_options: reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined: qgZ's quantized "
+               "gradient sum and qwZ's shard-wise quantization depend on the world size, and hpZ is not yet carried "
+               "through the binned reduction; set one of them");
+    const offload_options& f = o.offload;
+    ZERO_CHECK(f.tier == offload_tier::none || f.tier == offload_tier::host || f.tier == offload_tier::disk,
+               invalid_argument, "rank ", rank, ": engine_options: offload.tier is not an offload_tier value (",
+               static_cast<int>(f.tier), ")");
+    ZERO_CHECK(f.slice_elements > 0 && f.slice_elements % 1024 == 0, invalid_argument, "rank ", rank,
+               ": engine_options: offload.slice_elements must be a positive multiple of 1024 (4 KiB of fp32, the "
+               "unit of direct I/O), got ", f.slice_elements);
+    ZERO_CHECK(f.tier != offload_tier::disk || !f.directory.empty(), invalid_argument, "rank ", rank,
+               ": engine_options: offload to disk needs offload.directory, an existing directory on a local file "
+               "system");
     return o;
   }
   // Runs f, prefixing "rank R: " to the message of a zero::error it throws.
@@ -1310,16 +1696,6 @@ class engine {
   T* element(const buffer<T, system>& b, const unit_layout& ul, std::size_t i) const {
     return b.data() + element_index(ul, i, Sharded, rank_);
   }
-  // The master weights of this rank's shard of a unit, and of the whole unit (unsharded stages).
-  const float* master_shard(const unit_layout& ul) const {
-    const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
-    if constexpr (Prec::separate_master) return element<float, true>(master_, ul, own);
-    else return element<param_type, P::shards_parameters>(params_, ul, own);
-  }
-  const float* master_full(const unit_layout& ul) const {
-    if constexpr (Prec::separate_master) return master_.data() + ul.offset;
-    else return params_.data() + ul.offset;
-  }
 
   void state_check(unit_id u) const {
     ZERO_CHECK(u.index < units_.size(), invalid_argument, "rank ", rank_, ": unit index ", u.index,
@@ -1331,29 +1707,146 @@ class engine {
                " of elements [", r.begin, ", ", r.end, ") outside the held range [", held.begin, ", ", held.end, ")");
     return layout_.unit(u);
   }
-  // The master weight of unit-local element i, which this rank must hold.
-  float* master_element(const unit_layout& ul, std::size_t i) const {
-    if constexpr (Prec::separate_master) return element<float, P::shards_optimizer_states>(master_, ul, i);
-    else return element<param_type, P::shards_parameters>(params_, ul, i);
+  // Where the state arrays (master weights, slots: store_) keep unit-local element i, which this
+  // rank must hold; and the parameter and gradient of element i in the system's memory.
+  std::size_t state_index(const unit_layout& ul, std::size_t i) const {
+    return element_index(ul, i, P::shards_optimizer_states, rank_);
   }
-
-  // The optimizer over the elements of unit u this rank updates: its owned, unpadded slice, or the
-  // whole unit when optimizer states are replicated. The gradient is the rank-ordered sum divided by
-  // N x loss scale, then multiplied by the clipping coefficient when clipping applies.
-  void update_unit(unit_id u, const typename Opt::step_constants& c, float divisor, float coef) {
+  param_type* param_element(const unit_layout& ul, std::size_t i) const {
+    return element<param_type, P::shards_parameters>(params_, ul, i);
+  }
+  static constexpr int slot_array(int k) { return master_arrays + k; }
+  // The rank's held state per unit in the state arrays' index space: [begin, end) of its owned
+  // (padded) slice, or of the whole unit where states are replicated. Units follow each other.
+  range state_span(unit_id u) const {
     const unit_layout& ul = layout_.unit(u);
-    const range r = P::shards_optimizer_states ? layout_.owned_real(u, rank_) : range{0, ul.numel};
-    if (r.empty()) return;
-    constexpr bool os = P::shards_optimizer_states;
-    param_type* p = element<param_type, P::shards_parameters>(params_, ul, r.begin);
-    float* w = master_element(ul, r.begin);
+    const range held = P::shards_optimizer_states ? layout_.owned(u, rank_) : range{0, ul.padded};
+    const std::size_t b = state_index(ul, held.begin);
+    return {b, b + held.size()};
+  }
+  // The unit-local elements the optimizer updates: the owned, unpadded slice, or the whole unit.
+  range update_range(unit_id u) const {
+    return P::shards_optimizer_states ? layout_.owned_real(u, rank_) : range{0, layout_.unit(u).numel};
+  }
+  std::size_t held_real_elements() const {
+    std::size_t n = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u) n += update_range(unit_id{u}).size();
+    return n;
+  }
+  bool on_disk() const { return options_.offload.tier == offload_tier::disk; }
+
+  // The optimizer over elements [i, i + n) of unit u (within update_range(u)), whose master weights
+  // and slots are at `arrays` (the state arrays' slice that holds them, element i first): in the
+  // system's memory (no offload), or in host memory. The gradient is the rank-ordered sum divided by
+  // N x loss scale, then multiplied by the clipping coefficient when clipping applies; the same rule
+  // whichever memory runs it, so offloading changes no bit.
+  void update_segment(unit_id u, std::size_t i, std::size_t n, float* const* arrays,
+                      const typename Opt::step_constants& c, float divisor, float coef) {
+    const unit_layout& ul = layout_.unit(u);
+    param_type* p = param_element(ul, i);
     float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
-    for (int k = 0; k < Opt::slots; ++k) st[k] = element<float, os>(states_[k], ul, r.begin);
+    for (int k = 0; k < Opt::slots; ++k) st[k] = arrays[slot_array(k)];
     with_grad_store([&](const auto& store) {
       using T = std::remove_pointer_t<decltype(store.data())>;
-      const T* g = store.data() + element_index(ul, r.begin, grads_sharded(), rank_);
-      elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, r.size());
+      const T* g = store.data() + element_index(ul, i, grads_sharded(), rank_);
+      if (!store_.offloaded()) {
+        float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
+        elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
+      } else if constexpr (host_memory_system) {
+        // Host memory all of it: the host loop updates in place.
+        float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
+        elementwise::update<Opt>(offload::host_loop{}, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
+      } else {
+        // A device system: the gradients come to host memory, the host loop updates, and the new
+        // parameters (the weights themselves in fp32) go back.
+        staged_update(g, p, n, arrays, st, c, divisor, coef);
+      }
     });
+  }
+  template <class T>
+  void staged_update(const T* g, param_type* p, std::size_t n, float* const* arrays, float* const* st,
+                     const typename Opt::step_constants& c, float divisor, float coef) {
+    const std::size_t gb = n * sizeof(T), pb = n * sizeof(param_type);
+    if (stage_g_.bytes() < gb) {
+      store_.add_staging(gb - stage_g_.bytes());
+      stage_g_ = offload::host_block<system>(gb);
+    }
+    if (stage_p_.bytes() < pb) {
+      store_.add_staging(pb - stage_p_.bytes());
+      stage_p_ = offload::host_block<system>(pb);
+    }
+    sys_.copy_to_host(stage_g_.data(), g, gb);
+    auto* hp = static_cast<param_type*>(stage_p_.data());
+    if constexpr (Prec::separate_master) {
+      store_.count_transfer(gb, pb);
+      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef, arrays[0],
+                               st, hp, n);
+    } else {
+      sys_.copy_to_host(hp, p, pb);  // the fp32 weights are the parameters
+      store_.count_transfer(gb + pb, pb);
+      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
+                               reinterpret_cast<float*>(hp), st, static_cast<param_type*>(nullptr), n);
+    }
+    sys_.copy_from_host(p, hp, pb);
+  }
+
+  // Offloaded master weights into the parameters after a load: slice by slice from the tier, cast
+  // on the host, copied into the system's memory (the host loop's cast rule, the device's bits).
+  void cast_master_into_params() {
+    if (!store_.offloaded()) {
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const unit_layout& ul = layout_.unit(unit_id{u});
+        const range r = held_range(unit_id{u});
+        sys_.for_each(r.size(), elementwise::cast_rule{}, elementwise::out(param_element(ul, r.begin)),
+                      elementwise::in(static_cast<const float*>(store_.data(0) + state_index(ul, r.begin))));
+      }
+      return;
+    }
+    std::vector<param_type> cast;
+    for_each_held_segment([&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+      cast.resize(n);
+      offload::host_loop::for_each(n, elementwise::cast_rule{}, elementwise::out(cast.data()),
+                                   elementwise::in(static_cast<const float*>(arrays[0])));
+      sys_.copy_from_host(param_element(layout_.unit(u), i), cast.data(), n * sizeof(param_type));
+    }, false);
+  }
+
+  // Calls f(u, i, n, arrays) for the elements [i, i + n) of unit u that the store's slices hold, in
+  // order: every held element (held_range), arrays pointing at element i of each state array. Each
+  // unit's segments end before the next unit's begin; `done(u)` is called once per unit in unit
+  // order, as soon as its last segment is through (with its slice not yet written back).
+  template <class F, class Done>
+  void for_each_held_segment(F f, bool write_back, Done done) {
+    std::size_t next = 0;  // the first unit not yet done
+    store_.stream(
+        [&](std::size_t begin, std::size_t end, float* const* arrays) {
+          for (std::size_t u = next; u < units_.size(); ++u) {
+            const range span = state_span(unit_id{u});
+            if (span.begin >= end) break;
+            const range r = update_range(unit_id{u});
+            const unit_layout& ul = layout_.unit(unit_id{u});
+            if (!r.empty()) {
+              const std::size_t s0 = state_index(ul, r.begin);
+              const std::size_t lo = std::max(s0, begin), hi = std::min(s0 + r.size(), end);
+              if (lo < hi) {
+                float* at[offload::state_store<system>::max_arrays] = {};
+                for (int a = 0; a < state_arrays; ++a) at[a] = arrays[a] + (lo - begin);
+                f(unit_id{u}, r.begin + (lo - s0), hi - lo, at);
+              }
+            }
+            if (span.end <= end && next == u) {
+              done(unit_id{u});
+              next = u + 1;
+            }
+          }
+        },
+        write_back);
+    // Units with nothing held (none here: every unit has a span) are done at the end, in order.
+    for (; next < units_.size(); ++next) done(unit_id{next});
+  }
+  template <class F>
+  void for_each_held_segment(F f, bool write_back) {
+    for_each_held_segment(f, write_back, [](unit_id) {});
   }
 
   // Stores initial values of the unit-local elements r (values[i] is element r.begin + i) into
@@ -1377,18 +1870,19 @@ class engine {
       }
     };
     put(params_, P::shards_parameters);
-    if constexpr (Prec::separate_master) put(master_, P::shards_optimizer_states);
-  }
-
-  // The one post-update all-gather (gathers_parameters_after_update: stages 1-2): every rank's
-  // parameter slice, written from its master weights, to every rank, in place. Counted on `via`:
-  // the protocol's counter after a step, the set-up counter after an initialization or a load.
-  void gather_replicated_params(comm::counted<Comm>& via, const char* phase) {
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      const unit_layout& ul = layout_.unit(unit_id{u});
-      param_type* p = params_.data() + ul.offset;
-      const auto l = label(phase, unit_id{u});
-      via.all_gather(element<param_type, false>(params_, ul, static_cast<std::size_t>(rank_) * ul.shard), p, ul.shard);
+    if constexpr (Prec::separate_master) {
+      const range seg = P::shards_optimizer_states ? intersect(r, own) : r;
+      if (!seg.empty()) store_.write(sys_, 0, state_index(ul, seg.begin), seg.size(), values + (seg.begin - r.begin));
+    }
+    if constexpr (P::shards_parameters) {
+      // A persistent unit's whole copy takes every value given; a rank given only its own slice (the
+      // range form) gathers the rest afterwards (refresh_whole_parameters).
+      if (persistent(u) && !r.empty()) {
+        std::vector<param_type> cast(r.size());
+        for (std::size_t i = 0; i < r.size(); ++i) cast[i] = static_cast<param_type>(values[i]);
+        sys_.copy_from_host(persistent_.data() + persistent_at_[u.index] + r.begin, cast.data(),
+                            r.size() * sizeof(param_type));
+      }
     }
   }
 
@@ -1461,13 +1955,25 @@ class engine {
   // Unit u's master weights, unpadded, into host memory at out (all-gathered where sharded).
   void copy_full_params(unit_id u, float* out) {
     const unit_layout& ul = layout_.unit(u);
+    const std::size_t own = static_cast<std::size_t>(rank_) * ul.shard;
     if constexpr (P::shards_optimizer_states) {
       buffer<float, system> full(ul.padded, mem_category::transient, acct_);
-      const auto l = label("full_params", u);
-      other_comm_.all_gather(master_shard(ul), full.data(), ul.shard);
+      if constexpr (Prec::separate_master) {
+        // This rank's master slice into its place in the buffer (from any tier), then in place.
+        std::vector<float> mine(ul.shard);
+        store_.read(sys_, 0, state_index(ul, own), ul.shard, mine.data());
+        sys_.copy_from_host(full.data() + own, mine.data(), ul.shard * sizeof(float));
+        const auto l = label("full_params", u);
+        other_comm_.all_gather(full.data() + own, full.data(), ul.shard);
+      } else {
+        const auto l = label("full_params", u);
+        other_comm_.all_gather(param_element(ul, own), full.data(), ul.shard);
+      }
       sys_.copy_to_host(out, full.data(), ul.numel * sizeof(float));
+    } else if constexpr (Prec::separate_master) {
+      store_.read(sys_, 0, ul.offset, ul.numel, out);
     } else {
-      sys_.copy_to_host(out, master_full(ul), ul.numel * sizeof(float));
+      sys_.copy_to_host(out, params_.data() + ul.offset, ul.numel * sizeof(float));
     }
   }
 
@@ -1488,11 +1994,12 @@ class engine {
       formula::state_sizes z = state_sizes();
       if (options_.reproducible) {
         stage_bytes[static_cast<std::size_t>(s)] =
-            formula::reproducible_model_state_bytes(s, layout_.padded(), layout_.ranks(), z);
+            formula::reproducible_model_state_bytes(s, layout_.padded(), layout_.ranks(), z, s == 3 ? persistent_elems_ : 0);
         continue;
       }
       if (s < 2) z.grad_bytes = sizeof(grad_type);  // fp32 gradient accumulation exists in stages 2-3 only
-      stage_bytes[static_cast<std::size_t>(s)] = formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z);
+      stage_bytes[static_cast<std::size_t>(s)] =
+          formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z, s == 3 ? persistent_elems_ : 0);
     }
     detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m, stage_bytes);
   }
@@ -1503,6 +2010,11 @@ class engine {
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)
   comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
+  // ZeRO++ (engine_options::zeropp): the node's ranks (hpZ's secondary gathers, qgZ's first hop) and
+  // the ranks of this rank's position in every node (qgZ's second hop), split from the backend at
+  // construction; their traffic is protocol traffic (protocol_stats).
+  std::unique_ptr<Comm> node_backend_, cross_backend_;
+  std::optional<comm::counted<Comm>> node_comm_, cross_comm_;
   const model_spec spec_;
   const zero::layout layout_;
   Opt opt_;
@@ -1513,9 +2025,22 @@ class engine {
   buffer<grad_type, system> grads_;
   buffer<float, system> grads32_;      // instead of grads_ under fp32_grad_accumulation and reproducible
   buffer<std::int64_t, system> bins_;  // reproducible: the binned sums (binned::words planes per unit)
-  buffer<float, system> master_;
-  buffer<float, system> states_[Opt::slots > 0 ? Opt::slots : 1];
-  std::vector<unit_state> units_;
+  // The fp32 state arrays: the master weights (when kept apart from the parameters), then one per
+  // optimizer slot, in the offload tier's memory (the system's own without offload). Mutable: a
+  // read of the disk tier counts its bytes.
+  static constexpr int master_arrays = Prec::separate_master ? 1 : 0;
+  static constexpr int state_arrays = master_arrays + Opt::slots;
+  mutable offload::state_store<system> store_;
+  offload::host_block<system> stage_g_, stage_p_;  // a device system's operands of an offloaded update
+  static constexpr bool host_memory_system = requires { requires system::host_addressable; };
+  // Stage 3's persistent units (persist_below_elements): their whole parameters, and where each
+  // unit's copy starts in it (not_persistent: gathered on demand).
+  static constexpr std::size_t not_persistent = static_cast<std::size_t>(-1);
+  buffer<param_type, system> persistent_;
+  std::vector<std::size_t> persistent_at_;
+  std::uint64_t persistent_elems_ = 0;
+  buffer<param_type, system> secondary_;  // hpZ: the parameters partitioned within the node (Psi / node_size)
+  std::vector<unit_state> units_;  // after the buffers: its requests wait before the buffers are freed
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
   bool evaluating_ = false;     // inside an evaluation() scope

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "zero/offload/options.hpp"
+#include "zero/engine/zeropp.hpp"
 #include "zero/precision/loss_scaler.hpp"
 
 namespace zero {
@@ -59,6 +61,22 @@ struct engine_options {
   // the bucket starts when full or at step()). Independent of `overlap`; the same bits. 0: every
   // unit is reduced on its own.
   std::size_t reduce_bucket_elements = 0;
+  // Stage 3: units of at most this many (unpadded) elements keep their gathered parameters between
+  // steps, as stages 1-2 keep all of them: gather(u) is a view, and step() all-gathers their updated
+  // shards once (started as each unit is updated, in flight until its next gather). Small units cost
+  // a latency per gather but few bytes, so this trades p x Psi_p bytes of memory for 2M fewer
+  // gathers of them per step (zero::formula, "persistent"). The same bits. 0: none; other stages:
+  // no effect (their parameters are whole already).
+  std::size_t persist_below_elements = 0;
+
+  // Master weights and optimizer slots in host memory or on disk instead of the system's memory
+  // (ZeRO-Offload / ZeRO-Infinity): the same bits, memory() counts only what stays in the system,
+  // offload() reports the tier's bytes and what moves per step.
+  offload_options offload{};
+
+  // ZeRO++: quantized gathers (qwZ) and reductions (qgZ), a secondary partition within nodes (hpZ),
+  // and the nodes that decide what counts as inter-node traffic (engine/zeropp.hpp). Off by default.
+  zeropp_options zeropp{};
 
   // The same bits at any world size (docs/reproducibility.md): gradients are reduced as exact binned
   // integer sums (three int64 words per element, core/binned.hpp) and rounded once to fp32 at step(),

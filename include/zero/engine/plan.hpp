@@ -50,6 +50,7 @@ struct unit_plan {
   std::string name;
   std::size_t numel = 0, padded = 0, shard = 0;  // elements, as zero::layout places them
   int gathers = 1;                               // unit_spec::gathers: times gathered per pass
+  bool persistent = false;                       // stage 3: kept gathered (engine_options::persist_below_elements)
   std::uint64_t gathered_bytes = 0;              // stage 3: gather(u)'s all-gathered parameters, padded
   std::uint64_t bucket_bytes = 0;                // grads(u)'s transient bucket, padded, where one is used
   std::uint64_t wire_bytes = 0;                  // reproducible: reduce(u)'s binned words, 24 per padded element
@@ -68,10 +69,14 @@ struct unit_plan {
 struct plan_report {
   int stage = 0, ranks = 1;
   std::size_t numel = 0, padded = 0;  // parameters, unpadded and padded (Psi)
+  std::size_t persistent = 0;         // stage 3: padded elements of the persistent units (Psi_p)
   std::vector<unit_plan> units;
 
   // Persistent: allocated by the constructor, held until the engine is destroyed.
   model_state_plan model_states;  // params, grads, master, optimizer_states; = memory().current
+  // engine_options::offload: the master weights and slots in host memory or on disk instead (then
+  // model_states has none of them): = offload().host_bytes + offload().disk_bytes.
+  std::uint64_t offloaded_bytes = 0;
 
   // Transient buffers, allocated and freed inside the protocol's calls.
   std::uint64_t bucket_bytes = 0;    // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
@@ -134,6 +139,10 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   ZERO_CHECK(
       !repro || static_cast<std::uint64_t>(ranks) * static_cast<std::uint64_t>(options.micro_batches) <= (1u << 24),
       invalid_argument, "plan: reproducible averages over N x micro_batches, at most 2^24");
+  ZERO_CHECK(!(options.zeropp.qwz || options.zeropp.qgz || options.zeropp.hpz), invalid_argument,
+             "plan: ZeRO++ (engine_options::zeropp qwz, qgz, hpz) is not planned yet; its traffic per step is "
+             "zero::formula::bytes_per_step (core/link_formulas.hpp), its model states add hpZ's secondary shard "
+             "(formula::hpz_secondary_bytes)");
 
   // The layout alone decides how units split, the same for every stage, so one layout serves them all.
   const layout l = layout::make(spec, ranks);
@@ -144,16 +153,27 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   r.padded = l.padded();
 
   const std::uint64_t full = l.padded(), shard = l.shard_total();
+  // Stage 3's persistent units keep a whole copy of their parameters (the engine's place_persistent_units).
+  auto persists = [&](const unit_layout& ul) {
+    return shards_params && options.persist_below_elements > 0 && ul.numel <= options.persist_below_elements;
+  };
+  for (std::size_t u = 0; u < l.num_units(); ++u)
+    if (persists(l.unit(unit_id{u}))) r.persistent += l.unit(unit_id{u}).padded;
   const std::uint64_t state_elems = shards_states ? shard : full;
   const std::size_t stored_grad_bytes = repro                            ? formula::reproducible_grad_bytes
                                         : options.fp32_grad_accumulation ? sizeof(float)
                                                                          : precision.grad_bytes;
   // Reproducible: the store covers what the rank updates (its slice wherever states are sharded).
   const bool grads_sharded = repro ? shards_states : shards_grads;
-  r.model_states.params = (shards_params ? shard : full) * precision.param_bytes;
+  r.model_states.params = ((shards_params ? shard : full) + r.persistent) * precision.param_bytes;
   r.model_states.grads = (grads_sharded ? shard : full) * stored_grad_bytes;
   r.model_states.master = precision.separate_master ? state_elems * sizeof(float) : 0;
   r.model_states.optimizer_states = static_cast<std::uint64_t>(optimizer.slots) * state_elems * sizeof(float);
+  if (options.offload.tier != offload_tier::none) {
+    const std::size_t arrays = (precision.separate_master ? 1 : 0) + static_cast<std::size_t>(optimizer.slots);
+    r.offloaded_bytes = formula::offloaded_state_bytes(stage, full, ranks, arrays, options.offload.tier == offload_tier::disk);
+    r.model_states.master = r.model_states.optimizer_states = 0;
+  }
 
   // Kernels write a transient bucket (in the gradient type, whatever the store's type) when gradients
   // are sharded or several reduced micro-batches must be added up (engine::uses_bucket).
@@ -165,8 +185,8 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   for (std::size_t u = 0; u < l.num_units(); ++u) {
     const unit_layout& ul = l.unit(unit_id{u});
     const int gathers = spec.units()[u].gathers;
-    unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard, gathers};
-    up.gathered_bytes = shards_params ? ul.padded * precision.param_bytes : 0;
+    unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard, gathers, persists(ul)};
+    up.gathered_bytes = shards_params && !up.persistent ? ul.padded * precision.param_bytes : 0;
     up.bucket_bytes = bucket ? ul.padded * precision.grad_bytes : 0;
     // Reproducible: reduce(u) converts the bucket into words (both held at once), then frees the bucket.
     up.wire_bytes = repro ? ul.padded * formula::reproducible_wire_bytes : 0;
@@ -198,10 +218,10 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
       detail::plan_count(r.step_comm, comm::collective::all_reduce, unit_wire, ranks, per_step);
     } else {
       detail::plan_count(r.step_comm, comm::collective::reduce_scatter, unit_wire, ranks, per_step);
-      if (shards_params)  // gathered `gathers` times in forward and again in backward, in every micro-batch
+      if (shards_params && !up.persistent)  // gathered `gathers` times in forward and in backward, every micro-batch
         detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks,
                            2 * m * static_cast<std::uint64_t>(gathers));
-      else  // stages 1-2: the updated parameter slices to every rank
+      else  // stages 1-2 and stage 3's persistent units: the updated parameter slices to every rank
         detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks);
     }
     r.units.push_back(std::move(up));

@@ -84,6 +84,29 @@ void launch_elementwise(cudaStream_t stream, int multiprocessors, std::size_t n,
   for_each_chunk<Shape>(stream, multiprocessors, n, aligned, elementwise_body<Rule, Ts...>{rule, {ops...}});
 }
 
+// ---- index rules ---------------------------------------------------------------------------------
+
+// Adapts a rule called with the global index (rule(j), the rule holding its arrays, as
+// core/quantize.hpp's rules) to the launcher: each j runs once, on one thread.
+template <class Rule>
+struct index_body {
+  Rule rule;
+  template <int W, int U, bool S>
+  __device__ void apply(std::size_t base, std::size_t step) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int i = 0; i < W; ++i) rule(base + static_cast<std::size_t>(u) * step + static_cast<std::size_t>(i));
+  }
+};
+
+// Runs rule(j) for j in [0, n) on `stream`: the launcher's element path (no vector words: the rule
+// reads its own arrays).
+template <class Rule>
+void launch_indexed(cudaStream_t stream, int multiprocessors, std::size_t n, const Rule& rule) {
+  for_each_chunk(stream, multiprocessors, n, false, index_body<Rule>{rule});
+}
+
 // ---- rank-ordered reductions (the device collectives) ------------------------------------------
 
 // The most ranks whose buffers one reduction kernel addresses through a table in its parameters.

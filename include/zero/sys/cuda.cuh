@@ -45,6 +45,23 @@ struct cuda {
   static void fill_zero(void* p, std::size_t bytes) {
     if (bytes) ZERO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, bound().compute()));
   }
+  // Page-locked host memory (an offload tier's arrays and staging, engine_options::offload): device
+  // copies from and to it run at the link's speed, and asynchronously. Out of pinnable memory is
+  // error_kind::out_of_memory.
+  static constexpr bool host_addressable = false;
+  static void* allocate_pinned(std::size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocHost(&p, bytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(error_kind::out_of_memory, "sys::cuda: cudaMallocHost of ", bytes, " bytes of pinned host memory failed: ",
+           cudaGetErrorString(e));
+    }
+    return p;
+  }
+  static void deallocate_pinned(void* p) noexcept {
+    if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+  }
   // Any direction (host or device on either side); complete when it returns.
   static void copy(void* dst, const void* src, std::size_t bytes) { copy_on(bound(), dst, src, bytes); }
 
@@ -67,6 +84,13 @@ struct cuda {
   void for_each(std::size_t n, const Rule& rule, elementwise::operand<Ts>... ops) const {
     gpu::context& x = context();
     gpu::launch_elementwise(x.compute(), x.multiprocessors(), n, rule, ops...);
+  }
+  // rule(j) for j in [0, n) (rules that hold their arrays: core/quantize.hpp), one kernel on the
+  // compute stream through the same launcher, one j per thread.
+  template <class Rule>
+  void for_each_index(std::size_t n, const Rule& rule) const {
+    gpu::context& x = context();
+    gpu::launch_indexed(x.compute(), x.multiprocessors(), n, rule);
   }
   template <class G>
   double sum_of_squares(const G* g, std::size_t n, float divisor) const {

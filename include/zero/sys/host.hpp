@@ -17,7 +17,8 @@ namespace zero::sys {
 
 // The system interface the engine uses (sys::cuda mirrors it with device memory, kernels and a
 // stream): allocation, fills and copies within the space and to/from host memory, one element-wise
-// loop (for_each) that runs any rule of core/elementwise.hpp, and the gradient norm's reduction. Host memory is the
+// loop (for_each) that runs any rule of core/elementwise.hpp, an index loop (for_each_index) for
+// rules that own their arrays, and the gradient norm's reduction. Host memory is the
 // host: every call completes before it returns.
 //
 // Optional: `memory_info available() const` (core/memory.hpp), the free memory the engine checks its
@@ -28,6 +29,8 @@ namespace zero::sys {
 // A failed allocation (std::bad_alloc) becomes error_kind::out_of_memory in the engine's buffer.
 struct host {
   static constexpr std::size_t alignment = 64;  // a cache line; also the shard alignment in bytes
+  // Its memory is the host's: the host loop may read and write it directly (an offloaded update).
+  static constexpr bool host_addressable = true;
 
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
@@ -52,6 +55,12 @@ struct host {
   template <class Rule, class... Ts>
   static void for_each(std::size_t n, const Rule& rule, elementwise::operand<Ts>... ops) {
     host_loop::run(n, rule, ops.data...);
+  }
+  // The index loop: rule(j) for j in [0, n), for rules that hold their arrays and read more than
+  // element j of them (core/quantize.hpp: a block's scale, a code's block). In order.
+  template <class Rule>
+  static void for_each_index(std::size_t n, const Rule& rule) {
+    for (std::size_t j = 0; j < n; ++j) rule(j);
   }
   // The gradient norm's reduction (elementwise::square per element).
   // Summed left to right: the engine depends on the order being fixed, not on it being this one.

@@ -8,10 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/call_label.hpp"
@@ -69,7 +71,36 @@ class threads_world {
 
   int size() const { return n_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  std::chrono::microseconds spin() const { return spin_; }
+  std::size_t recorder_capacity() const { return state(0).rec.capacity(); }
   const char* backend() const { return backend_; }
+
+  // ---- sub-worlds (comm::threads::split and its device twin) ----
+  //
+  // The members of one group of a split meet at one object, made by the first member that asks and
+  // handed to each of `members` members (the entry is dropped when the last has taken it). `split` is
+  // the rank's count of splits so far (the same on every rank: a split is a collective), `color` the
+  // group. make() returns the object; world_of(object) its threads_world, which is aborted whenever
+  // this world is (a failed rank ends its peers' waits in every sub-world too). Neither may call
+  // back into this world (its lock is held).
+  template <class T, class Make, class WorldOf>
+  std::shared_ptr<T> meet(std::uint64_t split, int color, int members, Make make, WorldOf world_of) {
+    std::lock_guard lk(m_);
+    auto& e = meetings_[{split, color}];
+    if (!e.object) {
+      std::shared_ptr<T> made = make();
+      std::shared_ptr<threads_world> child = world_of(made);
+      children_.push_back(child);
+      if (aborted_.load(std::memory_order_relaxed)) child->abort(reason_);
+      e.object = std::move(made);
+      e.left = members;
+    }
+    std::shared_ptr<T> out = std::static_pointer_cast<T>(e.object);
+    if (--e.left == 0) meetings_.erase({split, color});
+    return out;
+  }
+  // Rank r's splits so far (only r's own thread calls it for r).
+  std::uint64_t next_split(int r) { return state(r).splits++; }
   announcement& slot(int r) { return state(r).a; }
   const flight_recorder& recorder(int r) const { return state(r).rec; }
 
@@ -146,6 +177,7 @@ class threads_world {
     call_label label;
     std::uint64_t seq = 0;         // collectives announced so far
     std::uint64_t rendezvous = 0;  // rendezvous arrived at (only the rank's own thread touches it)
+    std::uint64_t splits = 0;      // sub-worlds formed so far (only the rank's own thread touches it)
     bool departed = false;         // returned from its function (guarded by m_)
     bool failed = false;           // threw out of its function (guarded by m_)
   };
@@ -248,6 +280,9 @@ class threads_world {
       aborted_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
+    // A child never takes its parent's lock, so holding this one while aborting it cannot deadlock.
+    for (auto& w : children_)
+      if (auto c = w.lock()) c->abort(reason);
   }
   // Called with m_ held (reason_ is guarded by it).
   void throw_if_aborted(int rank, coll_kind what) const {
@@ -269,6 +304,12 @@ class threads_world {
   std::atomic<bool> aborted_{false};  // set once, under m_; read without it on the fast path
   std::string reason_;                // guarded by m_
   std::exception_ptr first_failure_;
+  struct meeting {
+    std::shared_ptr<void> object;
+    int left = 0;
+  };
+  std::map<std::pair<std::uint64_t, int>, meeting> meetings_;  // guarded by m_
+  std::vector<std::weak_ptr<threads_world>> children_;         // guarded by m_
 };
 
 // Runs body(rank) on n threads and joins them. A rank that throws aborts the world (its peers' pending
