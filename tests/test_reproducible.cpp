@@ -604,7 +604,7 @@ TEST_CASE("reproducible: persistent units and offloaded states keep the bits; th
     zero::engine_options eo = clipped();
     eo.offload.tier = tier;
     eo.offload.directory = dir.string();
-    eo.offload.slice_elements = 256;
+    eo.offload.slice_elements = 1024;
     auto check = [&](const repro_result& r) {
       CHECK(same_bits(r.params, base.params));
       CHECK(r.offload.tier == tier);

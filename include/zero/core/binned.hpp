@@ -178,6 +178,21 @@ ZERO_HD inline void carry(std::int64_t (&w)[K]) {
 template <class F, int K>
 ZERO_HD inline F round(const std::int64_t (&w)[K], int top);
 
+// q x 2^quantum with `sign` as IEEE bits of F, q the rounded significand: a normal q (2^(precision-1) <=
+// q <= 2^precision) adds the biased exponent, a subnormal (quantum = min_exponent) is q itself, and a
+// result past the largest finite value is infinity.
+template <class F>
+ZERO_HD inline F from_quantum(typename format<F>::bits_type sign, int quantum, std::uint64_t q) {
+  using fmt = format<F>;
+  using U = typename fmt::bits_type;
+  const U inf = ((U{1} << fmt::exponent_bits) - 1) << (fmt::precision - 1);
+  const long long e = static_cast<long long>(quantum) - fmt::min_exponent;
+  if (e >= (1ll << fmt::exponent_bits)) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
+  const std::uint64_t bits = (static_cast<std::uint64_t>(e) << (fmt::precision - 1)) + q;
+  if (bits >= inf) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
+  return __builtin_bit_cast(F, static_cast<U>(sign | static_cast<U>(bits)));
+}
+
 #if defined(__SIZEOF_INT128__) && !defined(__CUDA_ARCH__)
 // The same for K <= 3 words, with the compiler's 128-bit integers (the host's fast path; the tests hold
 // it equal to the limb arithmetic below, which every system runs otherwise).
@@ -208,12 +223,7 @@ inline F round_128(const std::int64_t (&w)[K], int top) {
     const uint128 rest = mag & ((static_cast<uint128>(1) << r) - 1), half = static_cast<uint128>(1) << (r - 1);
     if (rest > half || (rest == half && (q & 1))) ++q;
   }
-  const U inf = ((U{1} << fmt::exponent_bits) - 1) << (fmt::precision - 1);
-  const long long e = static_cast<long long>(quantum) - fmt::min_exponent;
-  if (e >= (1ll << fmt::exponent_bits)) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
-  const std::uint64_t bits = (static_cast<std::uint64_t>(e) << (fmt::precision - 1)) + q;
-  if (bits >= inf) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
-  return __builtin_bit_cast(F, static_cast<U>(sign | static_cast<U>(bits)));
+  return from_quantum<F>(sign, quantum, q);
 }
 #endif
 
@@ -276,14 +286,7 @@ ZERO_HD inline F round_limbs(const std::int64_t (&w)[K], int top) {
     const bool half = ((bits_from(r - 1)) & 1) != 0, sticky = any_below(r - 1);
     if (half && (sticky || (q & 1))) ++q;  // to nearest, ties to even; 2^precision carries into the exponent
   }
-  // q x 2^quantum as IEEE bits: a normal q (2^(precision-1) <= q <= 2^precision) adds the biased exponent,
-  // a subnormal (quantum = min_exponent) is q itself.
-  const U inf = ((U{1} << fmt::exponent_bits) - 1) << (fmt::precision - 1);
-  const long long e = static_cast<long long>(quantum) - fmt::min_exponent;
-  if (e >= (1ll << fmt::exponent_bits)) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
-  const std::uint64_t bits = (static_cast<std::uint64_t>(e) << (fmt::precision - 1)) + q;
-  if (bits >= inf) return __builtin_bit_cast(F, static_cast<U>(sign | inf));
-  return __builtin_bit_cast(F, static_cast<U>(sign | static_cast<U>(bits)));
+  return from_quantum<F>(sign, quantum, q);
 }
 
 template <class F, int K>
