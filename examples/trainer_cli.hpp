@@ -28,14 +28,42 @@
 
 namespace trainer {
 
+// A trainer compiled for one stage, optimizer or precision (ZERO_TRAINER_STAGE, ZERO_TRAINER_OPTIMIZER,
+// ZERO_TRAINER_PRECISION, each optional; the Meson options trainer_stage, trainer_optimizer and
+// trainer_precision, which scripts/demo.sh sets from its flags) instantiates the engine for those
+// alone: one engine per backend instead of 36, a compile of seconds instead of minutes. The flags then
+// default to what was compiled and refuse the rest (dispatch below, compiled_only).
+#ifdef ZERO_TRAINER_STAGE
+inline constexpr int built_stage = ZERO_TRAINER_STAGE;
+#else
+inline constexpr int built_stage = -1;  // every stage
+#endif
+#ifdef ZERO_TRAINER_OPTIMIZER
+inline constexpr std::string_view built_optimizer = ZERO_TRAINER_OPTIMIZER;
+#else
+inline constexpr std::string_view built_optimizer = "";  // every optimizer
+#endif
+#ifdef ZERO_TRAINER_PRECISION
+inline constexpr std::string_view built_precision = ZERO_TRAINER_PRECISION;
+#else
+inline constexpr std::string_view built_precision = "";  // every precision
+#endif
+
+// Whether this build instantiates the engine for stage S, optimizer O and precision P.
+template <class S, class O, class P>
+constexpr bool compiled() {
+  return (built_stage < 0 || S::stage == built_stage) && (built_optimizer.empty() || O::name == built_optimizer) &&
+         (built_precision.empty() || P::name == built_precision);
+}
+
 struct options {
-  int stage = 3, ranks = 4, steps = 200;
+  int stage = built_stage >= 0 ? built_stage : 3, ranks = 4, steps = 200;
   mlp::config model;
-  std::string optimizer = "adamw";
+  std::string optimizer = built_optimizer.empty() ? "adamw" : std::string(built_optimizer);
   float lr = 0.0f;  // 0: the trainer's default for the optimizer (trainer_optimizer)
   bool json = false;
   std::string backend;
-  std::string precision = "fp32";
+  std::string precision = built_precision.empty() ? "fp32" : std::string(built_precision);
   float clip = 0.0f;  // 0: no clipping
   int accum = 1;      // micro-batches per step, each reduced on its own
   int micro_batch = 0;  // --micro-batch: rows per micro-batch (then accum = batch / (ranks x micro_batch)); 0: --accum
@@ -288,10 +316,24 @@ inline std::string zeropp_problem(const options& o, int ranks) {
   return "";
 }
 
+// A flag's check in a build compiled for one value of it (built_*): that value only, naming the build.
+inline CLI::Validator compiled_only(const std::string& flag, const std::string& built) {
+  return CLI::Validator(
+      [flag, built](std::string& value) -> std::string {
+        if (built.empty() || value == built) return "";
+        return "this build of the trainer was compiled for " + flag + " " + built +
+               " only (Meson option trainer_" + flag.substr(2) + "; scripts/demo.sh builds one per choice)";
+      },
+      "");
+}
+
 // The flags every trainer takes (--ranks and --backend are the trainer's own: their meaning depends
 // on the backends it offers).
 inline void add_common_flags(CLI::App& app, options& o) {
-  app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("--stage", o.stage, "ZeRO stage")
+      ->check(CLI::Range(0, 3))
+      ->check(compiled_only("--stage", built_stage >= 0 ? std::to_string(built_stage) : ""))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "training steps (0 with --resume: only reshard, --save or --export it)")
       ->check(CLI::Range(0, 100000000))
       ->capture_default_str();
@@ -304,6 +346,7 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "optimizer")
       ->check(CLI::IsMember(zero::optimizers::names()))
+      ->check(compiled_only("--optimizer", std::string(built_optimizer)))
       ->capture_default_str();
   app.add_option_function<std::string>(
          "--lr", [&o](const std::string& v) { o.lr = float_flag("--lr", v, false); },
@@ -316,6 +359,7 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->default_str(std::to_string(o.model.seed));
   app.add_option("--precision", o.precision, "parameter and gradient precision (bf16/fp16 keep fp32 master weights)")
       ->check(CLI::IsMember(zero::precisions::names()))
+      ->check(compiled_only("--precision", std::string(built_precision)))
       ->capture_default_str();
   app.add_option_function<std::string>(
          "--clip", [&o](const std::string& v) { o.clip = float_flag("--clip", v, true); },
@@ -432,7 +476,8 @@ void dispatch(const options& o, Train&& train) {
   const bool found = zero::stages::visit_first([&]<class S>() { return S::stage == o.stage; }, [&]<class S>() {
     zero::optimizers::visit_first([&]<class O>() { return O::name == o.optimizer; }, [&]<class O>() {
       zero::precisions::visit_first([&]<class Pr>() { return Pr::name == o.precision; }, [&]<class Pr>() {
-        train.template operator()<S, O, Pr>(trainer_optimizer<O>(o));
+        // Only the compiled combinations instantiate the engine; the flags' checks refused the others.
+        if constexpr (compiled<S, O, Pr>()) train.template operator()<S, O, Pr>(trainer_optimizer<O>(o));
       });
     });
   });
