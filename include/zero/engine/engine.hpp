@@ -1246,12 +1246,14 @@ class engine {
   // Stage 3: which units persist (persist_below_elements) and where each one's copy starts.
   void place_persistent_units() {
     persistent_at_.assign(units_.size(), not_persistent);
-    if (!P::shards_parameters || options_.persist_below_elements == 0) return;
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      const unit_layout& ul = layout_.unit(unit_id{u});
-      if (ul.numel > options_.persist_below_elements) continue;
-      persistent_at_[u] = persistent_elems_;
-      persistent_elems_ += ul.padded;
+    if constexpr (P::shards_parameters) {  // (constexpr: elsewhere nvcc warns of an unreachable loop)
+      if (options_.persist_below_elements == 0) return;
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const unit_layout& ul = layout_.unit(unit_id{u});
+        if (ul.numel > options_.persist_below_elements) continue;
+        persistent_at_[u] = persistent_elems_;
+        persistent_elems_ += ul.padded;
+      }
     }
   }
   void complete_parameter_gather(unit_state& s) {
