@@ -1,4 +1,4 @@
-// Bit-exact equivalence: stages 0-3 give identical parameters and optimizer states, equal to a single-process reference.
+// Bit-exact equivalence: stages 0-3 give the parameters and optimizer states of a single-process reference.
 #include <doctest/doctest.h>
 
 #include <cstring>

@@ -1,4 +1,4 @@
-// The doctest main of the GPU suites: skips (exit 77) on a machine without a CUDA device, fails on any other CUDA error.
+// The doctest main of the GPU suites: skips (77) on a machine without a CUDA device, fails on other CUDA errors.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
