@@ -149,9 +149,9 @@ class host_block {
 //   host: host memory (pinned where System can), in the report's host_bytes;
 //   disk: one anonymous state_file per rank, one region per array, streamed through up to three sets
 //         of slice buffers (staging_bytes) by one I/O thread; every slice written carries a checksum
-//         (XXH3, computed as it is written, kept in host memory: checksum_bytes) that is checked when
-//         it is read back, so an overwritten, truncated or re-extended file is an io error naming the
-//         rank, the file, the array and the slice, never different parameters.
+//         (XXH3, computed as it is handed to the writer, kept in host memory: checksum_bytes) that is
+//         checked when it is read back, so an overwritten, truncated or re-extended file is an io
+//         error naming the rank, the file, the array and the slice, never different parameters.
 // The host memory of the host and disk tiers is counted in the engine's accounting under
 // mem_category::offload (and so held to memory_limit_bytes) where host memory is the system's own
 // (System::host_addressable: the CPU systems); a device system's budget is its device memory, and
@@ -290,9 +290,19 @@ class state_store {
         worker_->wait(read_done[k]);
         float* at[max_arrays] = {};
         for (int a = 0; a < arrays_; ++a) at[a] = set_of(k).floats() + static_cast<std::size_t>(a) * slice_;
+        // The checksums are computed here, not on the I/O thread: the rank would otherwise wait for
+        // them, since the thread's reads are what the step waits on; here they overlap its next I/O.
+        for (int a = 0; a < arrays_; ++a) verify_slice(a, k, reinterpret_cast<const char*>(at[a]));
         const std::size_t begin = k * slice_, end = std::min(elements_, begin + slice_);
         f(begin, end, at);
-        if (write_back) worker_->submit([this, k, &set_of] { move_slice(k, set_of(k), true); });
+        if (write_back) {
+          std::array<std::uint64_t, max_arrays> written{};
+          for (int a = 0; a < arrays_; ++a) written[a] = slice_hash(at[a], slice_bytes(k));
+          worker_->submit([this, k, written, &set_of] {
+            move_slice(k, set_of(k), true);
+            for (int a = 0; a < arrays_; ++a) hashes_[hash_index(a, k)] = written[a];
+          });
+        }
         // The set of slice k + 2 is that of slice k - 1, whose write was queued before: the worker
         // runs jobs in order, so the read starts after the write has finished.
         if (k + 2 < slices) queue_read(k + 2);
@@ -348,6 +358,11 @@ class state_store {
       return;
     }
     file_->read(static_cast<std::size_t>(a), begin, buf, bytes);
+    verify_slice(a, k, buf);
+  }
+  // Throws when slice k of array a, as read into buf, is not what was written there.
+  void verify_slice(int a, std::size_t k, const char* buf) {
+    const std::size_t begin = k * slice_ * sizeof(float), bytes = slice_bytes(k);
     const std::uint64_t h = slice_hash(buf, bytes), want = hashes_[hash_index(a, k)];
     if (h != want) {
       file_->check();  // a truncation names itself
@@ -359,10 +374,15 @@ class state_store {
            "states are lost: load the last checkpoint into a new engine");
     }
   }
-  // Slice k of every array between the file and a staging set (the I/O thread's job).
+  // Slice k of every array between the file and a staging set (the I/O thread's job; stream()
+  // checks and computes the checksums).
   void move_slice(std::size_t k, host_block<System>& set, bool writing) {
-    for (int a = 0; a < arrays_; ++a)
-      transfer_slice(a, k, reinterpret_cast<char*>(set.floats() + static_cast<std::size_t>(a) * slice_), writing);
+    const std::size_t begin = k * slice_ * sizeof(float), bytes = slice_bytes(k);
+    for (int a = 0; a < arrays_; ++a) {
+      char* buf = reinterpret_cast<char*>(set.floats() + static_cast<std::size_t>(a) * slice_);
+      if (writing) file_->write(static_cast<std::size_t>(a), begin, buf, bytes);
+      else file_->read(static_cast<std::size_t>(a), begin, buf, bytes);
+    }
     (writing ? report_.total.disk_written : report_.total.disk_read) +=
         static_cast<std::uint64_t>(arrays_) * slice_bytes(k);
   }
