@@ -105,11 +105,11 @@ fi
 # anonymous file in the directory, which has no entry), so the kill lands mid-run, not after it.
 # killed_run SIGNAL LABEL "TRAIN_MLP FLAGS" [LAUNCHER...]
 killed_run() {
-  local sig=$1 label=$2 flags=$3; shift 3
+  local sig=$1 label=$2 rank_flags=$3; shift 3
   local d="$dir/killed-$label" log="$dir/killed-$label.log"
   mkdir "$d"
   # shellcheck disable=SC2086
-  "$@" "$train_mlp" $flags --batch 8 --steps 1000000 --layers 3 --hidden 64 --in 96 --offload disk \
+  "$@" "$train_mlp" $rank_flags --batch 8 --steps 1000000 --layers 3 --hidden 64 --in 96 --offload disk \
     --offload-dir "$d" --offload-slice 1024 --log "$log" >/dev/null 2>&1 &
   running=$!
   for _ in $(seq 600); do [ -s "$log" ] && break; sleep 0.1; done
