@@ -213,11 +213,13 @@ class state_store {
                                              o.direct_io);
         worker_ = std::make_unique<io_worker>();
         // The file starts as zeros: each slice's checksum is that of its zero bytes (the staging sets
-        // are zero-filled). Only the last slice may be shorter.
+        // are zero-filled), hashed once for every whole slice and once for the last, which may be shorter.
         hashes_.resize(static_cast<std::size_t>(arrays) * slices_);
-        for (std::size_t k = 0; k < slices_; ++k) {
-          const std::uint64_t h = slice_hash(staging_[0].data(), slice_bytes(k));
-          for (int a = 0; a < arrays; ++a) hashes_[hash_index(a, k)] = h;
+        if (slices_ > 0) {
+          const std::uint64_t whole = slice_hash(staging_[0].data(), slice_bytes(0));
+          const std::uint64_t last = slice_hash(staging_[0].data(), slice_bytes(slices_ - 1));
+          for (std::size_t k = 0; k < slices_; ++k)
+            for (int a = 0; a < arrays; ++a) hashes_[hash_index(a, k)] = k + 1 == slices_ ? last : whole;
         }
         report_.disk_bytes = file_->bytes();
         report_.file = file_->name();
