@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # train_mlp --offload host|disk: the param_hash of no offload at every stage; the tier's bytes and the
 # bytes moved per step equal their formulas; a --state-memory-limit below the model states is refused
-# without offload and trains with the disk tier; a disk too small for the tier is refused at start,
-# naming the file (in a private mount namespace with a small tmpfs, where the machine allows one).
+# without offload (the message naming the disk tier, which would fit) and trains with the disk tier,
+# whose slice buffers count within the limit; a disk too small for the tier is refused at start,
+# naming the directory (in a private mount namespace with a small tmpfs, where the machine allows one);
+# the offload directory holds no entry while a run lives, and none after SIGKILL or SIGTERM (threads,
+# and mpirun -np 2 where MPI is built).
 # Usage: train_mlp_offload.sh TRAIN_MLP
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
 dir=$e2e_work/offload
 mkdir "$dir"
+running=""  # a killed run still alive when the script ends (killed_run below)
+e2e_cleanup() { [ -z "$running" ] || kill -9 "$running" 2>/dev/null || true; }
 common=(--json --ranks 2 --batch 8 --steps 4 --layers 3 --hidden 64 --in 96 --clip 1)
 
 # Prints the hash; with an offload, checks its formulas and the tier it names.
@@ -56,17 +61,25 @@ done
 big=(--json --ranks 2 --batch 8 --steps 4 --layers 16 --hidden 96 --in 96 --clip 1 --stage 3 --precision bf16)
 run want none "${big[@]}"
 e2e_json states model_state_bytes_per_rank int
-e2e_run "$train_mlp" "${big[@]}" --offload disk --offload-dir "$dir" --overlap off
+# Slices of 1024 elements: the tier's slice buffers (counted within the limit) stay small.
+e2e_run "$train_mlp" "${big[@]}" --offload disk --offload-dir "$dir" --offload-slice 1024 --overlap off
 e2e_filter limit int python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read().strip().splitlines()[-1])
-print(j["model_state_bytes_per_rank"] + j["transient_peak_bytes_per_rank"])'
+assert 0 < j["offload_staging_bytes"] < j["offload_memory_bytes_per_rank"], j  # slice sets and checksums
+print(j["model_state_bytes_per_rank"] + j["transient_peak_bytes_per_rank"] + j["offload_memory_bytes_per_rank"])'
 [ $((limit * 2)) -lt "$states" ] || e2e_fail "the disk tier needs $limit bytes, not well below $states"
 e2e_expect 1 "out of memory" "$train_mlp" "${big[@]}" --state-memory-limit "$limit"
-run got disk "${big[@]}" --state-memory-limit "$limit" --offload disk --offload-dir "$dir"
+grep -Eq "With offload \(engine_options::offload, tier disk: .* bytes of host memory .*offload.slice_elements = 1024\).*which fit" \
+  <<<"$e2e_err" || e2e_fail "the refusal does not name the disk tier that would fit: $e2e_err"
+run got disk "${big[@]}" --state-memory-limit "$limit" --offload disk --offload-dir "$dir" --offload-slice 1024
 e2e_json in_memory model_state_bytes_per_rank int
 echo "model states $states bytes: refused under a limit of $limit; the disk tier keeps $in_memory in memory, param_hash $got"
 e2e_same "$got" "$want" "the disk tier under a limit against no offload"
+# The default slice (2^20 elements) stages this small state whole: that counts, and is refused.
+e2e_expect 1 "out of memory.*offload [0-9]" "$train_mlp" "${big[@]}" --state-memory-limit "$limit" --offload disk \
+  --offload-dir "$dir"
+echo "the default slice stages the small state whole: refused under $limit, naming offload"
 
 # Flags: --offload-dir needs --offload; a slice that is not a multiple of 1024 is refused.
 e2e_run_rc "$train_mlp" --steps 1 --offload-dir "$dir"
@@ -85,11 +98,52 @@ if unshare --mount --propagation private true 2>/dev/null; then
   out=$e2e_out
   case "$out" in
     *"exit 77"*) echo "disk full: skipped (no tmpfs mount here)" ;;
-    *"cannot preallocate"*"offload file '$dir/small/zero-offload-rank"*"No space left on device"*"exit 1"*)
-      echo "disk full: refused at start, naming the file" ;;
+    *"cannot preallocate"*"offload file (anonymous file of rank "*" in '$dir/small')"*"No space left on device"*"exit 1"*)
+      echo "disk full: refused at start, naming the directory" ;;
     *) e2e_fail "a full disk gave: $out" ;;
   esac
 else
   echo "disk full: skipped (no private mount namespace here)"
+fi
+# Killed runs leave nothing: the file never has a name, and the kernel frees it with the process.
+# Each run is killed once its log shows a step (the tier is live: its descriptor is open on an
+# anonymous file in the directory, which has no entry), so the kill lands mid-run, not after it.
+# killed_run SIGNAL LABEL "TRAIN_MLP FLAGS" [LAUNCHER...]
+killed_run() {
+  local sig=$1 label=$2 rank_flags=$3; shift 3
+  local d="$dir/killed-$label" log="$dir/killed-$label.log"
+  mkdir "$d"
+  # shellcheck disable=SC2086
+  "$@" "$train_mlp" $rank_flags --batch 8 --steps 1000000 --layers 3 --hidden 64 --in 96 --offload disk \
+    --offload-dir "$d" --offload-slice 1024 --log "$log" >/dev/null 2>&1 &
+  running=$!
+  for _ in $(seq 600); do [ -s "$log" ] && break; sleep 0.1; done
+  [ -s "$log" ] || e2e_fail "$label: no step logged"
+  [ -z "$(ls -A "$d")" ] || e2e_fail "$label: the offload directory has entries while the run lives: $(ls -la "$d")"
+  # The ranks: the process itself (threads), or mpirun's children (one process per rank).
+  local pids=$running
+  if [ $# -gt 0 ]; then pids=$(ps -o pid= --ppid "$running" | tr -d ' '); fi
+  local live=0
+  for p in $pids; do
+    for fd in /proc/"$p"/fd/*; do
+      case "$(readlink "$fd" 2>/dev/null)" in "$d/"*" (deleted)") live=$((live + 1)) ;; esac
+    done
+  done
+  [ "$live" -ge 1 ] || e2e_fail "$label: no live offload file found in $pids"
+  kill "-$sig" "$(echo "$pids" | tail -n1)"  # under MPI one rank: mpirun then ends the others
+  wait "$running" 2>/dev/null || true
+  running=""
+  [ -z "$(ls -A "$d")" ] || e2e_fail "$label: SIG$sig left files: $(ls -la "$d")"
+  echo "SIG$sig ($label) mid-run: $live live anonymous file(s), nothing left in the directory"
+}
+killed_run KILL threads "--ranks 2"
+killed_run TERM threads-term "--ranks 2"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi=(mpirun -np 2 --oversubscribe)
+if command -v mpirun >/dev/null &&
+   "${mpi[@]}" "$train_mlp" --backend mpi --steps 1 --batch 8 --layers 1 --hidden 8 --in 8 >/dev/null 2>&1; then
+  killed_run KILL mpi "--backend mpi" "${mpi[@]}"
+else
+  echo "SIGKILL under MPI: skipped (no mpirun, or train_mlp built without MPI)"
 fi
 echo "PASS"
