@@ -25,6 +25,7 @@
 #include "zero/concepts/partitioner.hpp"
 #include "zero/concepts/precision_policy.hpp"
 #include "zero/core/binned.hpp"
+#include "zero/core/checked.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/fp.hpp"
@@ -81,7 +82,6 @@ class engine {
         scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
         rank_(comm.rank()),
         units_(spec.num_units()) {
-    check_settings_agree();  // before anything depends on them: every rank's options and optimizer
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
     if (options_.reproducible) check_reproducible();
     check_zeropp();
@@ -98,6 +98,7 @@ class engine {
     check_memory(model_state_plan{(param_elems + persistent_elems_ + secondary_elements()) * sizeof(param_type),
                                   grad_elems * grad_bytes, Prec::separate_master ? in_system * sizeof(float) : 0,
                                   static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float)});
+    check_settings_agree();  // every rank's options and optimizer, before the model states are allocated
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
     if (persistent_elems_ > 0) persistent_ = buffer<param_type, system>(persistent_elems_, mem_category::params, acct_);
     if (zpp().hpz) secondary_ = buffer<param_type, system>(secondary_elements(), mem_category::params, acct_);
@@ -226,7 +227,8 @@ class engine {
     unit_state& s = state(u, "gather");
     ZERO_CHECK(!s.gathered, protocol, where(u), "gather of a unit that is already gathered; release it first");
     if (!evaluating_) {
-      const int declared = spec_.units()[u.index].gathers, limit = 2 * declared * options_.micro_batches;
+      const int declared = spec_.units()[u.index].gathers;  // both ints: the product in 64 bits
+      const std::int64_t limit = std::int64_t{2} * declared * options_.micro_batches;
       ZERO_CHECK(s.step_gathers < limit, protocol, where(u), "gathered ", s.step_gathers + 1,
                  " times in this step, but it is declared to be gathered ", declared,
                  " time(s) per pass: at most 2 passes x ", declared, " x ", options_.micro_batches,
@@ -629,7 +631,10 @@ class engine {
     std::uint64_t n = 0;
     for (std::size_t u = 0; u < units_.size(); ++u)
       if (!persistent(unit_id{u}))
-        n += static_cast<std::uint64_t>(spec_.units()[u].gathers - 1) * layout_.unit(unit_id{u}).padded;
+        n = add_or_fail(n,
+                        mul_or_fail(static_cast<std::uint64_t>(spec_.units()[u].gathers - 1),
+                                    std::uint64_t{layout_.unit(unit_id{u}).padded}, "formula: extra gathered elements"),
+                        "formula: extra gathered elements");
     return n;
   }
   // Stage 3: whether unit u keeps its gathered parameters between steps (persist_below_elements),
@@ -1978,7 +1983,6 @@ class engine {
     const std::string d = detail::disagreement(all, gather_words(all.words(), "settings check"), layout_.ranks());
     ZERO_CHECK(d.empty(), invalid_argument, "rank ", rank_, ": engine: the ranks' settings differ: ", d,
                " (every rank must build its engine with the same engine_options and optimizer hyper-parameters)");
-    if (separate_agreement_check()) agreement_wire_.reset(static_cast<double*>(system::allocate(sizeof fingerprint_)));
   }
   void fingerprint_optimizer() {
     optimizer_hash_ = detail::hash_of(detail::optimizer_settings(opt_));
@@ -1991,17 +1995,21 @@ class engine {
   void start_agreement_check() {
     if (agreement_started_ || !separate_agreement_check()) return;
     agreement_started_ = true;
-    sys_.copy_from_host(agreement_wire_.get(), fingerprint_.data(), sizeof fingerprint_);
+    double* wire = agreement_host_.data();  // host memory, or a wire taken from the system once
+    if constexpr (!host_memory_system) {
+      if (!agreement_wire_) agreement_wire_.reset(static_cast<double*>(system::allocate(sizeof fingerprint_)));
+      wire = agreement_wire_.get();
+    }
+    sys_.copy_from_host(wire, fingerprint_.data(), sizeof fingerprint_);
     const comm::scoped_label<Comm> l(comm_.inner(), "settings check");
-    agreement_request_ = control_comm_.start_all_reduce(agreement_wire_.get(), agreement_wire_.get(),
-                                                        fingerprint_.size(), reduce_op::sum);
+    agreement_request_ = control_comm_.start_all_reduce(wire, wire, fingerprint_.size(), reduce_op::sum);
   }
   void finish_agreement_check() {
     if (!agreement_started_) return;
     agreement_started_ = false;
     control_comm_.wait(agreement_request_);
     std::array<double, detail::fingerprint_words> sums{};
-    sys_.copy_to_host(sums.data(), agreement_wire_.get(), sizeof sums);
+    sys_.copy_to_host(sums.data(), host_memory_system ? agreement_host_.data() : agreement_wire_.get(), sizeof sums);
     if (!detail::fingerprints_agree(fingerprint_.data(), sums.data(), layout_.ranks())) optimizers_disagree();
   }
   // Reached by every rank of a step whose fingerprints differ (they all see the same sums): gathers
@@ -2013,11 +2021,18 @@ class engine {
          "; set_optimizer() and set_learning_rate() must make the same change on every rank (no rank applied this "
          "step's update)");
   }
-  // Every rank's words in rank order, all-gathered on the backend itself through the system's memory,
-  // outside comm() and memory(): construction and failure paths only.
+  // Every rank's words in rank order, all-gathered on the backend itself (through the system's memory
+  // where it is not host memory), outside comm() and memory(): construction and failure paths only.
   std::vector<std::uint64_t> gather_words(const std::vector<std::uint64_t>& mine, const char* phase) {
     const std::size_t n = mine.size(), me = static_cast<std::size_t>(rank_);
     std::vector<std::uint64_t> all(n * static_cast<std::size_t>(layout_.ranks()));
+    if constexpr (host_memory_system) {
+      std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(me * n));
+      auto* words = reinterpret_cast<std::int64_t*>(all.data());  // the signed view of the same words
+      const comm::scoped_label<Comm> l(comm_.inner(), phase);
+      comm_.inner().all_gather(words + me * n, words, n);
+      return all;
+    }
     const std::size_t bytes = all.size() * sizeof(std::int64_t);
     const std::unique_ptr<std::int64_t, system_free> wire(static_cast<std::int64_t*>(system::allocate(bytes)),
                                                           system_free{bytes});
@@ -2155,6 +2170,7 @@ class engine {
   // request (declared after the wire: destroyed, and so waited for, first).
   std::uint64_t optimizer_hash_ = 0;
   std::array<double, detail::fingerprint_words> fingerprint_{};
+  std::array<double, detail::fingerprint_words> agreement_host_{};
   std::unique_ptr<double, system_free> agreement_wire_{nullptr, system_free{sizeof(fingerprint_)}};
   request agreement_request_{};
   bool agreement_started_ = false;
