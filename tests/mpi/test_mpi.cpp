@@ -470,7 +470,8 @@ std::string diverging_rate(mpi& comm, float clip) {
 
 }  // namespace
 
-TEST_CASE("comm::mpi: a learning rate changed on one rank only ends in an error on every rank, naming lr and the rank") {
+TEST_CASE(
+    "comm::mpi: a learning rate changed on one rank only ends in an error on every rank, naming lr and the rank") {
   const std::string odd = "0.5 on rank " + std::to_string(world_size() - 1);
   zero::stages::for_each([&]<class Stage>() {
     for (float clip : {0.0f, 1.0f}) {  // the fingerprint's own all-reduce, or the norm's

@@ -2120,7 +2120,7 @@ class engine {
   system sys_;              // where the buffers live and the element-wise loops run
   comm::counted<Comm> comm_;        // the protocol's traffic, what the formulas count
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
-  comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)
+  comm::counted<Comm> control_comm_;  // the step's norm all-reduce and the optimizer's fingerprint
   comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
   // ZeRO++ (engine_options::zeropp): the node's ranks (hpZ's secondary gathers, qgZ's first hop) and
   // the ranks of this rank's position in every node (qgZ's second hop), split from the backend at

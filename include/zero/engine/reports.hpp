@@ -34,7 +34,7 @@ struct comm_report {
   comm::comm_stats protocol;   // gather/reduce/step traffic since construction
   comm::comm_stats last_step;  // that traffic during the last completed step (gather .. step)
   comm::comm_stats other;      // initialisation broadcasts, full_params() gathers: outside any step
-  comm::comm_stats control;    // the step's one scalar all-reduce (gradient norm and overflow flag)
+  comm::comm_stats control;    // the step's norm all-reduce and the optimizer's fingerprint (agreement.hpp)
   std::uint64_t steps = 0;     // step() calls, skipped ones included
   comm::comm_stats evaluation;  // gathers inside engine::evaluation() scopes, since construction: in no step
 };
