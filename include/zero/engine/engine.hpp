@@ -203,12 +203,14 @@ class engine {
   // ---- the protocol --------------------------------------------------------------------------
   //
   // Which calls are collectives (every rank must make them, in the same order):
+  //   the constructor     at N > 1 (the all-gather of the settings, agreement.hpp)
   //   gather(u)           stage 3 only (an all-gather of the unit); a local view in stages 0-2
   //   release(u)          never
   //   grads(u)            never
-  //   reduce(u)           every stage (all-reduce in stage 0, reduce-scatter in 1-3)
+  //   reduce(u)           every stage (all-reduce in stage 0, reduce-scatter in 1-3); the step's first
+  //                       also starts the fingerprint's all-reduce where step() has no norm all-reduce
   //   step()              stages 1-2 (the all-gather of the updated parameters), and in stages 1-3
-  //                       whenever the gradient norm is computed (one 8-byte all-reduce)
+  //                       whenever the gradient norm is computed (one all-reduce, with the fingerprint)
   //   full_params()       stages 1-3, which shard the master weights (an all-gather per unit)
   //   initialize()        with broadcast_from_rank0 (a broadcast per tensor or chunk); the range form
   //                       with every_rank in stages 1-2 (the parameter all-gather)
