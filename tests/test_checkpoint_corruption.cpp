@@ -215,7 +215,9 @@ TEST_CASE("malformed manifests with a valid checksum are refused by the schema c
       {"no tensors", [](json& j) { j["model"]["units"][1]["tensors"] = json::array(); }},
       {"zero or oversized dimension", [](json& j) { j["model"]["units"][1]["tensors"][0]["shape"] = {0}; }},
       {"zero or oversized dimension",
-       [](json& j) { j["model"]["units"][1]["tensors"][0]["shape"] = {1ull << 40, 1ull << 40}; }},
+       [](json& j) {
+         j["model"]["units"][1]["tensors"][0]["shape"] = {1ull << 40, 1ull << 40};
+       }},
       {"dimensions", [](json& j) { j["model"]["units"][1]["tensors"][0]["shape"] = json::array(); }},
       {"first slot must be", [](json& j) { j["slots"][0] = "weights"; }},
       {"slot names repeat", [](json& j) { j["slots"][2] = "m"; }},
@@ -224,6 +226,16 @@ TEST_CASE("malformed manifests with a valid checksum are refused by the schema c
       {"positive finite", [](json& j) { j["training_state"]["loss_scale"] = -1.0; }},
       {"expected a number", [](json& j) { j["training_state"]["loss_scale"] = nullptr; }},
       {"non-negative integer", [](json& j) { j["training_state"]["step"] = -3; }},
+      // Counters beyond what a run can reach (2^53): refused naming the field, never resumed with a NaN
+      // loss (step) or a wrapped data position (step + skipped_steps).
+      {"training_state.step: 18446744073709551615 is more than a run can reach",
+       [](json& j) { j["training_state"]["step"] = 18446744073709551615ull; }},
+      {"training_state.skipped_steps: 18446744073709551615 is more than",
+       [](json& j) { j["training_state"]["skipped_steps"] = 18446744073709551615ull; }},
+      {"training_state.clean_steps: 9007199254740993 is more than",
+       [](json& j) { j["training_state"]["clean_steps"] = (1ull << 53) + 1; }},
+      {"training_state.skipped_steps: step + skipped_steps = 9007199254740995",
+       [](json& j) { j["training_state"]["skipped_steps"] = 1ull << 53; }},
       {"world_size", [](json& j) { j["saved_by"]["world_size"] = 0; }},
       {"expected a JSON object", [](json& j) { j["optimizer"]["hyper_parameters"] = 3; }},
       {"expected a string", [](json& j) { j["precision"] = 32; }},

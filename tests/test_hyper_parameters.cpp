@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -407,4 +408,94 @@ TEST_CASE("warmup_cosine: warm-up, the cosine, the floor, and its checks") {
   CHECK_THROWS_WITH_AS((zero::warmup_cosine{.peak = std::numeric_limits<float>::quiet_NaN()}.validate()),
                        "warmup_cosine: peak must be finite and >= 0, got nan", zero::error);
   CHECK_THROWS_AS((zero::warmup_cosine{.total = 0}.validate()), zero::error);
+}
+
+namespace {
+
+// Runs `body` on N thread ranks and returns each rank's zero::error message ("" where none).
+std::vector<std::string> errors_of(int n, const std::function<void(zero::comm::threads&)>& body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::mutex mu;
+  zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
+    try {
+      body(comm);
+    } catch (const zero::error& e) {
+      const std::lock_guard<std::mutex> lock(mu);
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  return errors;
+}
+
+// Every rank ended in the agreement error: its own rank, the field, and the odd rank's value.
+void check_every_rank(const std::vector<std::string>& errors, const std::string& field, const std::string& odd) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    CAPTURE(r);
+    CAPTURE(errors[r]);
+    CHECK(errors[r].rfind("rank " + std::to_string(r) + ": ", 0) == 0);
+    CHECK(errors[r].find(field) != std::string::npos);
+    CHECK(errors[r].find(odd) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+// The last rank's clip_norm or micro_batches differ at construction, or its learning rate is changed
+// by set_learning_rate on it alone: every rank ends in an error naming the field and that rank, in
+// every stage and N = 2..4, whether the step's fingerprint rides on the norm's all-reduce (clipping,
+// the reproducible mode's all-gather) or on an all-reduce of its own (stage 0, no norm).
+TEST_CASE_TEMPLATE("ranks whose settings differ end in an error naming the field, on every rank", Stage, zero::stage0,
+                   zero::stage1, zero::stage2, zero::stage3) {
+  using engine = zero::engine<Stage, zero::comm::threads, zero::optim::adamw>;
+  for (int n = 2; n <= 4; ++n) {
+    CAPTURE(n);
+    const std::string odd = "on rank " + std::to_string(n - 1);
+    check_every_rank(errors_of(n,
+                               [&](zero::comm::threads& comm) {
+                                 zero::engine_options o;
+                                 o.clip_norm = comm.rank() == n - 1 ? 0.5f : 1.0f;
+                                 engine e(comm, toy::spec(), {}, o);
+                               }),
+                     "engine_options::clip_norm is 1 on rank 0 but 0.5 " + odd, "");
+    check_every_rank(errors_of(n,
+                               [&](zero::comm::threads& comm) {
+                                 zero::engine_options o;
+                                 o.micro_batches = comm.rank() == n - 1 ? 3 : 2;
+                                 engine e(comm, toy::spec(), {}, o);
+                               }),
+                     "engine_options::micro_batches is 2 on rank 0 but 3 " + odd, "");
+    zero::engine_options clipped, reproducible;
+    clipped.clip_norm = 1.0f;
+    reproducible.reproducible = true;
+    for (const auto& options : {zero::engine_options{}, clipped, reproducible}) {
+      CAPTURE(options.clip_norm);
+      CAPTURE(options.reproducible);
+      const auto errors = errors_of(n, [&](zero::comm::threads& comm) {
+        engine e(comm, toy::spec(), {}, options);
+        e.initialize(toy::initializer());
+        toy::train_step(e, comm.rank(), 0);
+        if (comm.rank() == n - 1) e.set_learning_rate(0.25f);
+        toy::train_step(e, comm.rank(), 1);  // refused before any rank updates
+      });
+      check_every_rank(errors,
+                       "step(): the ranks' optimizer hyper-parameters differ: optim::adamw::lr is 0.001 on "
+                       "rank 0 but 0.25 " +
+                           odd,
+                       "no rank applied");
+    }
+  }
+}
+
+// A change every rank makes is no error, and costs no collective beyond the step's own.
+TEST_CASE("a learning rate set on every rank passes the step's check") {
+  const auto errors = errors_of(3, [](zero::comm::threads& comm) {
+    zero::engine<zero::stage2, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec());
+    e.initialize(toy::initializer());
+    for (int t = 0; t < 3; ++t) {
+      e.set_learning_rate(1e-3f * static_cast<float>(t + 1));
+      toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    }
+    CHECK(e.steps() == 3);
+  });
+  for (const auto& m : errors) CHECK(m.empty());
 }

@@ -421,3 +421,24 @@ TEST_CASE("verify_init = false skips the check: no traffic, and a diverging func
     CHECK(e.comm().other.total_bytes() == 0);
   });
 }
+
+// The check's hash (run_hash64: XXH3, or the word-wise fallback where xxHash is absent): every byte and
+// the length count, and a chained hash depends on the chunks' order.
+TEST_CASE("run_hash64 and its word-wise fallback see every byte, the length and the chaining order") {
+  std::vector<unsigned char> bytes(37);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 29 + 3);
+  using hash_fn = std::uint64_t (*)(const void*, std::size_t, std::uint64_t);
+  const hash_fn run = [](const void* p, std::size_t n, std::uint64_t s) { return zero::run_hash64(p, n, s); };
+  for (const hash_fn hash : {run, &zero::detail::wordwise_hash64}) {
+    const std::uint64_t whole = hash(bytes.data(), bytes.size(), 0);
+    for (std::size_t i = 0; i < bytes.size(); ++i) {  // one bit flipped anywhere, the tail included
+      bytes[i] ^= 1;
+      CHECK(hash(bytes.data(), bytes.size(), 0) != whole);
+      bytes[i] ^= 1;
+    }
+    CHECK(hash(bytes.data(), bytes.size() - 1, 0) != whole);
+    const std::uint64_t ab = hash(bytes.data() + 20, 17, hash(bytes.data(), 20, 0));
+    const std::uint64_t ba = hash(bytes.data(), 20, hash(bytes.data() + 20, 17, 0));
+    CHECK(ab != ba);
+  }
+}

@@ -1,6 +1,9 @@
 // Layout: padding, shard boundaries and alignment, including the edge cases of tiny units and large N.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <string>
+
 #include "zero/zero.hpp"
 
 using zero::layout;
@@ -143,3 +146,41 @@ static_assert(!zero::Partitioner<shards_gradients_only>);
 static_assert(zero::updates_every_element<zero::stage0> && !zero::updates_every_element<zero::stage1>);
 static_assert(zero::gathers_parameters_after_update<zero::stage1> && zero::gathers_parameters_after_update<zero::stage2>);
 static_assert(!zero::gathers_parameters_after_update<zero::stage0> && !zero::gathers_parameters_after_update<zero::stage3>);
+
+TEST_CASE("shapes whose sizes would wrap are refused, naming the unit, the tensor and the shape") {
+  constexpr std::size_t two32 = std::size_t{1} << 32, two63 = std::size_t{1} << 63;
+  model_spec s;
+  // 2^32 x 2^32 wraps size_t to 0; (2^63 + 1) x 2 wraps to 2.
+  CHECK_THROWS_WITH_AS(s.unit("a").tensor("w", {two32, two32}),
+                       doctest::Contains("unit 'a', tensor 'w': shape [4294967296, 4294967296]"), zero::error);
+  CHECK_THROWS_WITH_AS(s.unit("b").tensor("w", {two63 + 1, 2}),
+                       doctest::Contains("shape [9223372036854775809, 2] has more than 2^50"), zero::error);
+  // Each tensor fits, the model does not: the sum is checked too.
+  model_spec sum;
+  sum.unit("c").tensor("w", {model_spec::max_elements});
+  CHECK_THROWS_WITH_AS(sum.unit("d").tensor("v", {1}), doctest::Contains("unit 'd', tensor 'v'"), zero::error);
+  CHECK(sum.numel() == model_spec::max_elements);
+  // The largest model still lays out (the padding is checked, not wrapped), and every byte count of it fits.
+  model_spec largest;
+  largest.unit("c").tensor("w", {model_spec::max_elements});
+  const layout l = layout::make(largest, 1 << 20);
+  CHECK(l.padded() >= model_spec::max_elements);
+  CHECK(l.padded() <= layout::max_padded_elements);
+  CHECK(zero::formula::model_state_bytes(0, l.padded(), 1 << 20, {4, 4, 8}) == 16 * l.padded());
+  // A per-step count that would wrap is refused by the formulas.
+  CHECK_THROWS_WITH_AS(zero::formula::comm_bytes_per_step(3, l.padded(), 1 << 20, 4, 1 << 30),
+                       doctest::Contains("formula"), zero::error);
+}
+
+TEST_CASE("declaring units costs O(1) each: 100k units in well under a second, duplicates still refused") {
+  model_spec s;
+  const auto start = std::chrono::steady_clock::now();
+  for (int u = 0; u < 100000; ++u) s.unit("u" + std::to_string(u)).tensor("w", {2}).tensor("b", {1});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds < 5.0);  // quadratic: 100k units took over a minute
+  CHECK(s.numel() == 300000);
+  CHECK(s.find("u99999").index == 99999);
+  CHECK_THROWS_WITH_AS(s.unit("u5"), doctest::Contains("'u5' is declared twice"), zero::error);
+  CHECK_THROWS_WITH_AS(s.unit("x").tensor("w", {1}).tensor("w", {1}), doctest::Contains("'w' is declared twice"),
+                       zero::error);
+}

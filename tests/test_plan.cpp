@@ -297,3 +297,19 @@ TEST_CASE("plan: the disk tier's host memory, counted in the budget; a small sta
     CHECK(m.peak_total == p.peak_bytes);
   }
 }
+
+TEST_CASE("plan: totals that would wrap 64 bits are refused, not wrapped") {
+  zero::model_spec big;  // the largest model a spec accepts: 2^50 elements
+  big.unit("w").tensor("w", {std::size_t{1} << 25, std::size_t{1} << 25});
+  const auto bf16 = zero::plan_precision_named("bf16");
+  const auto adamw = zero::plan_optimizer_named("adamw");
+  const auto p = zero::plan(big, 2, 3, bf16, adamw);  // fits: about 2^54 bytes of model states
+  CHECK(p.model_states.total() == 16 * p.padded / 2);
+  zero::engine_options o;
+  o.micro_batches = 1 << 30;  // stage 3 gathers 2 x 2^30 times per step: 2^81 bytes
+  CHECK_THROWS_WITH_AS(zero::plan(big, 2, 3, bf16, adamw, o), doctest::Contains("plan: "), zero::error);
+  auto many_slots = adamw;
+  many_slots.slots = 1 << 30;  // 2^30 fp32 slots of 2^50 elements
+  CHECK_THROWS_WITH_AS(zero::plan(big, 2, 0, bf16, many_slots), doctest::Contains("plan: model-state bytes"),
+                       zero::error);
+}

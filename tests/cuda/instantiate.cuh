@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "zero/zero_cuda.cuh"
 
@@ -61,11 +62,17 @@ void every_member(typename E::comm_backend& comm, const zero::model_spec& spec) 
   (void)e.steps();
 }
 
-// Every stage and optimizer of the library's lists on backend Comm in precision Prec.
+// Every stage and every optimizer of the library's lists on backend Comm in precision Prec: each stage
+// with AdamW, and each other optimizer at stage 3. The stages differ in the engine's control code and
+// the optimizers only in the update kernel (the same segment loop in every stage), so this compiles
+// every kernel and every stage's code with half of the 12 engines of the full product, which
+// train_mlp_cuda instantiates anyway (every stage x optimizer x precision on both device backends).
 template <class Comm, class Prec>
 void engines(Comm& comm, const zero::model_spec& spec) {
+  zero::stages::for_each([&]<class S>() { every_member<zero::engine<S, Comm, zero::optim::adamw, Prec>>(comm, spec); });
   zero::optimizers::for_each([&]<class O>() {
-    zero::stages::for_each([&]<class S>() { every_member<zero::engine<S, Comm, O, Prec>>(comm, spec); });
+    if constexpr (!std::is_same_v<O, zero::optim::adamw>)
+      every_member<zero::engine<zero::stage3, Comm, O, Prec>>(comm, spec);
   });
 }
 

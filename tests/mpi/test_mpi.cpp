@@ -278,8 +278,10 @@ TEST_CASE("comm::mpi: in verify mode, reducing equal-size units in different ord
     what = err.what();
   }
   CAPTURE(what);
-  CHECK(what.find("ranks disagree on the collective: rank 0 calls #1 reduce_scatter(float x ") != std::string::npos);
-  CHECK(what.find(", sum) for reduce unit 'b', rank 1 calls #1 reduce_scatter(float x ") != std::string::npos);
+  // #0: the constructor's settings check, #1: the initialization check, #2: the step's fingerprint
+  // (stage 2 without a norm has an all-reduce of its own for it, started by the first reduce).
+  CHECK(what.find("ranks disagree on the collective: rank 0 calls #3 reduce_scatter(float x ") != std::string::npos);
+  CHECK(what.find(", sum) for reduce unit 'b', rank 1 calls #3 reduce_scatter(float x ") != std::string::npos);
   CHECK(what.find(", sum) for reduce unit 'a' (they differ in the label)") != std::string::npos);
   CHECK(all_ranks(!what.empty()));
 }
@@ -433,4 +435,52 @@ TEST_CASE("reproducible: comm::mpi at this N, deterministic and fast modes, equa
     CHECK(reference[i] == reference[i % 2]);  // every stage at N = 1 alike
   }
   CHECK(reference[0] != reference[1]);  // the precisions differ: the hashes mean something
+}
+
+namespace {
+
+// One step of a small model with constant gradients; the last rank changes its learning rate before
+// the second. Returns this rank's zero::error message ("" if none).
+template <class Stage>
+std::string diverging_rate(mpi& comm, float clip) {
+  zero::model_spec s;
+  for (int u = 0; u < 3; ++u) s.unit("u" + std::to_string(u)).tensor("w", {7, 5});
+  zero::engine_options o;
+  o.clip_norm = clip;
+  try {
+    zero::engine<Stage, mpi, zero::optim::adamw> e(comm, s, {}, o);
+    e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, std::span<float> v) {
+      for (auto& x : v) x = 0.25f;
+    });
+    for (int t = 0; t < 2; ++t) {
+      if (t == 1 && comm.rank() == comm.size() - 1) e.set_learning_rate(0.5f);
+      for (std::size_t u = 3; u-- > 0;) {
+        auto p = e.gather(zero::unit_id{u});
+        auto g = e.grads(zero::unit_id{u});
+        for (auto& x : g["w"]) x = 1e-2f;
+        e.reduce(zero::unit_id{u});
+      }
+      e.step();
+    }
+  } catch (const zero::error& x) {
+    return x.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "comm::mpi: a learning rate changed on one rank only ends in an error on every rank, naming lr and the rank") {
+  const std::string odd = "0.5 on rank " + std::to_string(world_size() - 1);
+  zero::stages::for_each([&]<class Stage>() {
+    for (float clip : {0.0f, 1.0f}) {  // the fingerprint's own all-reduce, or the norm's
+      CAPTURE(Stage::stage);
+      CAPTURE(clip);
+      const std::string m = mpi::run([&](mpi& c) { return diverging_rate<Stage>(c, clip); });
+      CAPTURE(m);
+      CHECK(m.find("optim::adamw::lr is 0.001 on rank 0 but " + odd) != std::string::npos);
+      CHECK(all_ranks(!m.empty()));
+    }
+  });
 }

@@ -367,6 +367,18 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     if (hl > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) rd.bad(tw + ".hysteresis_left", "too large");
     m.state.hysteresis_left = static_cast<int>(hl);
     m.state.skipped_steps = rd.u64(ts, "skipped_steps", tw);
+    // Bounded by what a run can reach (training_state::max_steps), so that nothing derived from them
+    // (the bias correction's powers, the data position step + skipped_steps) is inexact or wraps.
+    constexpr std::uint64_t most = training_state::max_steps;
+    for (const auto& [field, value] :
+         {std::pair{"step", m.state.step}, std::pair{"skipped_steps", m.state.skipped_steps},
+          std::pair{"clean_steps", m.state.clean_steps}})
+      if (value > most)
+        rd.bad(tw + "." + field,
+               std::to_string(value) + " is more than a run can reach (2^53 = " + std::to_string(most) + ")");
+    if (m.state.step + m.state.skipped_steps > most)
+      rd.bad(tw + ".skipped_steps", "step + skipped_steps = " + std::to_string(m.state.step + m.state.skipped_steps) +
+                                        " is more than a run can reach (2^53 = " + std::to_string(most) + ")");
 
     const parsed_json& slots = rd.array(j, "slots", "manifest");
     if (slots.empty() || slots.size() > max_slots) rd.bad("manifest.slots", "expected 1 to 64 slot names");

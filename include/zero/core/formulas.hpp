@@ -5,9 +5,17 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zero/core/checked.hpp"
 #include "zero/error.hpp"
 
 namespace zero::formula {
+
+// Products and sums of the equations, refused (invalid_argument) where they would wrap: Psi comes
+// from the model (at most 2^51 padded elements), M and N from the options.
+namespace detail {
+inline std::uint64_t mul(std::uint64_t a, std::uint64_t b) { return mul_or_fail(a, b, "formula"); }
+inline std::uint64_t add(std::uint64_t a, std::uint64_t b) { return add_or_fail(a, b, "formula"); }
+}  // namespace detail
 
 // Bytes per parameter of each model state: p (parameters), g (gradients), K (master weights, if
 // kept apart from the parameters, plus every optimizer slot).
@@ -29,11 +37,16 @@ inline std::uint64_t model_state_bytes(int stage, std::uint64_t psi, int n, stat
   ZERO_CHECK(persistent <= psi, invalid_argument, "formula: persistent elements ", persistent,
              " exceed Psi = ", psi);
   const std::uint64_t per_rank = psi / static_cast<std::uint64_t>(n);
+  using detail::add, detail::mul;
   switch (stage) {
-    case 0: return (s.param_bytes + s.grad_bytes + s.k_bytes) * psi;
-    case 1: return (s.param_bytes + s.grad_bytes) * psi + s.k_bytes * per_rank;
-    case 2: return s.param_bytes * psi + (s.grad_bytes + s.k_bytes) * per_rank;
-    case 3: return (s.param_bytes + s.grad_bytes + s.k_bytes) * per_rank + s.param_bytes * persistent;
+    case 0:
+      return mul(s.param_bytes + s.grad_bytes + s.k_bytes, psi);
+    case 1:
+      return add(mul(s.param_bytes + s.grad_bytes, psi), mul(s.k_bytes, per_rank));
+    case 2:
+      return add(mul(s.param_bytes, psi), mul(s.grad_bytes + s.k_bytes, per_rank));
+    case 3:
+      return add(mul(s.param_bytes + s.grad_bytes + s.k_bytes, per_rank), mul(s.param_bytes, persistent));
   }
   fail(error_kind::invalid_argument, "formula: no ZeRO stage ", stage);
 }
@@ -65,11 +78,14 @@ inline std::uint64_t comm_bytes_per_step(int stage, std::uint64_t psi, int n, st
              " exceed Psi = ", psi);
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
   ZERO_CHECK(micro_batches >= 1, invalid_argument, "formula: micro_batches must be at least 1");
-  const auto m = static_cast<std::uint64_t>(micro_batches);
+  using detail::add, detail::mul;
+  const auto m = static_cast<std::uint64_t>(micro_batches);  // < 2^31: 3m, 2m and m + 1 do not wrap
   std::uint64_t elems = 0;
-  if (stage == 3) elems = 3 * m * (psi - persistent) + (m + 1) * persistent + 2 * m * extra_gathered;
-  else elems = (stage == 0 ? 2 * m : m + 1) * psi;
-  return elems / static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n - 1) * elem_bytes;
+  if (stage == 3)
+    elems = add(add(mul(3 * m, psi - persistent), mul(m + 1, persistent)), mul(2 * m, extra_gathered));
+  else
+    elems = mul(stage == 0 ? 2 * m : m + 1, psi);
+  return mul(elems / static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n - 1), elem_bytes);
 }
 
 // Bytes each rank sends for one forward-only (evaluation) pass: stage 3 all-gathers every unit once
@@ -83,8 +99,9 @@ inline std::uint64_t eval_comm_bytes_per_pass(int stage, std::uint64_t psi, int 
              " or the persistent elements ", persistent, " are not multiples of N = ", n, " within Psi");
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
   if (stage != 3) return 0;
-  return (psi - persistent + extra_gathered) / static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n - 1) *
-         elem_bytes;
+  return detail::mul(
+      detail::add(psi - persistent, extra_gathered) / static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n - 1),
+      elem_bytes);
 }
 
 }  // namespace zero::formula
@@ -100,8 +117,8 @@ inline std::uint64_t offloaded_state_bytes(int stage, std::uint64_t psi, int n, 
   ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0, invalid_argument,
              "formula: Psi = ", psi, " is not a multiple of N = ", n);
   const std::uint64_t held = stage >= 1 ? psi / static_cast<std::uint64_t>(n) : psi;
-  const std::uint64_t bytes = 4 * held;
-  return arrays * (disk ? (bytes + 4095) / 4096 * 4096 : bytes);
+  const std::uint64_t bytes = detail::mul(4, held);
+  return detail::mul(arrays, disk ? detail::add(bytes, 4095) / 4096 * 4096 : bytes);
 }
 
 // The host memory the disk tier holds per rank besides its file, for `held` elements per array
@@ -136,8 +153,8 @@ inline offload_step_bytes offload_bytes_per_step(int stage, std::uint64_t psi, i
   offload_step_bytes b;
   if (disk) b.disk_read = b.disk_written = offloaded_state_bytes(stage, psi, n, arrays, true);
   if (!host_memory_system) {
-    b.to_host = real_held * (grad_bytes + (param_copy_bytes ? 0 : 4));
-    b.from_host = real_held * (param_copy_bytes ? param_copy_bytes : 4);
+    b.to_host = detail::mul(real_held, grad_bytes + (param_copy_bytes ? 0 : 4));
+    b.from_host = detail::mul(real_held, param_copy_bytes ? param_copy_bytes : 4);
   }
   return b;
 }
@@ -186,14 +203,16 @@ inline std::uint64_t reproducible_comm_bytes_per_step(int stage, std::uint64_t p
              "formula: the persistent elements ", persistent, " are not a multiple of N = ", n, " within Psi");
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
   ZERO_CHECK(micro_batches >= 1, invalid_argument, "formula: micro_batches must be at least 1");
+  using detail::add, detail::mul;
   const auto m = static_cast<std::uint64_t>(micro_batches), nn = static_cast<std::uint64_t>(n);
   const std::uint64_t part = psi / nn * (nn - 1);  // Psi (N-1)/N elements
-  const std::uint64_t grads = (stage == 0 ? 2 : 1) * part * reproducible_wire_bytes;
-  const std::uint64_t summaries = reproducible_summary_bytes * (nn - 1) * units;
+  const std::uint64_t grads = mul((stage == 0 ? 2 : 1) * reproducible_wire_bytes, part);
+  const std::uint64_t summaries = mul(reproducible_summary_bytes * (nn - 1), units);
   std::uint64_t params = 0;
-  if (stage == 1 || stage == 2) params = part * param_bytes;
-  if (stage == 3) params = (2 * m * (psi - persistent + extra_gathered) + persistent) / nn * (nn - 1) * param_bytes;
-  return m * (grads + summaries) + params;
+  if (stage == 1 || stage == 2) params = mul(part, param_bytes);
+  if (stage == 3)
+    params = mul(add(mul(2 * m, add(psi - persistent, extra_gathered)), persistent) / nn * (nn - 1), param_bytes);
+  return add(mul(m, add(grads, summaries)), params);
 }
 
 }  // namespace zero::formula

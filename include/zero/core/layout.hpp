@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "zero/core/checked.hpp"
 #include "zero/core/model_spec.hpp"
 #include "zero/error.hpp"
 
@@ -55,16 +56,25 @@ inline std::size_t element_index(const unit_layout& ul, std::size_t i, bool shar
 // one stage is read at another.
 class layout {
  public:
+  static constexpr std::size_t max_padded_elements = 2 * model_spec::max_elements;
+
   static layout make(const model_spec& spec, int ranks) {
     spec.validate();
     ZERO_CHECK(ranks > 0, invalid_argument, "layout: world size must be positive, got ", ranks);
     layout l;
     l.ranks_ = ranks;
+    // Padding adds less than N x alignment per unit; the padded total is held to twice
+    // model_spec::max_elements, so byte counts (elements x bytes) stay exact in 64 bits.
+    const std::size_t quantum = static_cast<std::size_t>(ranks) * shard_alignment_elements;
     for (const auto& u : spec.units()) {
       unit_layout ul;
       ul.offset = l.padded_;
       ul.shard_offset = l.shard_total_;
       ul.numel = u.numel;
+      const auto padded = checked_add(l.padded_, u.numel + (quantum - 1));  // numel <= 2^50, quantum < 2^37
+      ZERO_CHECK(padded && *padded <= max_padded_elements, invalid_argument, "layout: unit '", u.name, "' (", u.numel,
+                 " elements) padded to a multiple of ", quantum, " at ", ranks,
+                 " ranks brings the model past 2^51 padded elements (layout::max_padded_elements)");
       ul.padded = padded_extent(u.numel, ranks);
       ul.shard = ul.padded / static_cast<std::size_t>(ranks);
       std::size_t at = 0;

@@ -4,8 +4,11 @@
 #include <cstddef>
 #include <initializer_list>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "zero/core/checked.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -55,11 +58,17 @@ class unit_builder {
 
 class model_spec {
  public:
-  // Starts a new unit; names must be unique and non-empty.
+  // The most elements a model (and so each of its units and tensors) may have: 2^50, far above any
+  // trainable model, so that every byte count derived from it (elements x bytes per element, padded
+  // to the ranks) stays exact in 64 bits. A larger shape, or one whose product of dimensions does not
+  // even fit in size_t, is refused naming the unit, the tensor and the shape.
+  static constexpr std::size_t max_elements = std::size_t{1} << 50;
+
+  // Starts a new unit; names must be unique and non-empty. O(1) per unit (a name index).
   unit_builder unit(const std::string& name) {
     ZERO_CHECK(!name.empty(), invalid_argument, "model_spec: a unit name must not be empty");
-    for (const auto& u : units_)
-      ZERO_CHECK(u.name != name, invalid_argument, "model_spec: unit '", name, "' is declared twice");
+    ZERO_CHECK(by_name_.try_emplace(name, units_.size()).second, invalid_argument, "model_spec: unit '", name,
+               "' is declared twice");
     units_.push_back(unit_spec{name, {}, 0, 1});
     return unit_builder(*this, units_.size() - 1);
   }
@@ -75,17 +84,12 @@ class model_spec {
 
   // Looks a unit up by name; throws naming the unknown unit.
   unit_id find(const std::string& name) const {
-    for (std::size_t i = 0; i < units_.size(); ++i)
-      if (units_[i].name == name) return unit_id{i};
+    if (const auto it = by_name_.find(name); it != by_name_.end()) return unit_id{it->second};
     fail(error_kind::invalid_argument, "model_spec: unknown unit '", name, "'");
   }
 
-  // Unpadded parameter count of the whole model.
-  std::size_t numel() const {
-    std::size_t n = 0;
-    for (const auto& u : units_) n += u.numel;
-    return n;
-  }
+  // Unpadded parameter count of the whole model (at most max_elements).
+  std::size_t numel() const { return numel_; }
 
   // Throws unless the spec can be trained: at least one unit, each with at least one tensor.
   void validate() const {
@@ -110,23 +114,38 @@ class model_spec {
  private:
   friend class unit_builder;
   std::vector<unit_spec> units_;
+  std::unordered_map<std::string, std::size_t> by_name_;  // unit name -> index
+  // Every unit's tensor names, as "<unit index>:<name>": a duplicate is found in O(1).
+  std::unordered_set<std::string> tensor_names_;
+  std::size_t numel_ = 0;
 };
 
 inline unit_builder& unit_builder::tensor(const std::string& name, const std::vector<std::size_t>& shape) {
   unit_spec& u = spec_->units_[index_];
   ZERO_CHECK(!name.empty(), invalid_argument, "model_spec: unit '", u.name, "': a tensor name must not be empty");
-  for (const auto& t : u.tensors)
-    ZERO_CHECK(t.name != name, invalid_argument, "model_spec: unit '", u.name, "': tensor '", name,
-               "' is declared twice");
   ZERO_CHECK(!shape.empty(), invalid_argument, "model_spec: tensor '", u.name, ".", name,
              "' has an empty shape (a scalar is shape {1})");
+  std::string dims;  // "[2, 3]", for the messages
+  for (std::size_t d : shape) dims += detail::concat(dims.empty() ? "[" : ", ", d);
+  dims += "]";
   std::size_t numel = 1;
+  bool fits = true;
   for (std::size_t d : shape) {
     ZERO_CHECK(d > 0, invalid_argument, "model_spec: tensor '", u.name, ".", name, "' has a zero dimension");
-    numel *= d;
+    const auto n = checked_mul(numel, d);
+    fits = fits && n && *n <= model_spec::max_elements;
+    numel = fits ? *n : numel;
   }
+  ZERO_CHECK(fits, invalid_argument, "model_spec: unit '", u.name, "', tensor '", name, "': shape ", dims,
+             " has more than 2^50 elements (model_spec::max_elements)");
+  const std::size_t total = spec_->numel_ + numel;  // both <= 2^50: no wrap
+  ZERO_CHECK(total <= model_spec::max_elements, invalid_argument, "model_spec: unit '", u.name, "', tensor '", name,
+             "': shape ", dims, " brings the model to ", total, " elements, more than 2^50 (model_spec::max_elements)");
+  ZERO_CHECK(spec_->tensor_names_.insert(detail::concat(index_, ":", name)).second, invalid_argument,
+             "model_spec: unit '", u.name, "': tensor '", name, "' is declared twice");
   u.tensors.push_back(tensor_spec{name, shape, numel});
   u.numel += numel;
+  spec_->numel_ = total;
   return *this;
 }
 

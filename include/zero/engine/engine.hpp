@@ -25,6 +25,7 @@
 #include "zero/concepts/partitioner.hpp"
 #include "zero/concepts/precision_policy.hpp"
 #include "zero/core/binned.hpp"
+#include "zero/core/checked.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/fp.hpp"
@@ -35,6 +36,7 @@
 #include "zero/core/model_spec.hpp"
 #include "zero/core/quantize.hpp"
 #include "zero/core/value_checks.hpp"
+#include "zero/engine/agreement.hpp"
 #include "zero/engine/init.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
@@ -99,6 +101,7 @@ class engine {
                                   static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
                                   offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays,
                                                                                    state_elems)});
+    check_settings_agree();  // every rank's options and optimizer, before the model states are allocated
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
     if (persistent_elems_ > 0) persistent_ = buffer<param_type, system>(persistent_elems_, mem_category::params, acct_);
     if (zpp().hpz) secondary_ = buffer<param_type, system>(secondary_elements(), mem_category::params, acct_);
@@ -136,7 +139,7 @@ class engine {
         const tensor_spec& ts = us.tensors[t];
         host.assign(ts.numel, 0.0f);
         if (source == init_source::every_rank || rank_ == 0) fn(us, ts, std::span<float>(host));
-        if (check) hashes.push_back(fnv1a64(host.data(), host.size() * sizeof(float)));
+        if (check) hashes.push_back(run_hash64(host.data(), host.size() * sizeof(float)));
         if (source == init_source::broadcast_from_rank0) {
           const auto l = label("init", unit_id{u});
           buffer<float, system> wire(ts.numel, mem_category::transient, acct_);
@@ -175,8 +178,8 @@ class engine {
       const range keep = broadcast ? range{0, ul.numel} : held_range(unit_id{u});
       for (std::size_t t = 0; t < us.tensors.size(); ++t) {
         const range tr = ul.tensors[t];
-        // The tensor's hash, streamed over its chunks (in order, so it equals the whole tensor's).
-        std::uint64_t h = fnv1a64(nullptr, 0);
+        // The tensor's hash, chained over its chunks in order (the chunks are the same on every rank).
+        std::uint64_t h = 0;
         for_each_chunk(intersect(tr, keep), chunk, [&](range c) {
           const range local{c.begin - tr.begin, c.end - tr.begin};  // what the init function sees
           host.resize(std::max(host.size(), c.size()));
@@ -189,7 +192,7 @@ class engine {
             other_comm_.broadcast(wire.data(), wire.data(), c.size(), 0);
             sys_.copy_to_host(host.data(), wire.data(), c.size() * sizeof(float));
           }
-          if (check) h = fnv1a64(host.data(), c.size() * sizeof(float), h);
+          if (check) h = run_hash64(host.data(), c.size() * sizeof(float), h);
           store(unit_id{u}, c, host.data());
         });
         if (check) hashes.push_back(h);
@@ -203,12 +206,14 @@ class engine {
   // ---- the protocol --------------------------------------------------------------------------
   //
   // Which calls are collectives (every rank must make them, in the same order):
+  //   the constructor     at N > 1 (the all-gather of the settings, agreement.hpp)
   //   gather(u)           stage 3 only (an all-gather of the unit); a local view in stages 0-2
   //   release(u)          never
   //   grads(u)            never
-  //   reduce(u)           every stage (all-reduce in stage 0, reduce-scatter in 1-3)
+  //   reduce(u)           every stage (all-reduce in stage 0, reduce-scatter in 1-3); the step's first
+  //                       also starts the fingerprint's all-reduce where step() has no norm all-reduce
   //   step()              stages 1-2 (the all-gather of the updated parameters), and in stages 1-3
-  //                       whenever the gradient norm is computed (one 8-byte all-reduce)
+  //                       whenever the gradient norm is computed (one all-reduce, with the fingerprint)
   //   full_params()       stages 1-3, which shard the master weights (an all-gather per unit)
   //   initialize()        with broadcast_from_rank0 (a broadcast per tensor or chunk); the range form
   //                       with every_rank in stages 1-2 (the parameter all-gather)
@@ -227,7 +232,8 @@ class engine {
     unit_state& s = state(u, "gather");
     ZERO_CHECK(!s.gathered, protocol, where(u), "gather of a unit that is already gathered; release it first");
     if (!evaluating_) {
-      const int declared = spec_.units()[u.index].gathers, limit = 2 * declared * options_.micro_batches;
+      const int declared = spec_.units()[u.index].gathers;  // both ints: the product in 64 bits
+      const std::int64_t limit = std::int64_t{2} * declared * options_.micro_batches;
       ZERO_CHECK(s.step_gathers < limit, protocol, where(u), "gathered ", s.step_gathers + 1,
                  " times in this step, but it is declared to be gathered ", declared,
                  " time(s) per pass: at most 2 passes x ", declared, " x ", options_.micro_batches,
@@ -298,6 +304,7 @@ class engine {
       make_room(ul.padded * sizeof(grad_type));
       s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
     }
+    start_agreement_check();
     const bool first = s.reduces == 0;
     ++s.reduces;
     ++s.reduce_epoch;
@@ -347,6 +354,7 @@ class engine {
     while (!reduces_.empty()) complete_oldest_reduce();
     complete_parameter_gathers();
     drop_prefetches();
+    finish_agreement_check();
     gather_order_ = std::move(step_order_);  // the next step's prefetch follows this one's gathers
     step_order_.clear();
     next_prefetch_ = 0;
@@ -427,6 +435,7 @@ class engine {
                  units_[u].gathered ? "gathered" : "reduced in this step",
                  "); change hyper-parameters between step() and the next step's first gather or reduce");
     opt_ = validated(o, rank_);
+    fingerprint_optimizer();
   }
   // The learning rate alone, for optimizers that have one (a member `lr`), e.g. from a schedule
   // (zero/core/schedule.hpp); set_optimizer's rules. lr 0 is accepted by the library's optimizers
@@ -518,6 +527,10 @@ class engine {
     for (std::size_t u = 0; u < units_.size(); ++u)
       ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
                  "finish_load() in the middle of a step");
+    ZERO_CHECK(ts.step <= training_state::max_steps && ts.skipped_steps <= training_state::max_steps - ts.step &&
+                   ts.clean_steps <= training_state::max_steps,
+               invalid_argument, "rank ", rank_, ": finish_load: step ", ts.step, ", skipped_steps ", ts.skipped_steps,
+               " or clean_steps ", ts.clean_steps, " is more than a run can reach (training_state::max_steps, 2^53)");
     complete_parameter_gathers();
     for (auto& s : units_) {
       s.step_gathers = 0;  // a loaded engine starts a step afresh
@@ -623,7 +636,10 @@ class engine {
     std::uint64_t n = 0;
     for (std::size_t u = 0; u < units_.size(); ++u)
       if (!persistent(unit_id{u}))
-        n += static_cast<std::uint64_t>(spec_.units()[u].gathers - 1) * layout_.unit(unit_id{u}).padded;
+        n = add_or_fail(n,
+                        mul_or_fail(static_cast<std::uint64_t>(spec_.units()[u].gathers - 1),
+                                    std::uint64_t{layout_.unit(unit_id{u}).padded}, "formula: extra gathered elements"),
+                        "formula: extra gathered elements");
     return n;
   }
   // Stage 3: whether unit u keeps its gathered parameters between steps (persist_below_elements),
@@ -962,9 +978,16 @@ class engine {
       sizes.push_back(o.size());
     }
     binned::summary s = binned::unpack(binned_square_summary(segments, sizes, divisor));
+    bool optimizers_agree = true;
     if constexpr (P::shards_optimizer_states) {
-      const std::int64_t mine = binned::pack(s);
-      for (std::int64_t v : all_gather_control(&mine, 1)) s = binned::merge(s, binned::unpack(v));
+      // With the optimizer's hash (agreement.hpp): every rank sees every rank's.
+      const std::int64_t mine[2] = {binned::pack(s), static_cast<std::int64_t>(optimizer_hash_)};
+      const std::vector<std::int64_t> all = all_gather_control(mine, 2);
+      for (std::size_t r = 0; r < all.size(); r += 2) {
+        s = binned::merge(s, binned::unpack(all[r]));
+        if (all[r + 1] != mine[1]) optimizers_agree = false;
+      }
+      if (!optimizers_agree) optimizers_disagree();
     }
     if (!s.finite()) return non_finite(s);
     if (s.bin < 0) return 0.0;
@@ -1679,14 +1702,19 @@ class engine {
       return acc;
     };
     if constexpr (P::shards_optimizer_states) {
-      double total = partial(rank_);
-      // Through the system's memory: a device backend cannot read a host variable in a collective.
-      buffer<double, system> wire(1, mem_category::transient, acct_);
-      sys_.copy_from_host(wire.data(), &total, sizeof total);
-      const comm::scoped_label<Comm> l(comm_.inner(), "grad norm");
-      control_comm_.all_reduce(wire.data(), wire.data(), 1, reduce_op::sum);
-      sys_.copy_to_host(&total, wire.data(), sizeof total);
-      return total;
+      // The partial sum and the optimizer's fingerprint (agreement.hpp) in one all-reduce, through the
+      // system's memory: a device backend cannot read a host variable in a collective.
+      std::array<double, 1 + detail::fingerprint_words> v{partial(rank_)};
+      std::copy(fingerprint_.begin(), fingerprint_.end(), v.begin() + 1);
+      buffer<double, system> wire(v.size(), mem_category::transient, acct_);
+      sys_.copy_from_host(wire.data(), v.data(), sizeof v);
+      {
+        const comm::scoped_label<Comm> l(comm_.inner(), "grad norm");
+        control_comm_.all_reduce(wire.data(), wire.data(), v.size(), reduce_op::sum);
+      }
+      sys_.copy_to_host(v.data(), wire.data(), sizeof v);
+      if (!detail::fingerprints_agree(fingerprint_.data(), v.data() + 1, layout_.ranks())) optimizers_disagree();
+      return v[0];
     } else {
       // Replicated gradients: the same N partial sums the sharded stages compute, added the same way.
       double total = partial(0);
@@ -1891,7 +1919,7 @@ class engine {
     }
   }
 
-  // every_rank initialization: all-gathers every rank's per-tensor hashes (fnv1a64 of the fp32
+  // every_rank initialization: all-gathers every rank's per-tensor hashes (run_hash64 of the fp32
   // values it produced; two doubles of 32 bits each per hash, exact whatever its value) on the set-up
   // counter, comm().other. Every rank sees the same table and so decides the same: all return, or all
   // throw invalid_argument naming the first tensor, in declaration order, that some rank produced
@@ -1943,6 +1971,90 @@ class engine {
       }
     }
   }
+  // ---- the ranks' agreement on their settings (agreement.hpp) ----
+
+  // At construction: every rank's engine_options and optimizer hyper-parameters, all-gathered on the
+  // backend itself (set-up, outside comm() and memory()); every rank throws invalid_argument naming
+  // each field that differs and the ranks it differs on. Later changes (set_optimizer) are checked by
+  // the step's fingerprint.
+  void check_settings_agree() {
+    ZERO_CHECK(layout_.ranks() <= detail::max_fingerprint_ranks, invalid_argument, "rank ", rank_,
+               ": engine: ", layout_.ranks(),
+               " ranks, more than the 2^21 whose settings fingerprint the step checks exactly");
+    fingerprint_optimizer();
+    if (layout_.ranks() == 1) return;
+    detail::settings all = detail::options_settings(options_);
+    all.append(detail::optimizer_settings(opt_));
+    const std::string d = detail::disagreement(all, gather_words(all.words(), "settings check"), layout_.ranks());
+    ZERO_CHECK(d.empty(), invalid_argument, "rank ", rank_, ": engine: the ranks' settings differ: ", d,
+               " (every rank must build its engine with the same engine_options and optimizer hyper-parameters)");
+  }
+  void fingerprint_optimizer() {
+    optimizer_hash_ = detail::hash_of(detail::optimizer_settings(opt_));
+    detail::fingerprint_terms(optimizer_hash_, fingerprint_.data());
+  }
+  // The optimizer's fingerprint rides on the norm's all-reduce where the step makes one (stages 1-3
+  // computing the norm); elsewhere (stage 0, or no norm) on an all-reduce of its own, started at the
+  // step's first reduce() (nonblocking where the backend overlaps) and completed by step().
+  bool separate_agreement_check() const { return layout_.ranks() > 1 && !(P::shards_optimizer_states && needs_norm()); }
+  void start_agreement_check() {
+    if (agreement_started_ || !separate_agreement_check()) return;
+    agreement_started_ = true;
+    double* wire = agreement_host_.data();  // host memory, or a wire taken from the system once
+    if constexpr (!host_memory_system) {
+      if (!agreement_wire_) agreement_wire_.reset(static_cast<double*>(system::allocate(sizeof fingerprint_)));
+      wire = agreement_wire_.get();
+    }
+    sys_.copy_from_host(wire, fingerprint_.data(), sizeof fingerprint_);
+    const comm::scoped_label<Comm> l(comm_.inner(), "settings check");
+    agreement_request_ = control_comm_.start_all_reduce(wire, wire, fingerprint_.size(), reduce_op::sum);
+  }
+  void finish_agreement_check() {
+    if (!agreement_started_) return;
+    agreement_started_ = false;
+    control_comm_.wait(agreement_request_);
+    std::array<double, detail::fingerprint_words> sums{};
+    sys_.copy_to_host(sums.data(), host_memory_system ? agreement_host_.data() : agreement_wire_.get(), sizeof sums);
+    if (!detail::fingerprints_agree(fingerprint_.data(), sums.data(), layout_.ranks())) optimizers_disagree();
+  }
+  // Reached by every rank of a step whose fingerprints differ (they all see the same sums): gathers
+  // the hyper-parameters to name the fields and ranks, and throws before any rank updates.
+  [[noreturn]] void optimizers_disagree() {
+    const detail::settings s = detail::optimizer_settings(opt_);
+    const std::string d = detail::disagreement(s, gather_words(s.words(), "settings check"), layout_.ranks());
+    fail(error_kind::invalid_argument, "rank ", rank_, ": step(): the ranks' optimizer hyper-parameters differ: ", d,
+         "; set_optimizer() and set_learning_rate() must make the same change on every rank (no rank applied this "
+         "step's update)");
+  }
+  // Every rank's words in rank order, all-gathered on the backend itself (through the system's memory
+  // where it is not host memory), outside comm() and memory(): construction and failure paths only.
+  std::vector<std::uint64_t> gather_words(const std::vector<std::uint64_t>& mine, const char* phase) {
+    const std::size_t n = mine.size(), me = static_cast<std::size_t>(rank_);
+    std::vector<std::uint64_t> all(n * static_cast<std::size_t>(layout_.ranks()));
+    if constexpr (host_memory_system) {
+      std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(me * n));
+      auto* words = reinterpret_cast<std::int64_t*>(all.data());  // the signed view of the same words
+      const comm::scoped_label<Comm> l(comm_.inner(), phase);
+      comm_.inner().all_gather(words + me * n, words, n);
+      return all;
+    }
+    const std::size_t bytes = all.size() * sizeof(std::int64_t);
+    const std::unique_ptr<std::int64_t, system_free> wire(static_cast<std::int64_t*>(system::allocate(bytes)),
+                                                          system_free{bytes});
+    sys_.copy_from_host(wire.get() + me * n, mine.data(), n * sizeof(std::int64_t));
+    {
+      const comm::scoped_label<Comm> l(comm_.inner(), phase);
+      comm_.inner().all_gather(wire.get() + me * n, wire.get(), n);
+    }
+    sys_.copy_to_host(all.data(), wire.get(), bytes);
+    return all;
+  }
+  // Frees memory taken from the system directly (outside memory()); system::deallocate takes the size.
+  struct system_free {
+    std::size_t bytes = 0;
+    void operator()(void* p) const { system::deallocate(p, bytes); }
+  };
+
   static std::string hex(std::uint64_t h) {
     static constexpr char digits[] = "0123456789abcdef";
     std::string s(16, '0');
@@ -2038,7 +2150,7 @@ class engine {
   system sys_;              // where the buffers live and the element-wise loops run
   comm::counted<Comm> comm_;        // the protocol's traffic, what the formulas count
   comm::counted<Comm> other_comm_;  // set-up and consolidation traffic
-  comm::counted<Comm> control_comm_;  // the step's scalar all-reduce (norm and overflow flag)
+  comm::counted<Comm> control_comm_;  // the step's norm all-reduce and the optimizer's fingerprint
   comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
   // ZeRO++ (engine_options::zeropp): the node's ranks (hpZ's secondary gathers, qgZ's first hop) and
   // the ranks of this rank's position in every node (qgZ's second hop), split from the backend at
@@ -2084,6 +2196,14 @@ class engine {
   std::size_t next_prefetch_ = 0;          // the position in gather_order_ of the next prefetch
   bool order_holds_ = true;                // this step has followed gather_order_ so far
   overlap_report overlap_;
+  // The optimizer's hash and fingerprint terms (agreement.hpp), and the separate check's wire and
+  // request (declared after the wire: destroyed, and so waited for, first).
+  std::uint64_t optimizer_hash_ = 0;
+  std::array<double, detail::fingerprint_words> fingerprint_{};
+  std::array<double, detail::fingerprint_words> agreement_host_{};
+  std::unique_ptr<double, system_free> agreement_wire_{nullptr, system_free{sizeof(fingerprint_)}};
+  request agreement_request_{};
+  bool agreement_started_ = false;
 };
 
 }  // namespace zero

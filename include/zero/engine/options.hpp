@@ -35,8 +35,8 @@ struct engine_options {
   std::size_t memory_limit_bytes = 0;
   // initialize(..., init_source::every_rank): where more than one rank produced a value (every tensor
   // of the whole-tensor form; stage 0 of the range form), compare a hash of each tensor across ranks
-  // and throw on every rank, naming the first tensor that differs. Costs one FNV-1a pass over the
-  // values each rank produced (measured: docs/design.md, Initialization) and one all-gather of 16
+  // and throw on every rank, naming the first tensor that differs. Costs one run_hash64 pass (core/hash.hpp) over
+  // the values each rank produced (measured: docs/design.md, Initialization) and one all-gather of 16
   // bytes per tensor per rank (comm().other); false skips both, for an init function known to agree.
   bool verify_init = true;
 

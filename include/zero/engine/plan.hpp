@@ -11,9 +11,11 @@
 #include "zero/comm/counted.hpp"
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/precision_policy.hpp"
+#include "zero/core/checked.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/engine/agreement.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/error.hpp"
@@ -90,8 +92,9 @@ struct plan_report {
   std::uint64_t shared_bucket_bytes = 0;  // the buckets of the shared units, held through the backward pass
   std::uint64_t gathered_bytes = 0;  // the largest unit gathered (stage 3)
   std::uint64_t wire_bytes = 0;      // reproducible: the largest unit's binned words, beside its bucket in reduce(u)
-  // step()'s buffer of the norm's collective (stages 1-3, when a norm is computed): one double, or in the
-  // reproducible mode the all-gathered words of every rank (8 x 4 x N bytes)
+  // step()'s buffer of the norm's collective (stages 1-3, when a norm is computed): one double and the
+  // optimizer's fingerprint (8 doubles), or in the reproducible mode the all-gathered words of every
+  // rank (8 x 4 x N bytes)
   std::uint64_t norm_bytes = 0;
   std::uint64_t step_transient_peak = 0;   // = memory().peak_bytes(transient) after steps of the loop above
   std::uint64_t peak_bytes = 0;            // model states + step_transient_peak: = memory().peak_total
@@ -100,7 +103,8 @@ struct plan_report {
 
   // Bytes (nccl-tests bus volume) and calls per step, by collective: = comm().last_step.
   comm::comm_stats step_comm;
-  // The step's scalar all-reduce of the gradient norm (stages 1-3 with a norm): per step, = comm().control.
+  // The step's control collective, per step, = comm().control: the gradient norm's all-reduce with the
+  // optimizer's fingerprint (stages 1-3 with a norm), else at N > 1 the fingerprint's own all-reduce.
   comm::comm_stats control_comm;
 
   std::uint64_t step_bytes_sent() const { return step_comm.total_bytes(); }
@@ -114,10 +118,13 @@ namespace detail {
 inline void plan_count(comm::comm_stats& s, comm::collective c, std::uint64_t buffer_bytes, int ranks,
                        std::uint64_t times = 1) {
   // The counted decorator's rule, call by call: (N-1)/N of the buffer (2(N-1)/N for all_reduce).
+  // Checked: a shape or micro_batches from a model file must not wrap the bytes per step.
   const auto n = static_cast<std::uint64_t>(ranks);
   std::uint64_t bytes = 0;
-  if (n > 1) bytes = (c == comm::collective::all_reduce ? 2 : 1) * (n - 1) * buffer_bytes / n;
-  s.bytes[static_cast<int>(c)] += times * bytes;
+  if (n > 1)
+    bytes = mul_or_fail((c == comm::collective::all_reduce ? 2 : 1) * (n - 1), buffer_bytes, "plan: bytes") / n;
+  auto& total = s.bytes[static_cast<int>(c)];
+  total = add_or_fail(total, mul_or_fail(times, bytes, "plan: bytes per step"), "plan: bytes per step");
   s.calls[static_cast<int>(c)] += times;
 }
 
@@ -177,10 +184,15 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
                                                                          : precision.grad_bytes;
   // Reproducible: the store covers what the rank updates (its slice wherever states are sharded).
   const bool grads_sharded = repro ? shards_states : shards_grads;
-  r.model_states.params = ((shards_params ? shard : full) + r.persistent) * precision.param_bytes;
-  r.model_states.grads = (grads_sharded ? shard : full) * stored_grad_bytes;
-  r.model_states.master = precision.separate_master ? state_elems * sizeof(float) : 0;
-  r.model_states.optimizer_states = static_cast<std::uint64_t>(optimizer.slots) * state_elems * sizeof(float);
+  // Elements are at most 2^51 (layout::max_padded_elements); the bytes per element come from the caller.
+  const auto bytes = [](std::uint64_t elements, std::uint64_t per_element) {
+    return mul_or_fail(elements, per_element, "plan: model-state bytes");
+  };
+  r.model_states.params = bytes((shards_params ? shard : full) + r.persistent, precision.param_bytes);
+  r.model_states.grads = bytes(grads_sharded ? shard : full, stored_grad_bytes);
+  r.model_states.master = precision.separate_master ? bytes(state_elems, sizeof(float)) : 0;
+  r.model_states.optimizer_states =
+      bytes(bytes(state_elems, sizeof(float)), static_cast<std::uint64_t>(optimizer.slots));
   if (options.offload.tier != offload_tier::none) {
     const std::size_t arrays = (precision.separate_master ? 1 : 0) + static_cast<std::size_t>(optimizer.slots);
     const bool disk = options.offload.tier == offload_tier::disk;
@@ -207,8 +219,8 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     const unit_layout& ul = l.unit(unit_id{u});
     const int gathers = spec.units()[u].gathers;
     unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard, gathers, persists(ul)};
-    up.gathered_bytes = shards_params && !up.persistent ? ul.padded * precision.param_bytes : 0;
-    up.bucket_bytes = bucket ? ul.padded * precision.grad_bytes : 0;
+    up.gathered_bytes = shards_params && !up.persistent ? bytes(ul.padded, precision.param_bytes) : 0;
+    up.bucket_bytes = bucket ? bytes(ul.padded, precision.grad_bytes) : 0;
     // Reproducible: reduce(u) converts the bucket into words (both held at once), then frees the bucket.
     up.wire_bytes = repro ? ul.padded * formula::reproducible_wire_bytes : 0;
     up.consolidation_bytes = shards_states ? ul.padded * sizeof(float) : 0;
@@ -227,7 +239,8 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     for (const auto& t : spec.units()[u].tensors) largest_tensor = std::max(largest_tensor, t.numel);
 
     // The protocol's collectives of this unit in one step (comm::counted's view of the engine).
-    const std::uint64_t unit_params = ul.padded * precision.param_bytes, unit_grads = ul.padded * precision.grad_bytes;
+    const std::uint64_t unit_params = bytes(ul.padded, precision.param_bytes);
+    const std::uint64_t unit_grads = bytes(ul.padded, precision.grad_bytes);
     const auto m = static_cast<std::uint64_t>(options.micro_batches);
     const auto per_step = static_cast<std::uint64_t>(reduces);
     // Reproducible: the words instead of the gradients, after an all-gather of one summary per rank.
@@ -241,25 +254,37 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
       detail::plan_count(r.step_comm, comm::collective::reduce_scatter, unit_wire, ranks, per_step);
       if (shards_params && !up.persistent)  // gathered `gathers` times in forward and in backward, every micro-batch
         detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks,
-                           2 * m * static_cast<std::uint64_t>(gathers));
+                           mul_or_fail(2 * m, static_cast<std::uint64_t>(gathers), "plan: gathers per step"));
       else  // stages 1-2 and stage 3's persistent units: the updated parameter slices to every rank
         detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks);
     }
     r.units.push_back(std::move(up));
   }
-  // The norm's partial sums meet in one 8-byte all-reduce where states are sharded (stage 0 adds them locally).
+  // The norm's partial sums meet in one all-reduce where states are sharded (stage 0 adds them locally),
+  // with the optimizer's fingerprint (engine/agreement.hpp: 8 doubles). Where the step has no such
+  // collective, the fingerprint has an all-reduce of its own at N > 1, its wire outside memory().
+  const std::uint64_t fingerprint = detail::fingerprint_words * sizeof(double);
   if (norm && shards_states && repro) {
-    // The squares' summary, then four words, of every rank, all-gathered (engine: binned_global_sum_of_squares).
+    // The squares' summary and the optimizer's hash, then four words, of every rank, all-gathered
+    // (engine: binned_global_sum_of_squares).
     const auto n = static_cast<std::uint64_t>(ranks);
     r.norm_bytes = 4 * sizeof(std::int64_t) * n;
-    detail::plan_count(r.control_comm, comm::collective::all_gather, sizeof(std::int64_t) * n, ranks);
+    detail::plan_count(r.control_comm, comm::collective::all_gather, 2 * sizeof(std::int64_t) * n, ranks);
     detail::plan_count(r.control_comm, comm::collective::all_gather, r.norm_bytes, ranks);
   } else if (norm && shards_states) {
-    r.norm_bytes = sizeof(double);
-    detail::plan_count(r.control_comm, comm::collective::all_reduce, sizeof(double), ranks);
+    r.norm_bytes = sizeof(double) + fingerprint;
+    detail::plan_count(r.control_comm, comm::collective::all_reduce, r.norm_bytes, ranks);
+  } else if (ranks > 1) {
+    detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, ranks);
   }
-  r.step_transient_peak = std::max(r.shared_bucket_bytes + backward_peak, r.norm_bytes);
-  r.peak_bytes = r.model_states.total() + r.step_transient_peak;
+  // The totals the report and zero_plan add up, checked once here so that none of them wraps.
+  const auto sum = [](std::uint64_t a, std::uint64_t b) { return add_or_fail(a, b, "plan: total bytes"); };
+  for (std::uint64_t b = 0; const auto bytes_of : r.step_comm.bytes) b = sum(b, bytes_of);
+  const std::uint64_t states = sum(sum(r.model_states.params, r.model_states.grads),
+                                   sum(r.model_states.master, r.model_states.optimizer_states));
+  r.step_transient_peak = std::max(sum(r.shared_bucket_bytes, backward_peak), r.norm_bytes);
+  r.peak_bytes = sum(states, r.step_transient_peak);
+  sum(states, r.consolidation_bytes);  // zero_plan's peak of full_params()
   r.init_broadcast_bytes = std::min<std::uint64_t>(options.init_chunk_elements, largest_tensor) * sizeof(float);
   return r;
 }

@@ -18,6 +18,11 @@ struct step_report {
 
 // The scalar state of training besides the tensors: what a checkpoint stores next to them.
 struct training_state {
+  // The most steps a run can reach, and the bound on step, skipped_steps, their sum (a trainer's data
+  // position) and clean_steps: 2^53, where a count is still exact as a double (the optimizers raise
+  // their decay rates to the power of the step). A checkpoint with more is refused, never wrapped.
+  static constexpr std::uint64_t max_steps = std::uint64_t{1} << 53;
+
   std::uint64_t step = 0;           // completed optimizer updates (skipped steps not included)
   float loss_scale = 1.0f;          // dynamic loss scaling: the current scale
   std::uint64_t clean_steps = 0;    // steps since the last overflow or growth of the scale
@@ -29,7 +34,7 @@ struct comm_report {
   comm::comm_stats protocol;   // gather/reduce/step traffic since construction
   comm::comm_stats last_step;  // that traffic during the last completed step (gather .. step)
   comm::comm_stats other;      // initialisation broadcasts, full_params() gathers: outside any step
-  comm::comm_stats control;    // the step's one scalar all-reduce (gradient norm and overflow flag)
+  comm::comm_stats control;    // the step's norm all-reduce and the optimizer's fingerprint (agreement.hpp)
   std::uint64_t steps = 0;     // step() calls, skipped ones included
   comm::comm_stats evaluation;  // gathers inside engine::evaluation() scopes, since construction: in no step
 };
