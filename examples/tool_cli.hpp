@@ -64,8 +64,9 @@ inline std::uint64_t uint64_flag(const std::string& flag, const std::string& tex
   return v;
 }
 
-// A decimal number as the 32-bit float the program uses: finite, and > 0 (or >= 0 with zero_ok).
-inline float float_flag(const std::string& flag, const std::string& text, bool zero_ok) {
+// A decimal number as the 32-bit float the program uses: finite, > 0 (or >= 0 with zero_ok) and at
+// most `max` (2^64 is a finite float, but no learning rate or clipping norm).
+inline float float_flag(const std::string& flag, const std::string& text, bool zero_ok, float max) {
   const char* first = text.data();
   const char* last = first + text.size();
   if (first != last && *first == '+') ++first;  // from_chars takes no plus sign
@@ -79,6 +80,11 @@ inline float float_flag(const std::string& flag, const std::string& text, bool z
   if (!std::isfinite(v)) throw CLI::ValidationError(flag, quote(text) + " is not a finite number");
   if (zero_ok ? !(v >= 0.0f) : !(v > 0.0f))
     throw CLI::ValidationError(flag, "must be " + std::string(zero_ok ? ">= 0" : "> 0") + ", got " + quote(text));
+  if (v > max) {
+    char bound[32];
+    std::snprintf(bound, sizeof bound, "%g", static_cast<double>(max));
+    throw CLI::ValidationError(flag, "must be at most " + std::string(bound) + ", got " + quote(text));
+  }
   return v;
 }
 

@@ -222,7 +222,8 @@ inline std::string output_file_problem(const std::string& text, const char* empt
   const auto pst = fs::status(parent, ec);
   if (!fs::exists(pst)) return "the directory " + quote(parent.string()) + " does not exist";
   if (!fs::is_directory(pst)) return quote(parent.string()) + " is not a directory";
-  return cannot_create_in(parent);
+  if (std::string why = cannot_create_in(parent); !why.empty()) return "cannot create " + quote(text) + ": " + why;
+  return "";
 }
 
 // How a tool's log (or any append-only record) is opened.

@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
   app.get_option("--layers")->description("transformer blocks");
   app.get_option("--batch")->description("global batch in sequences of --context bytes, a multiple of the ranks "
                                          "times --accum");
-  app.get_option("--lr")->description("learning rate, finite and > 0 as a 32-bit float (default: " +
+  app.get_option("--lr")->description("learning rate, in (0, 1000] as a 32-bit float (default: " +
                                       trainer::default_rates([&](auto& opt) { tune(opt, g, options{}); }) + ")");
   toolcli::add_integer(app, "--embd", g.model.embd, 1, 1 << 16, "channels of the residual stream");
   toolcli::add_integer(app, "--heads", g.model.heads, 1, 1 << 10, "attention heads (they split --embd)");

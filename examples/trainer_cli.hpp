@@ -122,6 +122,9 @@ struct summary {
 // -1 into 2^64 - 1 and let nan through its ranges); every output place is proved before training
 // by creating something there. A refusal is a CLI::ValidationError: exit status 2 and the usage.
 using toolcli::float_flag;
+
+// The bounds of --lr and --clip: far above any rate or norm that trains, far below what overflows.
+inline constexpr float max_lr = 1000.0f, max_clip = 1e9f;
 using toolcli::uint64_flag;
 
 using toolcli::checkpoint_manifest;
@@ -250,8 +253,9 @@ inline CLI::Validator compiled_only(const std::string& flag, const std::string& 
   return CLI::Validator(
       [flag, built](std::string& value) -> std::string {
         if (built.empty() || value == built) return "";
-        return "this build of the trainer was compiled for " + flag + " " + built +
-               " only (Meson option trainer_" + flag.substr(2) + "; scripts/demo.sh builds one per choice)";
+        return "this build of the trainer was compiled for " + flag + " " + built + " only, not " +
+               toolcli::quote(value) + " (Meson option trainer_" + flag.substr(2) +
+               "; scripts/demo.sh builds one per choice)";
       },
       "");
 }
@@ -274,8 +278,8 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->check(compiled_only("--optimizer", std::string(built_optimizer)))
       ->capture_default_str();
   app.add_option_function<std::string>(
-         "--lr", [&o](const std::string& v) { o.lr = float_flag("--lr", v, false); },
-         "learning rate, finite and > 0 as a 32-bit float (default: " + default_rates([](auto&) {}) + ")")
+         "--lr", [&o](const std::string& v) { o.lr = float_flag("--lr", v, false, max_lr); },
+         "learning rate, in (0, 1000] as a 32-bit float (default: " + default_rates([](auto&) {}) + ")")
       ->type_name("FLOAT");
   app.add_option_function<std::string>(
          "--seed", [&o](const std::string& v) { o.model.seed = uint64_flag("--seed", v); },
@@ -287,8 +291,8 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->check(compiled_only("--precision", std::string(built_precision)))
       ->capture_default_str();
   app.add_option_function<std::string>(
-         "--clip", [&o](const std::string& v) { o.clip = float_flag("--clip", v, true); },
-         "clip the global gradient norm to this value (0: off), finite and >= 0")
+         "--clip", [&o](const std::string& v) { o.clip = float_flag("--clip", v, true, max_clip); },
+         "clip the global gradient norm to this value (0: off), in [0, 1e9]")
       ->type_name("FLOAT")
       ->default_str("0");
   auto* accum_flag =

@@ -11,9 +11,10 @@ mkfifo "$tmp/fifo"
 mkdir "$tmp/dir"
 printf 'hello world, a short text corpus.\n%.0s' {1..100} >"$tmp/text.txt"
 
-# refused PATTERN TOOL ARGS...: exit 2 within 20 s (a FIFO opened for reading would block for ever),
+# refused [--] PATTERN TOOL ARGS...: exit 2 within 20 s (a FIFO opened for reading would block for ever),
 # the output matches PATTERN, holds no raw ESC byte, and shows an escaped one where the input had it.
 refused() {
+  [ "$1" = -- ] && shift  # lets a pattern start with a dash
   local pattern=$1 tool=$2
   shift 2
   checks=$((checks + 1))
@@ -48,7 +49,7 @@ numbers "$train_mlp" "" --steps --ranks --stage --lr --clip --seed --batch --lay
   --micro-batch --memory-limit --comm-timeout --link-gbps --link-latency-us --hpz --node-size
 numbers "$train_mlp" "--offload host" --offload-slice
 numbers "$train_mlp" "--save $tmp/s" --save-every
-numbers "$train_mlp" "--qwz --stage 3" --quant-block --qwz-bits
+numbers "$train_mlp" "--qgz" --quant-block --qwz-bits --qgz-bits
 numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --heads --context --held-out \
   --eval-windows --sample --temperature --beta2 --data-limit --comm-timeout
 numbers "$train_loop" "" --steps --ranks --stage --seed --eval-every --schedule-steps
@@ -97,7 +98,7 @@ refused -- '--offload-slice.*--offload none' "$train_mlp" --offload-slice 2048
 refused -- '--qwz-bits.*needs --qwz' "$train_mlp" --qwz-bits 4
 refused -- '--qgz-bits.*needs --qgz' "$train_mlp" --qgz-bits 4 --stage 2
 refused -- '--quant-block.*needs --qwz or --qgz' "$train_mlp" --quant-block 64
-refused -- '--qwz-bits.*not 8 or 4' "$train_mlp" --qwz --stage 3 --qwz-bits 6
+refused -- '--qwz-bits.*not 8 or 4' "$train_mlp" --qwz-bits 6
 refused -- '--log-overwrite' "$train_mlp" --log-overwrite
 refused -- '--qwz.*gathers no parameters' "$train_gpt" --qwz --stage 2
 refused -- '--node-size 3 does not divide' "$train_gpt" --node-size 3 --ranks 4
@@ -129,6 +130,29 @@ refused -- "huge.txt' has 107374182400 bytes, more than the [0-9]+ bytes the cor
 refused -- "more than the 3399 bytes the corpus may hold" "$train_gpt" --data "$tmp/text.txt" --data-limit 3399
 refused -- "left of what the corpus may hold \(--data-limit 4000, 3400 read before it\)" \
   "$train_gpt" --data "$tmp/text.txt" --data "$tmp/text.txt" --data-limit 4000
+
+# A model file whose names hold a control sequence: its error (exit 1: the file's content, not the
+# command line) shows every name escaped.
+printf '[{"name": "\\u001b[31mfc", "tensors": [{"name": "w\\u001b[0m", "shape": [0]}]}]' >"$tmp/model.json"
+out=$("$zero_plan" --model "$tmp/model.json" 2>&1)
+rc=$?
+checks=$((checks + 1))
+if [ $rc -ne 1 ] || [[ "$out" == *$'\e'* ]] || [[ "$out" != *"unit '\x1B[31mfc' tensor 'w\x1B[0m'"* ]]; then
+  echo "FAIL: zero_plan --model with control sequences in its names: exit $rc:"; cat -v <<<"$out"
+  failures=$((failures + 1))
+fi
+
+# A corpus may hold any byte but NUL: a control sequence in it trains, and what train_gpt prints of
+# the corpus (the sample) shows it escaped.
+printf 'a text with a \e[31m colour in it, and more words after that. %.0s' {1..60} >"$tmp/colour.txt"
+out=$("$train_gpt" --data "$tmp/colour.txt" --steps 1 --ranks 1 --layers 1 --embd 8 --heads 1 --context 8 --batch 2 \
+  --eval-windows 1 --sample 64 --temperature 0 --prompt 'a text' 2>&1)
+rc=$?
+checks=$((checks + 1))
+if [ $rc -ne 0 ] || [[ "$out" == *$'\e'* ]] || [[ "$out" != *"vocabulary"* ]]; then
+  echo "FAIL: train_gpt on a corpus with a control sequence: exit $rc:"; cat -v <<<"$out" | tail -5
+  failures=$((failures + 1))
+fi
 
 echo "$checks checks, $failures failed"
 [ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }

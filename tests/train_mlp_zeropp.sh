@@ -5,10 +5,13 @@
 # Usage: train_mlp_zeropp.sh TRAIN_MLP
 set -eu
 train_mlp=$1
-common=(--json --ranks 4 --batch 16 --steps 4 --layers 3 --hidden 48 --quant-block 64)
-# Prints the param_hash; checks both formulas.
+common=(--json --ranks 4 --batch 16 --steps 4 --layers 3 --hidden 48)
+# Prints the param_hash; checks both formulas. Runs that quantize use blocks of 64 (without --qwz or
+# --qgz, --quant-block would do nothing: a usage error).
 run() {
-  "$train_mlp" "${common[@]}" "$@" 2>/dev/null | python3 -c '
+  local quant=()
+  [[ " $* " == *" --qwz "* || " $* " == *" --qgz "* ]] && quant=(--quant-block 64)
+  "$train_mlp" "${common[@]}" "${quant[@]}" "$@" 2>/dev/null | python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read().strip().splitlines()[-1])
 assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"], j

@@ -157,8 +157,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   toolcli::add_integer(app, "--accum", accum, 1, 1 << 20, "micro-batches per step, each reduced on its own");
   app.add_option_function<std::string>(
-         "--clip", [&clip](const std::string& v) { clip = toolcli::float_flag("--clip", v, true); },
-         "gradient clipping norm, finite and >= 0 (0: off; on, it adds the norm's all-reduce)")
+         "--clip", [&clip](const std::string& v) { clip = toolcli::float_flag("--clip", v, true, 1e9f); },
+         "gradient clipping norm in [0, 1e9] (0: off; on, it adds the norm's all-reduce)")
       ->type_name("FLOAT")
       ->default_str("0");
   app.add_option_function<std::string>(
