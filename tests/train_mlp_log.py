@@ -34,8 +34,9 @@ def run(*args, expect=0):
 
 
 def read(path):
+    """The run line and the step lines (a resumed run's "resume" record is checked apart)."""
     lines = [json.loads(x) for x in open(path)]
-    return lines[0], lines[1:]
+    return lines[0], [x for x in lines[1:] if x["kind"] == "step"]
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -46,7 +47,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(head["kind"] == "run" and head["trainer"] == "train_mlp" and head["stage"] == 2 and head["ranks"] == 3
           and head["precision"] == "bf16" and head["first_step"] == 0 and head["steps"] == 12, f"run line: {head}")
     check([s["step"] for s in steps] == list(range(1, 13)), f"steps {[s['step'] for s in steps]}")
-    check(all(s["kind"] == "step" for s in steps), "a line that is not a step")
+    check([x["kind"] for x in map(json.loads, open(log))] == ["run"] + ["step"] * 12, "a new run's lines")
     # The same numbers as the summary: the log is written from the values the trainer reports.
     check(steps[0]["loss"] == summary["loss_first"] and steps[-1]["loss"] == summary["loss_last"],
           f"losses {steps[0]['loss']}, {steps[-1]['loss']} vs summary {summary['loss_first']}, {summary['loss_last']}")
@@ -101,6 +102,8 @@ with tempfile.TemporaryDirectory() as tmp:
     head2, steps2 = read(log2)
     check(head2["first_step"] == 12 and [s["step"] for s in steps2] == [13, 14, 15, 16],
           f"resumed: first_step {head2['first_step']}, steps {[s['step'] for s in steps2]}")
+    resume = json.loads(open(log2).readlines()[1])
+    check(resume == {"kind": "resume", "checkpoint": ckpt, "step": 12}, f"resume record: {resume}")
 
     # The same log, resumed into: appended to, never truncated, with a record of where the run took
     # up (the checkpoint and its step) after the new run line.

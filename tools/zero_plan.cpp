@@ -58,7 +58,7 @@ zero::model_spec read_model(const std::string& file) {
       for (const auto& d : tj["shape"]) {
         ZERO_CHECK(d.is_number_unsigned() && d.get<std::uint64_t>() > 0, invalid_argument, where, ": unit ", unit_name,
                    " tensor ", toolcli::quote(tt.name), ": shape entry ",
-                   toolcli::quote(d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
+                   d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),  // JSON escapes controls
                    " is not a positive integer");
         tt.shape.push_back(d.get<std::size_t>());
       }
@@ -70,7 +70,7 @@ zero::model_spec read_model(const std::string& file) {
       const nlohmann::json& g = unit["gathers"];
       ZERO_CHECK(g.is_number_unsigned() && g.get<std::uint64_t>() >= 1 && g.get<std::uint64_t>() <= 1000000,
                  invalid_argument, where, ": unit ", unit_name, ": \"gathers\" ",
-                 toolcli::quote(g.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
+                 g.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                  " is not a positive integer (times the unit is gathered per pass)");
       builder.gathers(static_cast<int>(g.get<std::uint64_t>()));
     }
