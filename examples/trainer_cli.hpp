@@ -1,9 +1,11 @@
-// The command line, policy dispatch and final report shared by the example trainers (train_mlp, train_mlp_cuda).
+// The command line, policy dispatch and final report shared by the trainers (train_mlp, train_gpt, train_mlp_cuda).
 #pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cinttypes>
@@ -11,10 +13,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
+#include <ctime>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>

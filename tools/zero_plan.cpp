@@ -1,10 +1,11 @@
 // zero_plan: memory per rank and traffic per step of a model for every stage and world size, before anything runs.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,7 +26,7 @@ struct tensor_text {
 // and optionally "gathers": n (a shared unit gathered n times per pass, unit_builder::gathers), or an
 // object with that list under "units". Errors name the file and the place.
 // The file is opened without blocking (a FIFO is refused, not waited on) and read up to
-// max_model_bytes; every name quoted from it is escaped (toolcli::quoted).
+// max_model_bytes; every name quoted from it is escaped (toolcli::quote).
 inline constexpr std::uint64_t max_model_bytes = std::uint64_t{64} << 20;
 
 zero::model_spec read_model(const std::string& file) {
