@@ -44,7 +44,9 @@ RUNS = [
 def run(train_mlp, index, label, flags, precision, args, workdir):
     log = os.path.join(workdir, f"run{index}.jsonl")
     cmd = [train_mlp, "--stage", "3", "--ranks", str(args.ranks), "--steps", str(args.steps), "--seed",
-           str(args.seed), "--precision", precision, "--quant-block", str(args.block), "--log", log, "--json"]
+           str(args.seed), "--precision", precision, "--log", log, "--json"]
+    if "--qwz" in flags or "--qgz" in flags:  # the trainers refuse --quant-block where nothing is quantized
+        cmd += ["--quant-block", str(args.block)]
     for f in flags:
         cmd += [f, str(args.node_size)] if f == "--hpz" else [f]
     if "--hpz" not in flags:

@@ -7,26 +7,33 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "mlp.hpp"  // mlp::key: the counter-based generator both examples use
+#include "tool_files.hpp"
 #include "zero/error.hpp"
 
 namespace gpt {
 
 // The corpus as tokens. A "character" is a byte: UTF-8 text stays exact, and a multi-byte character
 // is a few tokens. The vocabulary is the set of bytes that occur, in ascending order, so the same
-// files always give the same token ids.
+// files always give the same token ids. The corpus is text: any byte but NUL. A file with a NUL
+// byte is binary (an executable, an archive, a sparse file's holes) and refused, naming the file
+// and where its first NUL is: a byte model would train on it, but not on what was meant.
+//
+// The corpus is read into memory whole (the batches draw windows anywhere in it), once as text and
+// once as byte tokens, so it is bounded: at most max_bytes (train_gpt's --data-limit, default
+// default_max_corpus_bytes), checked from each file's size before it is read, and again as it is
+// read. An empty file is refused; a FIFO, device or socket is refused without being opened for long
+// (it could block forever or never end).
 struct corpus {
   std::vector<std::string> files;  // what was read, in order
   std::string text;                // their contents, concatenated
   std::string vocab;               // vocab[id] is the byte of token id
   std::array<int, 256> id{};       // the token id of a byte, -1 where the byte never occurs
-  std::vector<int> tokens;         // the text's tokens reordered: the training blocks, then the held-out ones
+  std::vector<std::uint8_t> tokens;  // the text's tokens reordered: the training blocks, then the held-out ones
   std::size_t train_end = 0;       // tokens [0, train_end) train, [train_end, size) are held out
 
   int vocab_size() const { return static_cast<int>(vocab.size()); }
@@ -34,20 +41,24 @@ struct corpus {
   std::size_t held_out_size() const { return tokens.size() - train_end; }
 };
 
+// The default bound on the corpus (train_gpt --data-limit): twice that in memory, text and tokens.
+inline constexpr std::uint64_t default_max_corpus_bytes = std::uint64_t{256} << 20;
+
 // The files a --data path stands for: a file itself; a directory, its *.md and *.txt files (not
 // recursive) in byte order of their names, so a listing order never changes the corpus.
 inline std::vector<std::filesystem::path> corpus_files(const std::filesystem::path& p) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_regular_file(p, ec)) return {p};
-  ZERO_CHECK(fs::is_directory(p, ec), io, "corpus: '", p.string(), "' is neither a file nor a directory");
+  ZERO_CHECK(fs::is_directory(p, ec), io, "corpus: ", toolcli::quote(p.string()),
+             " is neither a regular file nor a directory");
   std::vector<fs::path> out;
   for (const auto& entry : fs::directory_iterator(p)) {
     const auto ext = entry.path().extension();
     if (entry.is_regular_file() && (ext == ".md" || ext == ".txt")) out.push_back(entry.path());
   }
   std::sort(out.begin(), out.end());
-  ZERO_CHECK(!out.empty(), io, "corpus: the directory '", p.string(), "' holds no .md or .txt file");
+  ZERO_CHECK(!out.empty(), io, "corpus: the directory ", toolcli::quote(p.string()), " holds no .md or .txt file");
   return out;
 }
 
@@ -60,16 +71,24 @@ inline constexpr std::size_t split_blocks = 100;
 // held out when floor((j + 1) h) > floor(j h), h = held_out; the training blocks come first in
 // `tokens`, in text order, then the held-out ones (a window may span the seam between two blocks of
 // one part: a few positions out of a block's length). Both parts must hold `context` + 1 tokens.
-inline corpus load_corpus(const std::vector<std::string>& paths, double held_out, int context) {
+inline corpus load_corpus(const std::vector<std::string>& paths, double held_out, int context,
+                          std::uint64_t max_bytes = default_max_corpus_bytes) {
   corpus c;
   for (const auto& p : paths)
     for (const auto& f : corpus_files(p)) {
-      std::ifstream in(f, std::ios::binary);
-      ZERO_CHECK(in.good(), io, "corpus: cannot open '", f.string(), "'");
-      std::ostringstream s;
-      s << in.rdbuf();
+      const std::uint64_t before = c.text.size();
+      const std::uint64_t room = max_bytes - before;
+      const std::uint64_t got = toolcli::append_input("corpus", f.string(), room, c.text,
+                                                      before == 0 ? "the corpus may hold (--data-limit)"
+                                                                  : "left of what the corpus may hold (--data-limit " +
+                                                                        std::to_string(max_bytes) + ", " +
+                                                                        std::to_string(before) + " read before it)");
+      ZERO_CHECK(got > 0, invalid_argument, "corpus: ", toolcli::quote(f.string()), " is empty");
+      const auto nul = c.text.find('\0', before);
+      ZERO_CHECK(nul == std::string::npos, invalid_argument, "corpus: ", toolcli::quote(f.string()),
+                 " is binary, not text: it has a NUL byte at offset ", nul - before,
+                 " (the character model reads text: any byte but NUL)");
       c.files.push_back(f.string());
-      c.text += s.str();
     }
   std::array<bool, 256> seen{};
   for (unsigned char ch : c.text) seen[ch] = true;
@@ -80,12 +99,12 @@ inline corpus load_corpus(const std::vector<std::string>& paths, double held_out
       c.vocab.push_back(static_cast<char>(b));
     }
   const std::size_t n = c.text.size();
-  std::vector<int> held;
+  std::vector<std::uint8_t> held;
   c.tokens.reserve(n);
   for (std::size_t j = 0; j < split_blocks; ++j) {
     const bool out = std::floor(static_cast<double>(j + 1) * held_out) > std::floor(static_cast<double>(j) * held_out);
     for (std::size_t i = j * n / split_blocks; i < (j + 1) * n / split_blocks; ++i)
-      (out ? held : c.tokens).push_back(c.id[static_cast<unsigned char>(c.text[i])]);
+      (out ? held : c.tokens).push_back(static_cast<std::uint8_t>(c.id[static_cast<unsigned char>(c.text[i])]));
   }
   c.train_end = c.tokens.size();
   c.tokens.insert(c.tokens.end(), held.begin(), held.end());

@@ -1,7 +1,9 @@
-// The trainers' --log file: JSON lines, the run's settings first, then one line per step (tools/plot_run.py draws them).
+// The trainers' --log file: JSON lines, the run's settings first (and any resume point), then one line per step.
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <stdio.h>
+#include <unistd.h>
 
 #include <array>
 #include <cerrno>
@@ -13,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "tool_cli.hpp"
 #include "trainer_cli.hpp"
 #include "zero/zero.hpp"
 
@@ -56,10 +59,18 @@ step_record engine_record(const Engine& e, const zero::step_report& r) {
 class run_log {
  public:
   run_log() = default;
-  // Creates (or truncates) the file; a failure is a zero::error (io) naming the path and the cause.
-  explicit run_log(const std::string& path, std::string items_name = "samples")
-      : f_(std::fopen(path.c_str(), "w")), items_name_(std::move(items_name)) {
-    if (!f_) zero::fail(zero::error_kind::io, "--log: cannot create '", path, "': ", std::strerror(errno));
+  // Opens the file through the tools' hardened open (toolcli::open_log: never through a symbolic
+  // link, only a regular file): a resumed run appends to what is there, a new one needs it new or
+  // empty unless `mode` is overwrite. A failure is a zero::error (io) naming the path and the cause.
+  run_log(const std::string& path, toolcli::log_mode mode, std::string items_name = "samples")
+      : items_name_(std::move(items_name)) {
+    const int fd = toolcli::open_log("--log", path, mode);
+    f_ = ::fdopen(fd, "a");
+    if (!f_) {
+      const int e = errno;
+      ::close(fd);
+      zero::fail(zero::error_kind::io, "--log: cannot open ", toolcli::quote(path), ": ", std::strerror(e));
+    }
   }
   run_log(const run_log&) = delete;
   run_log& operator=(const run_log&) = delete;
@@ -93,6 +104,9 @@ class run_log {
     };
     j.update(extra);
     line(j);
+    // A resumed run says where it took up: the checkpoint it loaded and the step it continues from,
+    // so a log appended to across interruptions reads as one run.
+    if (!o.resume.empty()) line({{"kind", "resume"}, {"checkpoint", o.resume}, {"step", first_step}});
   }
 
   void step(const step_record& s) {
@@ -139,7 +153,8 @@ class run_log {
  private:
   // One line, flushed: a run that dies leaves every step it finished in the file.
   void line(const nlohmann::json& j) {
-    const std::string text = j.dump() + "\n";
+    // A path of invalid UTF-8 is replaced, not thrown on: the line is written either way.
+    const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (std::fwrite(text.data(), 1, text.size(), f_) != text.size() || std::fflush(f_) != 0)
       zero::fail(zero::error_kind::io, "--log: write failed: ", std::strerror(errno));
   }

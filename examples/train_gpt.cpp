@@ -211,6 +211,12 @@ std::vector<std::string> default_corpus(std::string& tried) {
   return {};
 }
 
+// Text of the corpus's bytes (the prompt, the sample) as it may reach a terminal: a corpus may hold
+// any byte but NUL, so control characters and cut UTF-8 sequences are escaped; newlines stay.
+std::string shown(const std::string& text) {
+  return zero::checkpoint::printable(text, text.size(), zero::checkpoint::printable_mode::message);
+}
+
 void print_gpt_summary(const options& o, const gpt_options& g, const gpt::corpus& data, const gpt_summary& s) {
   trainer::print_summary(o, s.base);
   const double entropy_train = gpt::unigram_entropy(data, 0, data.train_end);
@@ -233,7 +239,7 @@ void print_gpt_summary(const options& o, const gpt_options& g, const gpt::corpus
               s.loss_train_eval, s.loss_held_out, 100.0 * s.accuracy_held_out, entropy_train, entropy_held);
   if (g.sample > 0)
     std::printf("  sample (temperature %g, seed %llu):\n%s%s\n", g.temperature,
-                static_cast<unsigned long long>(g.model.seed), g.prompt.c_str(), s.sample.c_str());
+                static_cast<unsigned long long>(g.model.seed), shown(g.prompt).c_str(), shown(s.sample).c_str());
 }
 
 nlohmann::json gpt_json(const options& o, const gpt_options& g, const gpt::corpus& data, const gpt_summary& s) {
@@ -276,61 +282,60 @@ int main(int argc, char** argv) {
   gpt_options g;
   CLI::App app{"Train a small character-level GPT on this repository's documentation with ZeRO on N ranks: threads "
                "of this process (comm::threads) or MPI processes started by mpirun (comm::mpi)."};
-  [[maybe_unused]] auto* ranks_flag =
-      app.add_option("--ranks", o.ranks, "number of ranks (with --backend mpi: the communicator's size)")
-          ->check(CLI::Range(1, 1024))
-          ->capture_default_str();
+  [[maybe_unused]] auto* ranks_flag = toolcli::add_integer(
+      app, "--ranks", o.ranks, 1, 1024, "number of ranks (with --backend mpi: the communicator's size)");
   app.add_option("--backend", o.backend, "threads: ranks as threads of this process; mpi: one rank per MPI process")
-      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->check(toolcli::one_of({"threads", "mpi"}))
       ->capture_default_str();
-  app.add_option("--comm-timeout", o.comm_timeout,
-                 "seconds a rank waits in a collective for its peers before the run fails with an error naming "
-                 "the call and the ranks that did not arrive")
-      ->check(CLI::Range(0.001, 7 * 86400.0))
-      ->capture_default_str();
+  toolcli::add_double(app, "--comm-timeout", o.comm_timeout, 0.001, 7 * 86400.0,
+                      "seconds a rank waits in a collective for its peers before the run fails with an error naming "
+                      "the call and the ranks that did not arrive");
   trainer::add_common_flags(app, o);
   // The MLP's shape flags do not apply; --layers and --batch mean the GPT's blocks and sequences.
-  for (const char* name : {"--hidden", "--in", "--classes"}) app.remove_option(app.get_option(name));
+  // This trainer writes no per-step log (its progress goes to stderr): --log would do nothing.
+  for (const char* name : {"--hidden", "--in", "--classes", "--log-overwrite", "--log"})
+    app.remove_option(app.get_option(name));
   app.get_option("--layers")->description("transformer blocks");
   app.get_option("--batch")->description("global batch in sequences of --context bytes, a multiple of the ranks "
                                          "times --accum");
-  app.get_option("--lr")->description("learning rate, finite and > 0 as a 32-bit float (default: " +
+  app.get_option("--lr")->description("learning rate, in (0, 1000] as a 32-bit float (default: " +
                                       trainer::default_rates([&](auto& opt) { tune(opt, g, options{}); }) + ")");
-  app.add_option("--embd", g.model.embd, "channels of the residual stream")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--heads", g.model.heads, "attention heads (they split --embd)")
-      ->check(CLI::Range(1, 1 << 10))
-      ->capture_default_str();
-  app.add_option("--context,--block", g.model.context, "positions per sequence (the block size)")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
+  toolcli::add_integer(app, "--embd", g.model.embd, 1, 1 << 16, "channels of the residual stream");
+  toolcli::add_integer(app, "--heads", g.model.heads, 1, 1 << 10, "attention heads (they split --embd)");
+  toolcli::add_integer(app, "--context,--block", g.model.context, 1, 1 << 16,
+                       "positions per sequence (the block size)");
   app.add_option("--data", g.data,
-                 "text files, or directories whose *.md and *.txt files are read in name order (default: this "
-                 "repository's README.md and docs/)")
-      ->check(CLI::ExistingPath);
-  app.add_option("--beta2", g.beta2, "AdamW's second-moment decay")->check(CLI::Range(0.0, 0.99999))->capture_default_str();
-  app.add_option("--held-out", g.held_out, "fraction of the corpus held out for evaluation: that many of its 100 equal blocks, evenly spread")
-      ->check(CLI::Range(0.01, 0.9))
-      ->capture_default_str();
-  app.add_option("--eval-windows", g.eval_windows,
-                 "windows of --context bytes evaluated in each part (0: all of the held-out part)")
-      ->check(CLI::Range(0, 1 << 24))
-      ->capture_default_str();
-  app.add_option("--sample", g.sample, "bytes to generate after training (0: none)")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--temperature", g.temperature, "sampling temperature (0: always the most likely byte)")
-      ->check(CLI::Range(0.0, 100.0))
-      ->capture_default_str();
-  app.add_option("--prompt", g.prompt, "text the sample continues")->capture_default_str();
+                 "text files (any byte but NUL; not empty), or directories whose *.md and *.txt files are read in "
+                 "name order (default: this repository's README.md and docs/)")
+      ->check(toolcli::checked(
+          [](const std::string& t) {
+            struct stat st {};
+            if (!t.empty() && ::stat(t.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+              return toolcli::input_problem(t, S_IFDIR);
+            return toolcli::input_problem(t, S_IFREG);
+          },
+          "PATH"));
+  std::uint64_t data_limit = gpt::default_max_corpus_bytes;
+  app.add_option_function<std::string>(
+         "--data-limit", [&](const std::string& v) { data_limit = toolcli::size_value("--data-limit", v); },
+         "the most bytes the corpus may hold, e.g. 64MiB (it is read into memory: about twice that is held); "
+         "larger files are refused before they are read")
+      ->type_name("BYTES")
+      ->default_str(std::to_string(data_limit));
+  toolcli::add_float(app, "--beta2", g.beta2, 0.0f, 0.99999f, "AdamW's second-moment decay");
+  toolcli::add_double(
+      app, "--held-out", g.held_out, 0.01, 0.9,
+      "fraction of the corpus held out for evaluation: that many of its 100 equal blocks, evenly spread");
+  toolcli::add_integer(app, "--eval-windows", g.eval_windows, std::size_t{0}, std::size_t{1} << 24,
+                       "windows of --context bytes evaluated in each part (0: all of the held-out part)");
+  toolcli::add_integer(app, "--sample", g.sample, 0, 1 << 20, "bytes to generate after training (0: none)");
+  auto* temperature_flag = toolcli::add_float(app, "--temperature", g.temperature, 0.0f, 100.0f,
+                                              "sampling temperature (0: always the most likely byte)");
+  auto* prompt_flag = app.add_option("--prompt", g.prompt, "text the sample continues")->capture_default_str();
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
-  if (!(o.comm_timeout >= 0.001 && o.comm_timeout <= 7 * 86400.0))
-    return usage_error("--comm-timeout " + std::to_string(o.comm_timeout) +
-                       ": the timeout must be a number of seconds in [0.001, 604800]");
+  if (const std::string p = trainer::options_problem(app, o); !p.empty()) return usage_error(p);
   const auto comm_timeout = std::chrono::milliseconds(std::llround(o.comm_timeout * 1000.0));
-  if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
   g.model.layers = o.model.layers;
   g.model.batch = o.model.batch;
   g.model.seed = o.model.seed;
@@ -338,6 +343,9 @@ int main(int argc, char** argv) {
     return usage_error("--embd " + std::to_string(g.model.embd) + " must be a multiple of --heads " +
                        std::to_string(g.model.heads));
   if (g.prompt.empty()) return usage_error("--prompt must not be empty");
+  if (g.sample == 0 && (temperature_flag->count() > 0 || prompt_flag->count() > 0))
+    return usage_error(std::string(temperature_flag->count() > 0 ? "--temperature" : "--prompt") +
+                       " sets the sample; --sample 0 generates none");
 
   if (g.data.empty()) {
     std::string tried;
@@ -345,12 +353,13 @@ int main(int argc, char** argv) {
     if (g.data.empty())
       return usage_error("no README.md and docs/ found in " + tried + "; give the corpus with --data");
   }
+  // The corpus is the command line's input: what cannot be read as one (a FIFO, an empty or binary
+  // file, more than --data-limit) is a usage error, before any rank starts.
   gpt::corpus data;
   try {
-    data = gpt::load_corpus(g.data, g.held_out, g.model.context);
-  } catch (const std::exception& e) {
-    std::cerr << "train_gpt: " << e.what() << "\n";
-    return 1;
+    data = gpt::load_corpus(g.data, g.held_out, g.model.context, data_limit);
+  } catch (...) {
+    return usage_error("--data: " + std::string(zero::as_error(std::current_exception()).what()));
   }
   g.model.vocab = data.vocab_size();
   for (unsigned char ch : g.prompt)
@@ -371,8 +380,10 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend mpi the ranks are the processes mpirun starts; drop --ranks)";
-    else
-      problem = trainer::split_batch(o, g.model.batch, world, "the number of MPI processes " + std::to_string(world));
+    else if (problem =
+                 trainer::split_batch(o, g.model.batch, world, "the number of MPI processes " + std::to_string(world));
+             problem.empty())
+      problem = trainer::zeropp_problem(o, world);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     zero::comm::mpi_options mpi_opt;
@@ -387,6 +398,7 @@ int main(int argc, char** argv) {
             trainer::split_batch(o, g.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
         !problem.empty())
       return usage_error(problem);
+    if (const std::string p = trainer::zeropp_problem(o, o.ranks); !p.empty()) return usage_error(p);
     try {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;

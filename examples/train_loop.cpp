@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tool_cli.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
@@ -265,34 +266,54 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"A complete small training loop with ZeRO: an MLP on synthetic data, warm-up + cosine schedule, "
                "clipping, held-out evaluation, checkpoints and resume."};
-  auto* ranks_flag = app.add_option("--ranks", o.ranks, "number of ranks (threads; under mpirun: the processes)")
-                         ->check(CLI::IsMember(std::vector<int>{1, 2, 4, 8, 16}))
-                         ->capture_default_str();
-  app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
-  app.add_option("--steps", o.steps, "train until this step (a resumed run continues to it)")
-      ->check(CLI::Range(1, 1000000))
-      ->capture_default_str();
-  app.add_option("--schedule-steps", o.schedule_steps,
-                 "the length of the learning-rate schedule, the same in every part of an interrupted run (0: --steps)")
-      ->check(CLI::Range(0, 1000000))
-      ->capture_default_str();
+  auto* ranks_flag =
+      app.add_option_function<std::string>(
+             "--ranks",
+             [&o](const std::string& v) {
+               o.ranks = toolcli::integer_value("--ranks", v, 1, 16);
+               if ((o.ranks & (o.ranks - 1)) != 0)
+                 throw CLI::ValidationError("--ranks", toolcli::quote(v) + " is not one of 1, 2, 4, 8, 16");
+             },
+             "number of ranks, 1, 2, 4, 8 or 16 (threads; under mpirun: the processes)")
+          ->type_name("INT")
+          ->default_str(std::to_string(o.ranks));
+  toolcli::add_integer(app, "--stage", o.stage, 0, 3, "ZeRO stage");
+  toolcli::add_integer(app, "--steps", o.steps, 1, 1000000, "train until this step (a resumed run continues to it)");
+  auto* schedule_flag = toolcli::add_integer(
+      app, "--schedule-steps", o.schedule_steps, 0, 1000000,
+      "the length of the learning-rate schedule, the same in every part of an interrupted run (0: --steps)");
   app.add_option("--backend", o.backend, "threads: ranks as threads; mpi: one rank per MPI process")
-      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->check(toolcli::one_of({"threads", "mpi"}))
       ->capture_default_str();
-  app.add_option("--save", o.save, "checkpoint directory written at the end (and every --save-every steps)");
-  app.add_option("--resume", o.resume, "checkpoint directory to continue from (any world size and stage)");
-  app.add_option("--eval-every", o.eval_every, "evaluate on the held-out split every K steps (0: never)")
-      ->check(CLI::Range(0, 1000000))
-      ->capture_default_str();
-  app.add_option("--save-every", o.save_every, "save to --save every K steps (0: only at the end)")
-      ->check(CLI::Range(0, 1000000))
-      ->capture_default_str();
-  app.add_option("--seed", o.seed, "seed of the data and the initial weights")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  if (o.save_every > 0 && o.save.empty()) {
-    std::fprintf(stderr, "train_loop: --save-every needs --save DIR\n");
-    return 2;
-  }
+  auto* save_flag = app.add_option("--save", o.save,
+                                   "checkpoint directory written at the end (and every --save-every steps), created "
+                                   "with its parents before training")
+                        ->check(toolcli::checked(toolcli::save_directory_problem, "DIR"));
+  app.add_option("--resume", o.resume, "checkpoint directory to continue from (any world size and stage)")
+      ->check(toolcli::checked([](const std::string& t) { return toolcli::input_problem(t, S_IFDIR); }, "DIR"));
+  toolcli::add_integer(app, "--eval-every", o.eval_every, 0, 1000000,
+                       "evaluate on the held-out split every K steps (0: never)");
+  toolcli::add_integer(app, "--save-every", o.save_every, 1, 1000000, "save to --save every K steps (needs --save)")
+      ->default_str("")
+      ->needs(save_flag);
+  app.add_option_function<std::string>(
+         "--seed", [&o](const std::string& v) { o.seed = toolcli::uint64_flag("--seed", v); },
+         "seed of the data and the initial weights, a decimal integer in [0, 2^64 - 1]")
+      ->type_name("UINT")
+      ->default_str(std::to_string(o.seed));
+  if (const auto code = toolcli::parse(app, argc, argv)) return *code;
+  // The schedule warms up over its first `warmup` steps, then decays to its end: a shorter one
+  // would be refused by the library after the engine is built; a run past its end learns nothing.
+  const int schedule_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
+  if (schedule_steps < warmup)
+    return toolcli::usage_error(
+        app, std::string(schedule_flag->count() > 0 ? "--schedule-steps " : "--steps ") +
+                 std::to_string(schedule_steps) + ": the learning-rate schedule warms up over its first " +
+                 std::to_string(warmup) + " steps, so it must be at least " + std::to_string(warmup) + " steps long");
+  if (o.schedule_steps > 0 && o.schedule_steps < o.steps)
+    return toolcli::usage_error(app, "--schedule-steps " + std::to_string(o.schedule_steps) + " ends before --steps " +
+                                         std::to_string(o.steps) +
+                                         ": the steps after it would train at the schedule's final rate, 0");
 
   try {
     if (o.backend == "mpi") {
@@ -303,18 +324,20 @@ int main(int argc, char** argv) {
         if (session.world_rank() == 0)
           std::fprintf(stderr, "train_loop: under mpirun the ranks are the %d processes: a power of two that "
                                "divides the batch %d, and --ranks, if given, must say the same\n", world, batch);
-        return 2;
+        return toolcli::usage_exit;
       }
       zero::comm::mpi::run([&](zero::comm::mpi& comm) { run_stage(comm, o); });
 #else
-      std::fprintf(stderr, "train_loop: built without MPI (configure with -Dmpi=enabled)\n");
-      return 2;
+      return toolcli::usage_error(
+          app, "--backend mpi: this train_loop was built without MPI (configure with -Dmpi=enabled)");
 #endif
     } else {
       zero::comm::threads::launch(o.ranks, [&](zero::comm::threads& comm) { run_stage(comm, o); });
     }
-  } catch (const std::exception& ex) {
-    std::fprintf(stderr, "train_loop: %s\n", ex.what());
+  } catch (...) {
+    // Whatever a name in it came from (a checkpoint, a path), the message is escaped.
+    std::fprintf(stderr, "train_loop: %s\n",
+                 toolcli::printable_message(zero::as_error(std::current_exception()).what()).c_str());
     return 1;
   }
   return 0;

@@ -67,7 +67,7 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
   if (rank == 0) {
     bar.emplace(stderr, t0, t0 + static_cast<std::uint64_t>(o.steps), static_cast<double>(o.model.batch));
     if (!o.log.empty()) {
-      log.emplace(o.log);
+      log.emplace(o.log, trainer::log_mode_of(o));
       log->run("train_mlp", o, e, t0,
               {{"batch", o.model.batch},
                {"gemm", o.gemm},
@@ -184,15 +184,10 @@ void dispatch(Comm& backend, const options& o, summary& out) {
   });
 }
 
-// A decimal number as a double: finite, and > 0 (or >= 0 with zero_ok); CLI11's ranges let nan through.
+// A decimal number as a double: finite, and > 0 (or >= 0 with zero_ok), at most 1e12.
 double double_flag(const std::string& flag, const std::string& text, bool zero_ok) {
-  double v = 0;
-  const char* first = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
-  const auto [end, ec] = std::from_chars(first, text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || first == end || !std::isfinite(v))
-    throw CLI::ValidationError(flag, "'" + text + "' is not a finite number");
-  if (zero_ok ? !(v >= 0) : !(v > 0))
-    throw CLI::ValidationError(flag, "must be " + std::string(zero_ok ? ">= 0" : "> 0") + ", got " + text);
+  const double v = toolcli::double_value(flag, text, 0.0, 1e12);
+  if (!zero_ok && v == 0) throw CLI::ValidationError(flag, "must be > 0, got " + toolcli::quote(text));
   return v;
 }
 
@@ -203,24 +198,20 @@ int main(int argc, char** argv) {
   o.backend = "threads";
   CLI::App app{"Train a small MLP classifier with ZeRO on N ranks: threads of this process (comm::threads) or MPI "
                "processes started by mpirun (comm::mpi)."};
-  [[maybe_unused]] auto* ranks_flag =
-      app.add_option("--ranks", o.ranks, "number of ranks (with --backend mpi: the communicator's size)")
-          ->check(CLI::Range(1, 1024))
-          ->capture_default_str();
+  [[maybe_unused]] auto* ranks_flag = toolcli::add_integer(
+      app, "--ranks", o.ranks, 1, 1024, "number of ranks (with --backend mpi: the communicator's size)");
   app.add_option("--backend", o.backend, "threads: ranks as threads of this process; mpi: one rank per MPI process")
-      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->check(toolcli::one_of({"threads", "mpi"}))
       ->capture_default_str();
-  app.add_option("--comm-timeout", o.comm_timeout,
-                 "seconds a rank waits in a collective for its peers before the run fails with an error naming "
-                 "the call and the ranks that did not arrive")
-      ->check(CLI::Range(0.001, 7 * 86400.0))
-      ->capture_default_str();
+  toolcli::add_double(app, "--comm-timeout", o.comm_timeout, 0.001, 7 * 86400.0,
+                      "seconds a rank waits in a collective for its peers before the run fails with an error naming "
+                      "the call and the ranks that did not arrive");
   trainer::add_common_flags(app, o);
   o.gemm = mlp::have_blas ? "blas" : "loops";
   app.add_option("--gemm", o.gemm,
                  "the linear layers' GEMMs: blas (OpenBLAS, one thread per rank) or loops (the hand-written ones; "
                  "the two sum in different orders, so param_hash depends on the choice)")
-      ->check(mlp::have_blas ? CLI::IsMember({"loops", "blas"}) : CLI::IsMember({"loops"}))
+      ->check(mlp::have_blas ? toolcli::one_of({"loops", "blas"}) : toolcli::one_of({"loops"}))
       ->capture_default_str();
   app.add_option_function<std::string>(
          "--link-gbps", [&o](const std::string& v) { o.link_gbps = double_flag("--link-gbps", v, false); },
@@ -236,19 +227,16 @@ int main(int argc, char** argv) {
   app.add_option("--overlap", o.overlap,
                  "overlap communication with computation where the backend can (comm::mpi, a modeled link): "
                  "reduces in flight, stage 3 prefetch; the same bits either way")
-      ->check(CLI::IsMember({"on", "off"}))
+      ->check(toolcli::one_of({"on", "off"}))
       ->capture_default_str();
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
 #if MLP_WITH_OPENBLAS
   mlp::blas::single_threaded();  // before the ranks start: one thread per rank
 #endif
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
-  // Checked as parsed (CLI11's range lets nan through) and as used: whole milliseconds, at least 1.
-  if (!(o.comm_timeout >= 0.001 && o.comm_timeout <= 7 * 86400.0))
-    return usage_error("--comm-timeout " + std::to_string(o.comm_timeout) +
-                       ": the timeout must be a number of seconds in [0.001, 604800]");
+  if (const std::string p = trainer::options_problem(app, o); !p.empty()) return usage_error(p);
+  // Checked as parsed (a double in [0.001, 604800]) and used as whole milliseconds, at least 1.
   const auto comm_timeout = std::chrono::milliseconds(std::llround(o.comm_timeout * 1000.0));
-  if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
 
   summary s;
 #if ZERO_WITH_MPI

@@ -453,7 +453,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   if (rank == 0) {
     bar.emplace(stderr, t0, t0 + static_cast<std::uint64_t>(o.steps), static_cast<double>(o.model.batch));
     if (!o.log.empty()) {
-      log.emplace(o.log);
+      log.emplace(o.log, trainer::log_mode_of(o));
       log->run("train_mlp_cuda", o, e, t0,
                {{"batch", o.model.batch},
                 {"device", device_name(comm.context().device())},
@@ -562,12 +562,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a small MLP classifier with ZeRO on the GPU: N ranks sharing this process's GPU "
                "(comm::cuda_threads) or one GPU per MPI process started by mpirun (comm::nccl)."};
   [[maybe_unused]] auto* ranks_flag =
-      app.add_option("--ranks", o.ranks, "number of ranks (with --backend nccl: the MPI communicator's size)")
-          ->check(CLI::Range(1, zero::comm::cuda_threads::max_ranks))
-          ->capture_default_str();
+      toolcli::add_integer(app, "--ranks", o.ranks, 1, zero::comm::cuda_threads::max_ranks,
+                           "number of ranks (with --backend nccl: the MPI communicator's size)");
   app.add_option("--backend", o.backend,
                  "cuda_threads: ranks as threads sharing one GPU; nccl: one rank and one GPU per MPI process")
-      ->check(CLI::IsMember({"cuda_threads", "nccl"}))
+      ->check(toolcli::one_of({"cuda_threads", "nccl"}))
       ->capture_default_str();
   trainer::add_common_flags(app, o);
   roofline rl;
@@ -576,7 +575,7 @@ int main(int argc, char** argv) {
                "(GEMMs + optimizer bytes at copy speed)");
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
-  if (o.steps == 0 && o.resume.empty()) return usage_error("--steps 0 only makes sense with --resume");
+  if (const std::string p = trainer::options_problem(app, o); !p.empty()) return usage_error(p);
 
   summary s;
   if (o.backend == "nccl") {
@@ -587,8 +586,10 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend nccl the ranks are the processes mpirun starts; drop --ranks)";
-    else
-      problem = trainer::split_batch(o, o.model.batch, world, "the number of MPI processes " + std::to_string(world));
+    else if (problem =
+                 trainer::split_batch(o, o.model.batch, world, "the number of MPI processes " + std::to_string(world));
+             problem.empty())
+      problem = trainer::zeropp_problem(o, world);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     try {
@@ -608,6 +609,7 @@ int main(int argc, char** argv) {
             trainer::split_batch(o, o.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
         !problem.empty())
       return usage_error(problem);
+    if (const std::string p = trainer::zeropp_problem(o, o.ranks); !p.empty()) return usage_error(p);
     try {
       zero::comm::cuda_threads::launch(o.ranks, [&](zero::comm::cuda_threads& comm) {
         summary local;

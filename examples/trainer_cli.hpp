@@ -1,4 +1,4 @@
-// The command line, policy dispatch and final report shared by the example trainers (train_mlp, train_mlp_cuda).
+// The command line, policy dispatch and final report shared by the trainers (train_mlp, train_gpt, train_mlp_cuda).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "mlp.hpp"
+#include "tool_cli.hpp"
 #include "zero/zero.hpp"
 
 namespace trainer {
@@ -73,6 +74,7 @@ struct options {
   double comm_timeout = 300;  // seconds a rank waits in a collective before the run fails
   std::uint64_t memory_limit = 0;  // engine_options::memory_limit_bytes: bytes per rank, 0: no budget
   std::string log;  // --log FILE: JSON lines, one per step (run_log.hpp)
+  bool log_overwrite = false;  // --log-overwrite: discard what an existing --log file holds
   // train_mlp's own: the GEMM kernels ("loops" or "blas"; empty: the trainer's only kind), and a
   // modeled link (comm::modeled) when link_gbps > 0 or link_latency_us > 0 (0 GB/s: no bandwidth term).
   std::string gemm;
@@ -116,113 +118,33 @@ struct summary {
   double comm_inter_bytes = 0, comm_inter_formula = 0;  // the part of comm_bytes sent between nodes, and its formula
 };
 
-// ---- flag values, checked after their conversion ---------------------------------------------
-// CLI11 (2.1) converts a float through long double and an unsigned through strtoull without a range
-// check, so 1e39 became inf, 1e-50 became 0 and -1 became 2^64 - 1 after its checks had passed. These
-// flags are converted here instead, exactly (std::from_chars), and what is checked is the value the
-// program then uses. A refusal is a CLI::ValidationError: exit code 2 and the usage.
+// ---- flag values and output targets --------------------------------------------------------
+// Every number is converted by tool_cli.hpp (exactly, then range-checked as used: CLI11 2.1 turned
+// -1 into 2^64 - 1 and let nan through its ranges); every output place is proved before training
+// by creating something there. A refusal is a CLI::ValidationError: exit status 2 and the usage.
+using toolcli::float_flag;
 
-// A decimal float as the 32-bit float the optimizer gets: finite, and > 0 (or >= 0 with zero_ok).
-inline float float_flag(const std::string& flag, const std::string& text, bool zero_ok) {
-  const char* first = text.data();
-  const char* last = first + text.size();
-  if (first != last && *first == '+') ++first;  // from_chars takes no plus sign
-  float v = 0.0f;
-  const auto [end, ec] = std::from_chars(first, last, v);
-  if (ec == std::errc::result_out_of_range)  // it would round to infinity or to 0
-    throw CLI::ValidationError(flag,
-                               "'" + text + "' is outside the range of a 32-bit float (magnitude 1.4e-45 to 3.4e+38)");
-  if (ec != std::errc() || end != last || first == last)
-    throw CLI::ValidationError(flag, "'" + text + "' is not a number");
-  if (!std::isfinite(v)) throw CLI::ValidationError(flag, "'" + text + "' is not a finite number");
-  if (zero_ok ? !(v >= 0.0f) : !(v > 0.0f))
-    throw CLI::ValidationError(flag, "must be " + std::string(zero_ok ? ">= 0" : "> 0") + ", got " + text);
-  return v;
-}
+// The bounds of --lr and --clip: far above any rate or norm that trains, far below what overflows.
+inline constexpr float max_lr = 1000.0f, max_clip = 1e9f;
+using toolcli::uint64_flag;
 
-// A decimal integer in [0, 2^64 - 1]: no sign, no wrap-around.
-inline std::uint64_t uint64_flag(const std::string& flag, const std::string& text) {
-  std::uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-    throw CLI::ValidationError(flag, "'" + text + "' is not a decimal integer in [0, 18446744073709551615]");
-  return v;
-}
+using toolcli::checkpoint_manifest;
 
-// ---- output targets, checked before training ------------------------------------------------
-
-// Why `dir` (an existing directory) cannot receive new entries, or "".
-inline std::string unwritable(const std::filesystem::path& dir) {
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    return "'" + dir.string() + "' is not writable (" + std::strerror(errno) + ")";
-  return "";
-}
-
-// The nearest existing ancestor of a path that does not exist ("." for a relative one).
-inline std::filesystem::path nearest_existing(std::filesystem::path p) {
-  std::error_code ec;
-  while (true) {
-    p = p.has_relative_path() ? p.parent_path() : p;
-    if (p.empty()) return ".";
-    if (std::filesystem::exists(std::filesystem::symlink_status(p, ec))) return p;
-    if (!p.has_relative_path()) return p;  // the root
-  }
-}
-
-// The name of a version's manifest (zero::checkpoint::manifest_name, which train_mlp checks equal):
-// spelled out here because train_mlp_cuda builds without the checkpoint headers.
-inline constexpr std::string_view checkpoint_manifest = "manifest.json";
-
-// --save DIR: a directory of checkpoint versions (created, with its parents, by the first save).
-inline std::string save_target_problem(const std::string& text) {
-  namespace fs = std::filesystem;
-  if (text.empty()) return "an empty path; give the directory to save checkpoints into";
-  const fs::path p = text;
-  std::error_code ec;
-  const auto st = fs::status(p, ec);
-  if (fs::exists(st)) {
-    if (!fs::is_directory(st)) return "'" + text + "' exists and is not a directory";
-    if (fs::exists(p / checkpoint_manifest, ec))
-      return "'" + text + "' is one checkpoint version (it holds " + std::string(checkpoint_manifest) +
-             "); save into a directory of versions (for example its parent)";
-    return unwritable(p);
-  }
-  if (fs::exists(fs::symlink_status(p, ec))) return "'" + text + "' is a symbolic link to nothing";
-  const fs::path base = nearest_existing(p);
-  if (!fs::is_directory(base, ec)) return "'" + base.string() + "' is not a directory";
-  return unwritable(base);
-}
-
-// A file to be written into an existing directory: why it cannot be, or "". `empty` is the message
-// for an empty path.
-inline std::string output_file_problem(const std::string& text, const char* empty) {
-  namespace fs = std::filesystem;
-  if (text.empty()) return empty;
-  const fs::path p = text;
-  std::error_code ec;
-  const auto st = fs::status(p, ec);
-  if (fs::is_directory(st) || !p.has_filename()) return "'" + text + "' is a directory; give a file name";
-  if (fs::exists(st) && !fs::is_regular_file(st))
-    return "'" + text + "' exists and is not a regular file (it would be replaced)";
-  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  const auto pst = fs::status(parent, ec);
-  if (!fs::exists(pst)) return "the directory '" + parent.string() + "' does not exist";
-  if (!fs::is_directory(pst)) return "'" + parent.string() + "' is not a directory";
-  return unwritable(parent);
-}
+// --save DIR: a directory of checkpoint versions, created (with its parents) here, before training.
+inline std::string save_target_problem(const std::string& text) { return toolcli::save_directory_problem(text); }
 
 // --export FILE: a file written into an existing directory (beside it, a temporary checkpoint).
 inline std::string export_target_problem(const std::string& text) {
-  return output_file_problem(text, "an empty path; give the .safetensors file to write");
+  return toolcli::output_file_problem(text, "an empty path; give the .safetensors file to write");
 }
 
-// --log FILE: the JSON-lines log, written into an existing directory.
+// --log FILE: the JSON-lines log, in an existing directory, never through a symbolic link.
 inline std::string log_target_problem(const std::string& text) {
-  return output_file_problem(text, "an empty path; give the file to write the log into");
+  return toolcli::output_file_problem(text, "an empty path; give the file to write the log into", false);
 }
 
 inline CLI::Validator checked_target(std::string (*problem)(const std::string&), const char* name) {
-  return CLI::Validator([problem](std::string& text) { return problem(text); }, "PATH", name);
+  return toolcli::checked(problem, name);
 }
 
 // The optimizer the trainer runs: the library's defaults, with --lr or the trainer's default rate.
@@ -271,20 +193,31 @@ inline void add_zeropp_flags(CLI::App& app, options& o) {
   app.add_flag("--qgz", o.qgz,
                "ZeRO++ qgZ: stages 1-3 reduce gradients as blockwise int8 (or --qgz-bits 4) codes through an "
                "all-to-all, summed in fp32 in rank order (two hops with --node-size or --hpz)");
-  app.add_option("--hpz", o.hpz,
-                 "ZeRO++ hpZ: stage 3 keeps a secondary partition within nodes of this many consecutive ranks; the "
-                 "backward pass gathers inside the node")
-      ->check(CLI::Range(1, 1 << 20))
-      ->type_name("NODE_SIZE");
-  app.add_option("--node-size", o.node_size,
-                 "ranks per node (consecutive): what the summary counts as inter-node traffic, and qgZ's hops "
-                 "(default: one node, or --hpz's)")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--quant-block", o.quant_block, "values per fp32 scale in qwZ's and qgZ's blocks")
-      ->check(CLI::Range(1, 1 << 24))
-      ->capture_default_str();
-  app.add_option("--qwz-bits", o.qwz_bits, "qwZ's code width")->check(CLI::IsMember({8, 4}))->capture_default_str();
-  app.add_option("--qgz-bits", o.qgz_bits, "qgZ's code width")->check(CLI::IsMember({8, 4}))->capture_default_str();
+  toolcli::add_integer(app, "--hpz", o.hpz, 1, 1 << 20,
+                       "ZeRO++ hpZ: stage 3 keeps a secondary partition within nodes of this many consecutive ranks; "
+                       "the backward pass gathers inside the node")
+      ->type_name("NODE_SIZE")
+      ->default_str("");
+  toolcli::add_integer(app, "--node-size", o.node_size, 1, 1 << 20,
+                       "ranks per node (consecutive): what the summary counts as inter-node traffic, and qgZ's hops "
+                       "(default: one node, or --hpz's)")
+      ->default_str("");
+  toolcli::add_integer(app, "--quant-block", o.quant_block, 1, 1 << 24,
+                       "values per fp32 scale in qwZ's and qgZ's blocks (needs --qwz or --qgz)");
+  const auto bits = [](int& target, const std::string& flag) {
+    return [&target, flag](const std::string& v) {
+      target = toolcli::integer_value(flag, v, 4, 8);
+      if (target != 4 && target != 8) throw CLI::ValidationError(flag, toolcli::quote(v) + " is not 8 or 4");
+    };
+  };
+  app.add_option_function<std::string>("--qwz-bits", bits(o.qwz_bits, "--qwz-bits"),
+                                       "qwZ's code width, 8 or 4 (needs --qwz)")
+      ->type_name("BITS")
+      ->default_str("8");
+  app.add_option_function<std::string>("--qgz-bits", bits(o.qgz_bits, "--qgz-bits"),
+                                       "qgZ's code width, 8 or 4 (needs --qgz)")
+      ->type_name("BITS")
+      ->default_str("8");
 }
 
 // Why the ZeRO++ flags make no sense for this stage and world size, or "" (the engine refuses the
@@ -321,36 +254,33 @@ inline CLI::Validator compiled_only(const std::string& flag, const std::string& 
   return CLI::Validator(
       [flag, built](std::string& value) -> std::string {
         if (built.empty() || value == built) return "";
-        return "this build of the trainer was compiled for " + flag + " " + built +
-               " only (Meson option trainer_" + flag.substr(2) + "; scripts/demo.sh builds one per choice)";
+        return "this build of the trainer was compiled for " + flag + " " + built + " only, not " +
+               toolcli::quote(value) + " (Meson option trainer_" + flag.substr(2) +
+               "; scripts/demo.sh builds one per choice)";
       },
       "");
 }
 
 // The flags every trainer takes (--ranks and --backend are the trainer's own: their meaning depends
-// on the backends it offers).
+// on the backends it offers). Combinations are checked after parsing, by options_problem().
 inline void add_common_flags(CLI::App& app, options& o) {
-  app.add_option("--stage", o.stage, "ZeRO stage")
-      ->check(CLI::Range(0, 3))
-      ->check(compiled_only("--stage", built_stage >= 0 ? std::to_string(built_stage) : ""))
-      ->capture_default_str();
-  app.add_option("--steps", o.steps, "training steps (0 with --resume: only reshard, --save or --export it)")
-      ->check(CLI::Range(0, 100000000))
-      ->capture_default_str();
-  app.add_option("--layers", o.model.layers, "linear layers")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "hidden width")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--in", o.model.in, "input features")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--classes", o.model.classes, "classes")->check(CLI::Range(2, 1 << 20))->capture_default_str();
-  app.add_option("--batch", o.model.batch, "global batch, a multiple of the ranks times --accum")
-      ->check(CLI::Range(1, 1 << 24))
-      ->capture_default_str();
+  toolcli::add_integer(app, "--stage", o.stage, 0, 3, "ZeRO stage")
+      ->check(compiled_only("--stage", built_stage >= 0 ? std::to_string(built_stage) : ""));
+  toolcli::add_integer(app, "--steps", o.steps, 0, 100000000,
+                       "training steps (0 with --resume: only reshard, --save or --export it)");
+  toolcli::add_integer(app, "--layers", o.model.layers, 1, 1000, "linear layers");
+  toolcli::add_integer(app, "--hidden", o.model.hidden, 1, 1 << 20, "hidden width");
+  toolcli::add_integer(app, "--in", o.model.in, 1, 1 << 20, "input features");
+  toolcli::add_integer(app, "--classes", o.model.classes, 2, 1 << 20, "classes");
+  toolcli::add_integer(app, "--batch", o.model.batch, 1, 1 << 24,
+                       "global batch, a multiple of the ranks times --accum");
   app.add_option("--optimizer", o.optimizer, "optimizer")
-      ->check(CLI::IsMember(zero::optimizers::names()))
+      ->check(toolcli::one_of(zero::optimizers::names()))
       ->check(compiled_only("--optimizer", std::string(built_optimizer)))
       ->capture_default_str();
   app.add_option_function<std::string>(
-         "--lr", [&o](const std::string& v) { o.lr = float_flag("--lr", v, false); },
-         "learning rate, finite and > 0 as a 32-bit float (default: " + default_rates([](auto&) {}) + ")")
+         "--lr", [&o](const std::string& v) { o.lr = float_flag("--lr", v, false, max_lr); },
+         "learning rate, in (0, 1000] as a 32-bit float (default: " + default_rates([](auto&) {}) + ")")
       ->type_name("FLOAT");
   app.add_option_function<std::string>(
          "--seed", [&o](const std::string& v) { o.model.seed = uint64_flag("--seed", v); },
@@ -358,60 +288,119 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->type_name("UINT")
       ->default_str(std::to_string(o.model.seed));
   app.add_option("--precision", o.precision, "parameter and gradient precision (bf16/fp16 keep fp32 master weights)")
-      ->check(CLI::IsMember(zero::precisions::names()))
+      ->check(toolcli::one_of(zero::precisions::names()))
       ->check(compiled_only("--precision", std::string(built_precision)))
       ->capture_default_str();
   app.add_option_function<std::string>(
-         "--clip", [&o](const std::string& v) { o.clip = float_flag("--clip", v, true); },
-         "clip the global gradient norm to this value (0: off), finite and >= 0")
+         "--clip", [&o](const std::string& v) { o.clip = float_flag("--clip", v, true, max_clip); },
+         "clip the global gradient norm to this value (0: off), in [0, 1e9]")
       ->type_name("FLOAT")
       ->default_str("0");
-  auto* accum_flag = app.add_option("--accum", o.accum, "micro-batches per step, each reduced on its own")
-                         ->check(CLI::Range(1, 1 << 20))
-                         ->capture_default_str();
+  auto* accum_flag =
+      toolcli::add_integer(app, "--accum", o.accum, 1, 1 << 20, "micro-batches per step, each reduced on its own");
   auto* micro_flag =
-      app.add_option("--micro-batch", o.micro_batch,
-                     "rows per micro-batch, fixed: with the global --batch and the ranks N it gives the micro-batches "
-                     "per rank, batch / (N x K), which must divide evenly (instead of --accum)")
-          ->check(CLI::Range(1, 1 << 24))
+      toolcli::add_integer(app, "--micro-batch", o.micro_batch, 1, 1 << 24,
+                           "rows per micro-batch, fixed: with the global --batch and the ranks N it gives the "
+                           "micro-batches per rank, batch / (N x K), which must divide evenly (instead of --accum)")
+          ->default_str("")
           ->excludes(accum_flag);
   app.add_flag("--reproducible", o.reproducible,
                "the same bits at any world size: gradients reduced as exact binned sums, rounded once "
                "(docs/reproducibility.md); param_hash is the same for every N that divides the work")
       ->needs(micro_flag);
-  auto* save_flag = app.add_option("--save", o.save, "save a checkpoint into this directory at the end")
+  auto* save_flag = app.add_option("--save", o.save,
+                                   "save a checkpoint into this directory at the end (created, with its parents, "
+                                   "before training)")
                         ->check(checked_target(save_target_problem, "save target"));
-  app.add_option("--save-every", o.save_every, "also save every K steps (needs --save)")
-      ->check(CLI::Range(1, 1 << 30))
+  toolcli::add_integer(app, "--save-every", o.save_every, 1, 1 << 30, "also save every K steps (needs --save)")
+      ->default_str("")
       ->needs(save_flag);
   app.add_option("--resume", o.resume, "continue from the checkpoint in this directory (any world size or stage)")
-      ->check(CLI::ExistingDirectory);
+      ->check(toolcli::checked([](const std::string& t) { return toolcli::input_problem(t, S_IFDIR); }, "DIR"));
   app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file")
       ->check(checked_target(export_target_problem, "export target"));
-  app.add_option("--memory-limit,--state-memory-limit", o.memory_limit,
-                 "bytes each rank's engine may hold in its system's memory (model states are checked before "
-                 "allocation; 0: no limit); offloaded states (--offload) are outside it, the host memory the tier "
-                 "holds on a CPU system (the disk tier's slice buffers) inside")
-      ->check(CLI::NonNegativeNumber)
+  app.add_option_function<std::string>(
+         "--memory-limit,--state-memory-limit",
+         [&o](const std::string& v) { o.memory_limit = toolcli::size_value("--memory-limit", v); },
+         "bytes each rank's engine may hold in its system's memory, e.g. 2000000, 64MiB (model states are checked "
+         "before allocation; 0: no limit); offloaded states (--offload) are outside it, the host memory the tier "
+          "holds on a CPU system (the disk tier's slice buffers) inside")
+      ->type_name("BYTES")
+      ->default_str("0");
+  app.add_option("--offload", o.offload,
+                 "where master weights and optimizer states live: none (with the parameters), host (host "
+                 "memory), disk (a file per rank in --offload-dir); the same bits either way")
+      ->check(toolcli::one_of({"none", "host", "disk"}))
       ->capture_default_str();
-  auto* offload_flag =
-      app.add_option("--offload", o.offload,
-                     "where master weights and optimizer states live: none (with the parameters), host (host "
-                     "memory), disk (a file per rank in --offload-dir); the same bits either way")
-          ->check(CLI::IsMember({"none", "host", "disk"}))
-          ->capture_default_str();
-  app.add_option("--offload-dir", o.offload_dir, "--offload disk: the directory each rank's state file is created in")
-      ->check(CLI::ExistingDirectory)
-      ->needs(offload_flag);
-  app.add_option("--offload-slice", o.offload_slice,
-                 "--offload: elements streamed per slice (a multiple of 1024; three slices per state array in flight)")
-      ->check(CLI::Range(std::uint64_t{1024}, std::uint64_t{1} << 40))
-      ->capture_default_str()
-      ->needs(offload_flag);
-  app.add_option("--log", o.log, "write one JSON line per step into this file (tools/plot_run.py draws it)")
-      ->check(checked_target(log_target_problem, "log file"));
+  app.add_option("--offload-dir", o.offload_dir,
+                 "--offload disk (needed there, refused otherwise): the directory each rank's state file is created in")
+      ->check(toolcli::checked(
+          [](const std::string& t) {
+            const std::string why = toolcli::input_problem(t, S_IFDIR);
+            return why.empty() ? toolcli::cannot_create_in(t) : why;
+          },
+          "DIR"));
+  app.add_option_function<std::string>(
+         "--offload-slice",
+         [&o](const std::string& v) {
+           o.offload_slice = toolcli::integer_value<std::uint64_t>("--offload-slice", v, 1024, std::uint64_t{1} << 40);
+           if (o.offload_slice % 1024 != 0)
+             throw CLI::ValidationError("--offload-slice", toolcli::quote(v) + " is not a multiple of 1024");
+         },
+         "--offload host|disk: elements streamed per slice, a multiple of 1024 in [1024, 2^40] (three slices per state "
+         "array in flight)")
+      ->type_name("UINT")
+      ->default_str(std::to_string(o.offload_slice));
+  auto* log_flag = app.add_option("--log", o.log,
+                                  "write one JSON line per step into this file (tools/plot_run.py draws it); a "
+                                  "resumed run (--resume) appends to it, a new run refuses a file that holds "
+                                  "something unless --log-overwrite; symbolic links are not followed")
+                       ->check(checked_target(log_target_problem, "log file"));
+  app.add_flag("--log-overwrite", o.log_overwrite, "discard what the --log file holds instead of refusing it")
+      ->needs(log_flag);
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
   add_zeropp_flags(app, o);
+}
+
+// Whether the option `name` was given on the command line (false when the trainer has no such flag).
+inline bool given(const CLI::App& app, const std::string& name) {
+  try {
+    return app.get_option(name)->count() > 0;
+  } catch (const CLI::OptionNotFound&) {
+    return false;
+  }
+}
+
+// The --log file's mode: appended to by a resumed run, replaced on request, else new or empty.
+inline toolcli::log_mode log_mode_of(const options& o) {
+  if (o.log_overwrite) return toolcli::log_mode::overwrite;
+  return o.resume.empty() ? toolcli::log_mode::fresh : toolcli::log_mode::append;
+}
+
+// Why the combination of the common flags cannot run, or does something other than it says (a flag
+// that does nothing in the chosen mode), or "": a usage error before anything starts.
+inline std::string options_problem(const CLI::App& app, const options& o) {
+  if (o.steps == 0 && o.resume.empty()) return "--steps 0 only makes sense with --resume";
+  if (given(app, "--offload-dir") && o.offload != "disk")
+    return "--offload-dir is the disk tier's directory; --offload " + o.offload + " writes no file there";
+  if (o.offload == "disk" && o.offload_dir.empty())
+    return "--offload disk needs --offload-dir DIR: the directory each rank's state file is created in";
+  if (given(app, "--offload-slice") && o.offload == "none")
+    return "--offload-slice sets how offloaded state is streamed; --offload none streams nothing";
+  if (given(app, "--qwz-bits") && !o.qwz) return "--qwz-bits sets qwZ's codes: it needs --qwz";
+  if (given(app, "--qgz-bits") && !o.qgz) return "--qgz-bits sets qgZ's codes: it needs --qgz";
+  if (given(app, "--quant-block") && !o.qwz && !o.qgz)
+    return "--quant-block sets the blocks of qwZ's and qgZ's codes: it needs --qwz or --qgz";
+  // The log: a new run never mixes into, nor silently discards, a file that holds another run.
+  if (!o.log.empty() && log_mode_of(o) == toolcli::log_mode::fresh) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(o.log, ec);
+    if (!ec && size > 0)
+      return "--log " + toolcli::quote(o.log) + " already holds " + std::to_string(size) +
+             " bytes: a new run does not write into another run's log (give --log-overwrite to replace it; a run "
+             "with --resume appends to it)";
+  }
+  return "";
 }
 
 // Sets the micro-batches per rank (o.accum) for `ranks` ranks: batch / (ranks x --micro-batch) when
@@ -428,24 +417,8 @@ inline std::string split_batch(options& o, int batch, int ranks, const std::stri
   return "";
 }
 
-// Exit code of a usage error: the message, a blank line, the usage.
-inline int usage_error(const CLI::App& app, const std::string& message) {
-  std::cerr << "error: " << message << "\n\n" << app.help();
-  return 2;
-}
-
-// Parses the command line; returns the exit code when the program should stop here (0 after
-// --help, 2 after a bad flag), nothing when it should go on.
-inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return usage_error(app, e.what());
-  }
-  return std::nullopt;
-}
+using toolcli::parse;
+using toolcli::usage_error;
 
 // The engine options the trainers' flags set.
 inline zero::engine_options engine_options_of(const options& o) {

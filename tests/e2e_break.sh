@@ -24,7 +24,8 @@ chmod +x "$work/program"
 # file before their first run; every other script gets stand-ins for all its arguments.
 declare -A exempt=([readme_example.sh]="compares README.md with examples/quickstart.cpp; runs no program")
 declare -A arguments=([readme_plan.sh]="$root $work/program"
-  [train_mlp_cuda_stages.sh]="$work/program $work/program")  # a third argument names the CPU script it runs
+  [train_mlp_cuda_stages.sh]="$work/program $work/program"  # a third argument names the CPU script it runs
+  [tool_flags.sh]="$work/program $work/program $work/program $work/program $work/program")
 
 failures=0
 checked=0

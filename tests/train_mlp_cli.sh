@@ -10,7 +10,7 @@ expect() {  # expect CODE [--] PATTERN ARGS...  (-- lets a pattern start with a 
   e2e_expect "$want" "$pattern" "$train_mlp" "$@"
   echo "ok   train_mlp $* -> exit $e2e_rc"
 }
-expect 2 'stage.*(not in range|0 - 3)' --stage 4
+expect 2 'stage.*(not in range|0 - 3|outside \[0, 3\])' --stage 4
 expect 2 'Usage' --stage 7
 expect 2 'optimizer' --optimizer lamb
 expect 2 'multiple of --ranks' --ranks 3 --batch 64
@@ -55,8 +55,8 @@ expect 2 -- "--export: '$tmp/file' is not a directory" --export "$tmp/file/w.saf
 expect 2 -- "--export: '$tmp/fifo' exists and is not a regular file" --export "$tmp/fifo"
 if [ "$(id -u)" -ne 0 ]; then  # root may write anywhere: the permission cases need another user
   mkdir "$tmp/ro" && chmod 555 "$tmp/ro"
-  expect 2 -- "--save: '$tmp/ro' is not writable" --save "$tmp/ro/ckpt"
-  expect 2 -- "--export: '$tmp/ro' is not writable" --export "$tmp/ro/w.safetensors"
+  expect 2 -- "--save: cannot create the directory '$tmp/ro/ckpt'" --save "$tmp/ro/ckpt"
+  expect 2 -- "--export: cannot create '$tmp/ro/w.safetensors': nothing can be created in '$tmp/ro'" --export "$tmp/ro/w.safetensors"
 else
   echo "skip unwritable --save/--export targets (running as root)"
 fi

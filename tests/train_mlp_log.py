@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """train_mlp --log and the progress line: the log has the run line and one line per step that agree
-with the run's own summary, a resumed run's log goes on from the checkpoint's step, and the progress
+with the run's own summary, a resumed run's log goes on from the checkpoint's step (appended to the
+same file with a record of the resume point), a new run refuses an existing log without
+--log-overwrite, symbolic links are not followed, and the progress
 line (stderr not a terminal: one line per update) shows step, loss, samples/s, ms/step and ETA, and
 on a terminal is redrawn in place.
 
@@ -32,8 +34,9 @@ def run(*args, expect=0):
 
 
 def read(path):
+    """The run line and the step lines (a resumed run's "resume" record is checked apart)."""
     lines = [json.loads(x) for x in open(path)]
-    return lines[0], lines[1:]
+    return lines[0], [x for x in lines[1:] if x["kind"] == "step"]
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -44,7 +47,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(head["kind"] == "run" and head["trainer"] == "train_mlp" and head["stage"] == 2 and head["ranks"] == 3
           and head["precision"] == "bf16" and head["first_step"] == 0 and head["steps"] == 12, f"run line: {head}")
     check([s["step"] for s in steps] == list(range(1, 13)), f"steps {[s['step'] for s in steps]}")
-    check(all(s["kind"] == "step" for s in steps), "a line that is not a step")
+    check([x["kind"] for x in map(json.loads, open(log))] == ["run"] + ["step"] * 12, "a new run's lines")
     # The same numbers as the summary: the log is written from the values the trainer reports.
     check(steps[0]["loss"] == summary["loss_first"] and steps[-1]["loss"] == summary["loss_last"],
           f"losses {steps[0]['loss']}, {steps[-1]['loss']} vs summary {summary['loss_first']}, {summary['loss_last']}")
@@ -99,6 +102,46 @@ with tempfile.TemporaryDirectory() as tmp:
     head2, steps2 = read(log2)
     check(head2["first_step"] == 12 and [s["step"] for s in steps2] == [13, 14, 15, 16],
           f"resumed: first_step {head2['first_step']}, steps {[s['step'] for s in steps2]}")
+    resume = json.loads(open(log2).readlines()[1])
+    check(resume == {"kind": "resume", "checkpoint": ckpt, "step": 12}, f"resume record: {resume}")
+
+    # The same log, resumed into: appended to, never truncated, with a record of where the run took
+    # up (the checkpoint and its step) after the new run line.
+    before = open(log).read()
+    run("--stage", "3", "--precision", "bf16", "--steps", "4", "--resume", ckpt, "--log", log)
+    after = open(log).read()
+    check(after.startswith(before), "the resumed run did not append to the log")
+    lines = [json.loads(x) for x in after.splitlines()]
+    kinds = [x["kind"] for x in lines]
+    check(kinds == ["run"] + ["step"] * 12 + ["run", "resume"] + ["step"] * 4, f"appended log kinds: {kinds}")
+    if len(lines) == 19:
+        check(lines[13]["first_step"] == 12 and lines[14] == {"kind": "resume", "checkpoint": ckpt, "step": 12},
+              f"resume record: {lines[13:15]}")
+        check([x["step"] for x in lines[15:]] == [13, 14, 15, 16], f"appended steps: {lines[15:]}")
+
+    # A new run never writes into, nor silently discards, a log that holds something: refused before
+    # anything runs, unless --log-overwrite says to replace it.
+    r = run("--steps", "2", "--log", log, expect=2)
+    check("--log-overwrite" in r.stderr and "already holds" in r.stderr, f"existing log: {r.stderr[:300]}")
+    check(open(log).read() == after, "a refused run changed the log")
+    run("--steps", "2", "--log", log, "--log-overwrite")
+    head3, steps3 = read(log)
+    check(head3["first_step"] == 0 and [s["step"] for s in steps3] == [1, 2], "--log-overwrite did not replace the log")
+    r = run("--steps", "2", "--log-overwrite", expect=2)
+    check("--log" in r.stderr, f"--log-overwrite alone: {r.stderr[:300]}")
+
+    # Symbolic links are not followed: a dangling link's target is not created, a link to a file
+    # leaves the file alone.
+    target, link = os.path.join(tmp, "target.jsonl"), os.path.join(tmp, "link.jsonl")
+    os.symlink(target, link)
+    r = run("--steps", "2", "--log", link, expect=2)
+    check("symbolic link" in r.stderr and not os.path.exists(target), f"dangling link: {r.stderr[:300]}")
+    open(target, "w").close()
+    r = run("--steps", "2", "--log", link, "--log-overwrite", expect=2)
+    check("symbolic link" in r.stderr and os.path.getsize(target) == 0, f"link to a file: {r.stderr[:300]}")
+    os.mkfifo(os.path.join(tmp, "fifo"))
+    r = run("--steps", "2", "--log", os.path.join(tmp, "fifo"), expect=2)
+    check("not a regular file" in r.stderr, f"a FIFO as the log: {r.stderr[:300]}")
 
     # A log that cannot be written is a usage error before anything runs.
     r = run("--steps", "2", "--log", os.path.join(tmp, "missing", "x.jsonl"), expect=2)

@@ -5,13 +5,16 @@
 # Usage: train_mlp_zeropp.sh TRAIN_MLP
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
-common=(--json --ranks 4 --batch 16 --steps 4 --layers 3 --hidden 48 --quant-block 64)
+common=(--json --ranks 4 --batch 16 --steps 4 --layers 3 --hidden 48)
 # run HASH_VAR INTER_VAR FLAGS...: trains, checks both formulas, sets the param_hash and the bytes
-# between nodes per rank and step.
+# between nodes per rank and step. Runs that quantize use blocks of 64 (without --qwz or --qgz,
+# --quant-block would do nothing: a usage error).
 run() {
   local hash_var=$1 inter_var=$2
   shift 2
-  e2e_run "$train_mlp" "${common[@]}" "$@"
+  local quant=()
+  [[ " $* " == *" --qwz "* || " $* " == *" --qgz "* ]] && quant=(--quant-block 64)
+  e2e_run "$train_mlp" "${common[@]}" "${quant[@]}" "$@"
   e2e_filter "$hash_var" hex python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read().strip().splitlines()[-1])

@@ -40,7 +40,7 @@ def train(stage, n, precision, optimizer, accum, clip, log, extra=()):
     # reduces in flight and prefetches hold more, given back under a memory limit).
     cmd = [train_mlp, *MODEL, "--overlap", "off", "--stage", str(stage), "--ranks", str(n), "--batch", str(12 * n * accum), "--steps",
            "8", "--precision", precision, "--optimizer", optimizer, "--accum", str(accum), "--clip", clip, "--log",
-           log, *extra]
+           log, "--log-overwrite", *extra]  # one log file, replaced by each run
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 

@@ -38,8 +38,10 @@ def read_log(path):
                 run = line
             elif kind == "step":
                 steps.append(line)
+            elif kind == "resume":  # a resumed run appended to the log: its steps go on from the checkpoint's
+                continue
             else:
-                sys.exit(f"plot_run.py: {path}:{number}: kind {kind!r}, expected 'run' or 'step'")
+                sys.exit(f"plot_run.py: {path}:{number}: kind {kind!r}, expected 'run', 'resume' or 'step'")
     if run is None:
         sys.exit(f"plot_run.py: {path}: no 'run' line; is this a trainer's --log file?")
     if not steps:

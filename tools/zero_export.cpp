@@ -1,11 +1,11 @@
 // zero_export: converts a zero checkpoint directory into one .safetensors file of fp32 master weights.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <string>
 
+#include "tool_cli.hpp"
 #include "zero/checkpoint/export.hpp"
 #include "zero/checkpoint/load.hpp"
 #include "zero/checkpoint/printable.hpp"
@@ -18,23 +18,22 @@ int main(int argc, char** argv) {
       "zero_export"};
   std::string input, output;
   bool force = false, verify_only = false, json = false;
-  app.add_option("checkpoint", input, "checkpoint directory")->required();
-  app.add_option("output", output, "the .safetensors file to write (not needed with --verify)");
-  app.add_flag("-f,--force", force, "replace OUTPUT if it exists");
-  app.add_flag("--verify", verify_only, "only check the checkpoint (manifest and every checksum); write nothing");
+  app.add_option("checkpoint", input, "checkpoint directory")
+      ->required()
+      ->check(toolcli::checked([](const std::string& t) { return toolcli::input_problem(t, S_IFDIR); }, "DIR"));
+  auto* output_flag = app.add_option("output", output, "the .safetensors file to write (not with --verify)")
+                          ->check(toolcli::checked(
+                              [](const std::string& t) {
+                                return toolcli::output_file_problem(t, "an empty path; give the file to write");
+                              },
+                              "FILE"));
+  auto* force_flag = app.add_flag("-f,--force", force, "replace OUTPUT if it exists")->needs(output_flag);
+  app.add_flag("--verify", verify_only, "only check the checkpoint (manifest and every checksum); write nothing")
+      ->excludes(output_flag)
+      ->excludes(force_flag);
   app.add_flag("--json", json, "print one JSON object describing the result on stdout");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "error: " << e.what() << "\n\n" << app.help();
-    return 2;
-  }
-  if (!verify_only && output.empty()) {
-    std::cerr << "error: OUTPUT is required (or --verify)\n\n" << app.help();
-    return 2;
-  }
+  if (const auto code = toolcli::parse(app, argc, argv)) return *code;
+  if (!verify_only && output.empty()) return toolcli::usage_error(app, "OUTPUT is required (or --verify)");
 
   namespace ckpt = zero::checkpoint;
   try {
@@ -44,7 +43,7 @@ int main(int argc, char** argv) {
         std::cout << ckpt::json{{"checkpoint", input}, {"ok", true}, {"step", m.state.step}, {"files", m.files.size()}}.dump(-1, ' ', false, ckpt::json::error_handler_t::replace)
                   << "\n";
       else
-        std::cerr << "zero_export: " << input << ": ok (step " << m.state.step << ", " << m.files.size()
+        std::cerr << "zero_export: " << toolcli::quote(input) << ": ok (step " << m.state.step << ", " << m.files.size()
                   << " data files verified)\n";
       return 0;
     }
@@ -61,8 +60,8 @@ int main(int argc, char** argv) {
                        .dump(-1, ' ', false, ckpt::json::error_handler_t::replace)
                 << "\n";
     else
-      std::cerr << "zero_export: wrote " << output << " (" << r.tensors << " tensors, " << r.bytes << " bytes, step "
-                << r.step << ") from " << r.version_dir.string() << "\n";
+      std::cerr << "zero_export: wrote " << toolcli::quote(output) << " (" << r.tensors << " tensors, " << r.bytes
+                << " bytes, step " << r.step << ") from " << toolcli::quote(r.version_dir.string()) << "\n";
     return 0;
   } catch (...) {
     // Every failure, std::bad_alloc included, ends here as one message and exit status 1: an

@@ -5,13 +5,13 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "mlp.hpp"  // the trainers' model, for their --layers/--hidden/--in/--classes flags
+#include "tool_cli.hpp"
 #include "zero/plan_by_name.hpp"
 #include "zero/zero.hpp"
 
@@ -25,36 +25,41 @@ struct tensor_text {
 // A model description: a JSON list of units, each {"name": ..., "tensors": [{"name": ..., "shape": [...]}]}
 // and optionally "gathers": n (a shared unit gathered n times per pass, unit_builder::gathers), or an
 // object with that list under "units". Errors name the file and the place.
-zero::model_spec read_model(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) zero::fail(zero::error_kind::io, "--model: cannot open '", path, "'");
+// The file is opened without blocking (a FIFO is refused, not waited on) and read up to
+// max_model_bytes; every name quoted from it is escaped (toolcli::quote).
+inline constexpr std::uint64_t max_model_bytes = std::uint64_t{64} << 20;
+
+zero::model_spec read_model(const std::string& file) {
+  const std::string text = toolcli::read_input("--model", file, max_model_bytes);
+  const std::string where = "--model " + toolcli::quote(file);
   nlohmann::json j;
   try {
-    in >> j;
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    zero::fail(zero::error_kind::invalid_argument, "--model '", path, "': not JSON: ", e.what());
+    zero::fail(zero::error_kind::invalid_argument, where, ": not JSON: ", e.what());
   }
   const nlohmann::json& units = j.is_object() && j.contains("units") ? j["units"] : j;
-  ZERO_CHECK(units.is_array() && !units.empty(), invalid_argument, "--model '", path,
-             "': expected a non-empty list of units (or {\"units\": [...]})");
+  ZERO_CHECK(units.is_array() && !units.empty(), invalid_argument, where,
+             ": expected a non-empty list of units (or {\"units\": [...]})");
   zero::model_spec spec;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const nlohmann::json& unit = units[u];
     ZERO_CHECK(unit.is_object() && unit.contains("name") && unit["name"].is_string() && unit.contains("tensors") &&
                    unit["tensors"].is_array() && !unit["tensors"].empty(),
-               invalid_argument, "--model '", path, "': unit ", u,
-               " needs a \"name\" (string) and \"tensors\" (a non-empty list)");
+               invalid_argument, where, ": unit ", u, " needs a \"name\" (string) and \"tensors\" (a non-empty list)");
+    const std::string unit_name = toolcli::quote(unit["name"].get<std::string>());
     std::vector<tensor_text> tensors;
     for (std::size_t t = 0; t < unit["tensors"].size(); ++t) {
       const nlohmann::json& tj = unit["tensors"][t];
       ZERO_CHECK(tj.is_object() && tj.contains("name") && tj["name"].is_string() && tj.contains("shape") &&
                      tj["shape"].is_array() && !tj["shape"].empty(),
-                 invalid_argument, "--model '", path, "': unit '", unit["name"].get<std::string>(), "' tensor ", t,
+                 invalid_argument, where, ": unit ", unit_name, " tensor ", t,
                  " needs a \"name\" (string) and a \"shape\" (a non-empty list of positive integers)");
       tensor_text tt{tj["name"].get<std::string>(), {}};
       for (const auto& d : tj["shape"]) {
-        ZERO_CHECK(d.is_number_unsigned() && d.get<std::uint64_t>() > 0, invalid_argument, "--model '", path,
-                   "': unit '", unit["name"].get<std::string>(), "' tensor '", tt.name, "': shape entry ", d.dump(),
+        ZERO_CHECK(d.is_number_unsigned() && d.get<std::uint64_t>() > 0, invalid_argument, where, ": unit ", unit_name,
+                   " tensor ", toolcli::quote(tt.name), ": shape entry ",
+                   d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),  // JSON escapes controls
                    " is not a positive integer");
         tt.shape.push_back(d.get<std::size_t>());
       }
@@ -65,8 +70,9 @@ zero::model_spec read_model(const std::string& path) {
     if (unit.contains("gathers")) {
       const nlohmann::json& g = unit["gathers"];
       ZERO_CHECK(g.is_number_unsigned() && g.get<std::uint64_t>() >= 1 && g.get<std::uint64_t>() <= 1000000,
-                 invalid_argument, "--model '", path, "': unit '", unit["name"].get<std::string>(), "': \"gathers\" ",
-                 g.dump(), " is not a positive integer (times the unit is gathered per pass)");
+                 invalid_argument, where, ": unit ", unit_name, ": \"gathers\" ",
+                 g.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                 " is not a positive integer (times the unit is gathered per pass)");
       builder.gathers(static_cast<int>(g.get<std::uint64_t>()));
     }
   }
@@ -134,70 +140,66 @@ int main(int argc, char** argv) {
   float clip = 0.0f;
   std::uint64_t memory = 0;
   bool json = false;
-  auto* model_flag = app.add_option("--model", model_file,
-                                    "JSON model description: a list of units, each {\"name\": ..., \"tensors\": "
-                                    "[{\"name\": ..., \"shape\": [...]}, ...], \"gathers\": n (optional: a shared unit "
-                                    "gathered n times per pass)}")
-                         ->check(CLI::ExistingFile);
-  app.add_option("--layers", model.layers, "the trainers' MLP: linear layers")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str()
+  auto* model_flag =
+      app.add_option("--model", model_file,
+                     "JSON model description: a list of units, each {\"name\": ..., \"tensors\": [{\"name\": ..., "
+                     "\"shape\": [...]}, ...], \"gathers\": n (optional: a shared unit gathered n times per pass)}; a "
+                     "regular file of at most 64 MiB")
+          ->check(toolcli::checked([](const std::string& t) { return toolcli::input_problem(t, S_IFREG); }, "FILE"));
+  toolcli::add_integer(app, "--layers", model.layers, 1, 1000, "the trainers' MLP: linear layers")
       ->excludes(model_flag);
-  app.add_option("--hidden", model.hidden, "the trainers' MLP: hidden width")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str()
+  toolcli::add_integer(app, "--hidden", model.hidden, 1, 1 << 20, "the trainers' MLP: hidden width")
       ->excludes(model_flag);
-  app.add_option("--in", model.in, "the trainers' MLP: input features")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str()
-      ->excludes(model_flag);
-  app.add_option("--classes", model.classes, "the trainers' MLP: classes")
-      ->check(CLI::Range(2, 1 << 20))
-      ->capture_default_str()
-      ->excludes(model_flag);
-  app.add_option("--ranks", ranks, "world sizes, e.g. 1,8,64")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--stage", stages, "ZeRO stages (default: all)")->delimiter(',')->check(CLI::Range(0, 3));
+  toolcli::add_integer(app, "--in", model.in, 1, 1 << 20, "the trainers' MLP: input features")->excludes(model_flag);
+  toolcli::add_integer(app, "--classes", model.classes, 2, 1 << 20, "the trainers' MLP: classes")->excludes(model_flag);
+  toolcli::add_integer_list(app, "--ranks", ranks, 1, 1 << 20, "world sizes, e.g. 1,8,64");
+  toolcli::add_integer_list(app, "--stage", stages, 0, 3, "ZeRO stages (default: all)");
   app.add_option("--precision", precision, "parameter and gradient precision (bf16/fp16 keep fp32 master weights)")
-      ->check(CLI::IsMember(zero::precisions::names()))
+      ->check(toolcli::one_of(zero::precisions::names()))
       ->capture_default_str();
-  app.add_option("--optimizer", optimizer, "optimizer")->check(CLI::IsMember(zero::optimizers::names()))->capture_default_str();
-  app.add_option("--accum", accum, "micro-batches per step, each reduced on its own")
-      ->check(CLI::Range(1, 1 << 20))
+  app.add_option("--optimizer", optimizer, "optimizer")
+      ->check(toolcli::one_of(zero::optimizers::names()))
       ->capture_default_str();
-  app.add_option("--clip", clip, "gradient clipping norm (0: off; on, it adds the norm's all-reduce)")
-      ->check(CLI::NonNegativeNumber)
+  toolcli::add_integer(app, "--accum", accum, 1, 1 << 20, "micro-batches per step, each reduced on its own");
+  app.add_option_function<std::string>(
+         "--clip", [&clip](const std::string& v) { clip = toolcli::float_flag("--clip", v, true, 1e9f); },
+         "gradient clipping norm in [0, 1e9] (0: off; on, it adds the norm's all-reduce)")
+      ->type_name("FLOAT")
       ->default_str("0");
-  app.add_option("--memory", memory, "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit)")
-      ->transform(CLI::AsSizeValue(true));
+  app.add_option_function<std::string>(
+         "--memory", [&memory](const std::string& v) { memory = toolcli::size_value("--memory", v); },
+         "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit)")
+      ->type_name("BYTES");
+  // Offload (engine_options::offload): where the master weights and optimizer slots would live.
+  std::string offload = "none";
+  std::size_t offload_slice = std::size_t{1} << 20;
+  app.add_option("--offload", offload,
+                 "master weights and optimizer slots in: none (memory), host (host memory), disk (a file per "
+                 "rank, streamed through host memory in slices); on a CPU system the tier's host memory counts "
+                 "as the rank's (\"offload\")")
+      ->check(toolcli::one_of({"none", "host", "disk"}))
+      ->capture_default_str();
+  auto* slice_flag = app.add_option_function<std::string>(
+                            "--offload-slice",
+                            [&offload_slice](const std::string& v) {
+                              offload_slice = toolcli::integer_value<std::size_t>("--offload-slice", v, 1024,
+                                                                                  std::size_t{1} << 40);
+                              if (offload_slice % 1024 != 0)
+                                throw CLI::ValidationError("--offload-slice",
+                                                           toolcli::quote(v) + " is not a multiple of 1024");
+                            },
+                            "--offload disk: elements per slice, a multiple of 1024 in [1024, 2^40]; up to three "
+                            "slices per state array are held in host memory")
+                        ->type_name("UINT")
+                        ->default_str(std::to_string(offload_slice));
   bool reproducible = false;
   app.add_flag("--reproducible", reproducible,
                "the reproducible reduction (engine_options::reproducible): binned gradient sums, 24 bytes per "
                "element on the wire and 28 held per gradient element a rank updates");
   app.add_flag("--json", json, "print a JSON object instead of the table");
-  // Offload (engine_options::offload): where the master weights and optimizer slots would live.
-  std::string offload = "none";
-  std::size_t offload_slice = std::size_t{1} << 20;
-  auto* offload_flag =
-      app.add_option("--offload", offload,
-                     "master weights and optimizer slots in: none (memory), host (host memory), disk (a file per "
-                     "rank, streamed through host memory in slices); on a CPU system the tier's host memory counts "
-                     "as the rank's (\"offload\")")
-          ->check(CLI::IsMember({"none", "host", "disk"}))
-          ->capture_default_str();
-  app.add_option("--offload-slice", offload_slice,
-                 "--offload disk: elements per slice (a multiple of 1024); up to three slices per state array are "
-                 "held in host memory")
-      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 40))
-      ->capture_default_str()
-      ->needs(offload_flag);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const auto code = toolcli::parse(app, argc, argv)) return *code;
+  if (slice_flag->count() > 0 && offload != "disk")
+    return toolcli::usage_error(app, "--offload-slice sets the disk tier's slices; it needs --offload disk");
 
   try {
     const zero::model_spec spec = model_file.empty() ? mlp::make_spec(model) : read_model(model_file);
@@ -229,13 +231,13 @@ int main(int argc, char** argv) {
                           {"plans", nlohmann::json::array()}};
       if (memory > 0) j["memory_bytes"] = memory;
       for (const auto& p : reports) j["plans"].push_back(report_json(p, memory));
-      std::cout << j.dump(2) << "\n";
+      std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       return 0;
     }
 
     std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s%s%s\n",
-                model_file.empty() ? "MLP" : model_file.c_str(), spec.num_units(), first.numel, precision.c_str(),
-                optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "",
+                model_file.empty() ? "MLP" : toolcli::quote(model_file).c_str(), spec.num_units(), first.numel,
+                precision.c_str(), optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "",
                 reproducible ? ", reproducible" : "", offload == "none" ? "" : (", offload " + offload).c_str());
     std::printf("bytes per rank; \"transient\" is the most held at once by a step's buffers, \"peak\" adds it to the "
                 "model states\n\n");
@@ -267,8 +269,10 @@ int main(int argc, char** argv) {
       std::printf("\nfull_params(), export and the trainers' final hash gather one unit at a time in fp32 "
                   "(stages 1-3): up to %s transient, instead of the step's if larger.\n",
                   size_text(consolidation).c_str());
-  } catch (const zero::error& e) {
-    std::fprintf(stderr, "zero_plan: %s\n", e.what());
+  } catch (...) {
+    // Any failure (std::bad_alloc included) as one escaped line: names from --model may hold anything.
+    std::fprintf(stderr, "zero_plan: %s\n",
+                 toolcli::printable_message(zero::as_error(std::current_exception()).what()).c_str());
     return 1;
   }
   return 0;
