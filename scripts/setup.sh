@@ -23,6 +23,8 @@ fi
 
 [ "${1:-}" != --no-build ] || exit 0
 if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" "$root" >&2
+  # The CPU unit suites carry ASan + UBSan (meson option test_sanitizers): the test run is the
+  # sanitizer run, without a second build of the same suites.
+  meson setup "$build" "$root" -Dtest_sanitizers=true >&2
 fi
 meson compile -C "$build" >&2
