@@ -66,10 +66,16 @@ if ! timeout 300 ninja -C "$build" -j "$(nproc)" "${targets[@]}" >&2; then
 fi
 emit "{\"check\": \"build\", \"result\": \"OK\", \"seconds\": $(($(date +%s) - t0))}"
 
-# Without a usable device there is nothing more to learn (the build itself is what CI checks).
-if ! "$build/tests/cuda/device_probe"; then
-  emit "{\"check\": \"gpu_check\", \"result\": \"SKIP\", \"reason\": \"no usable CUDA device\", \"seconds\": $(($(date +%s) - t0))}"
+# Without a device there is nothing more to learn (the build itself is what CI checks); a device the
+# runtime cannot use (a broken or too old driver: the probe exits 1) fails the check.
+probe_rc=0
+"$build/tests/cuda/device_probe" || probe_rc=$?
+if [ "$probe_rc" -eq 77 ]; then
+  emit "{\"check\": \"gpu_check\", \"result\": \"SKIP\", \"reason\": \"no CUDA device\", \"seconds\": $(($(date +%s) - t0))}"
   exit 77
+elif [ "$probe_rc" -ne 0 ]; then
+  emit "{\"check\": \"gpu_check\", \"result\": \"FAIL\", \"reason\": \"the CUDA device cannot be used (device_probe exit $probe_rc)\", \"seconds\": $(($(date +%s) - t0))}"
+  exit 1
 fi
 
 # ---- the gpu suite --------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ class run_log {
         {"model_state_bytes", cat(mem_category::params) + cat(mem_category::grads) + cat(mem_category::master) +
                                   cat(mem_category::optimizer_states)},
         {"transient_bytes", cat(mem_category::transient)},
+        {"offload_bytes", cat(mem_category::offload)},  // the offload tier's host memory (CPU systems)
         {"transient_peak_bytes", s.transient_peak},
         {"bytes_sent", s.bytes_sent},
         {"step_ms", s.step_ms},

@@ -390,7 +390,8 @@ inline void add_common_flags(CLI::App& app, options& o) {
       ->check(checked_target(export_target_problem, "export target"));
   app.add_option("--memory-limit,--state-memory-limit", o.memory_limit,
                  "bytes each rank's engine may hold in its system's memory (model states are checked before "
-                 "allocation; 0: no limit); offloaded states (--offload) are outside it")
+                 "allocation; 0: no limit); offloaded states (--offload) are outside it, the host memory the tier "
+                 "holds on a CPU system (the disk tier's slice buffers) inside")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   auto* offload_flag =
@@ -600,6 +601,9 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
     j["offload_bytes_per_rank"] = static_cast<std::uint64_t>(s.offload_bytes);
     j["offload_formula_bytes"] = static_cast<std::uint64_t>(s.offload_formula);
     j["offload_staging_bytes"] = static_cast<std::uint64_t>(s.offload_staging);
+    // The tier's host memory held as the system's (memory() category offload: CPU systems), within --memory-limit.
+    j["offload_memory_bytes_per_rank"] =
+        static_cast<std::uint64_t>(s.by_category[static_cast<int>(zero::mem_category::offload)]);
     j["offload_moved_bytes_per_step"] = static_cast<std::uint64_t>(s.offload_moved);
     j["offload_moved_formula_bytes"] = static_cast<std::uint64_t>(s.offload_moved_formula);
     if (o.offload == "disk") j["offload_direct_io"] = s.offload_direct;

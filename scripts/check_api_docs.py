@@ -33,6 +33,15 @@ HEADERS = {
     "include/zero/core/half_types.hpp": ["bf16", "fp16", "to_float"],
     "include/zero/offload/options.hpp": None,
     "include/zero/offload/state_store.hpp": ["offload_report", "offload_traffic"],
+    "include/zero/engine/plan.hpp": None,
+    "include/zero/engine/memory_check.hpp": ["model_state_plan"],
+    "include/zero/partition/stages.hpp": None,
+    "include/zero/checkpoint/save.hpp": None,
+    "include/zero/checkpoint/load.hpp": None,
+    "include/zero/core/reduce_op.hpp": ["reduce_op"],
+    "include/zero/comm/threads.hpp": None,
+    "include/zero/comm/mpi.hpp": ["mpi_mode", "mpi_options", "mpi", "mpi_abort"],
+    "include/zero/comm/mpi_session.hpp": ["mpi_session"],
 }
 
 IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -162,7 +171,8 @@ def declared_names(text, owner):
     if m and "(" in t:
         return ["operator" + ("" if m.group(1)[0] in "([=!<-+*/&|^%~>" else " ") + m.group(1)]
     t = re.sub(r"\bdecltype\s*\([^()]*\)", " auto ", t)
-    head = top_level_split(t, "=")[0]
+    # Template arguments go first: a std::function<void(int)> member has a parenthesis but is no function.
+    head = strip_angles(top_level_split(t, "=")[0])
     if "(" in head:  # a function: the identifier before its parameter list
         before = head[:head.index("(")]
         name = re.findall(r"(~?\w+)\s*$", before)
@@ -311,7 +321,7 @@ class widget {
   int a_, b_;
   T data_[4];
 };
-struct plain { double v = f(1, 2); bool on = false; };
+struct plain { double v = f(1, 2); bool on = false; std::function<void(int, bool)> on_event; };
 template <class T>
 inline std::array<int, 3> widget<T>::corners() const { return {}; }
 using alias = widget<int>;
@@ -321,7 +331,7 @@ SELF_TEST_WANT = [
     (None, "colour"), ("colour", "red"), ("colour", "green"), (None, "widget"), ("widget", "value_type"),
     ("widget", "visit"), ("widget", "operator[]"), ("widget", "operator bool"), ("widget", "corners"),
     ("widget", "current"), ("widget", "peak"), ("widget", "x"), ("widget", "y"), ("widget", "handle"),
-    ("handle", "get"), (None, "plain"), ("plain", "v"), ("plain", "on"), (None, "alias"),
+    ("handle", "get"), (None, "plain"), ("plain", "v"), ("plain", "on"), ("plain", "on_event"), (None, "alias"),
 ]
 
 

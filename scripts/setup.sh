@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared set-up of demo.sh and test.sh: installs the Debian packages that are missing, then configures
-# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR). --no-build: the packages only
-# (demo.sh, which builds its one target in build-demo/).
+# and builds the project with Meson in build/ (or $ZERO_BUILD_DIR), MPI required (-Dmpi=enabled).
+# --no-build: the packages only (demo.sh, which builds its one target in build-demo/).
 set -eu
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZERO_BUILD_DIR:-$root/build}
@@ -22,9 +22,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 [ "${1:-}" != --no-build ] || exit 0
+# MPI is a package of record (installed above): -Dmpi=enabled makes its absence a configuration error
+# instead of a build without the mpi suite (a plain `meson setup` has mpi=auto and goes without it).
+# The CPU unit suites carry ASan + UBSan (test_sanitizers): the test run is the sanitizer run, without
+# a second build of the same suites.
 if [ ! -f "$build/build.ninja" ]; then
-  # The CPU unit suites carry ASan + UBSan (meson option test_sanitizers): the test run is the
-  # sanitizer run, without a second build of the same suites.
-  meson setup "$build" "$root" -Dtest_sanitizers=true >&2
+  meson setup "$build" "$root" -Dmpi=enabled -Dtest_sanitizers=true >&2
+elif [ "$(meson introspect "$build" --buildoptions | python3 -c '
+import json, sys
+print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "mpi"))')" != enabled ]; then
+  meson configure "$build" -Dmpi=enabled >&2
 fi
 meson compile -C "$build" >&2

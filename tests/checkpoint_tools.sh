@@ -3,37 +3,24 @@
 # (never a crash, an abort or a hang), and nothing is written or removed outside the tool's own names.
 # Every command runs under `timeout`, so a regression that hangs fails here within seconds.
 # Usage: checkpoint_tools.sh TRAIN_MLP ZERO_EXPORT
-set -u
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1 zero_export=$2
 here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'chmod -R u+rwx "$work" 2>/dev/null; rm -rf "$work"' EXIT
-failures=0
-limit=30  # seconds for any one command
+work=$e2e_work
+e2e_cleanup() { chmod -R u+rwx "$work" 2>/dev/null; }
+E2E_TIMEOUT=30  # seconds for any one command: exit 124 means it hung
 
-# expect CODE PATTERN CMD...: CMD (under the time limit) exits with CODE and its stderr matches PATTERN.
+# expect CODE PATTERN CMD...: CMD (under the time limit) exits with CODE and its output matches PATTERN;
+# its stderr is left in $work/err.
 expect() {
-  local want=$1 pattern=$2 rc
-  shift 2
-  timeout -k 5 "$limit" "$@" >"$work/out" 2>"$work/err"
-  rc=$?
-  if [ "$rc" -ne "$want" ] || ! grep -Eq -- "$pattern" "$work/err"; then
-    echo "FAIL: $* -> exit $rc (want $want; 124 means it hung), stderr lacks /$pattern/:"
-    head -c 600 "$work/err"
-    echo
-    failures=$((failures + 1))
-  else
-    echo "ok   $(basename "$1") ${*:2} -> exit $rc"
-  fi
-}
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
+  e2e_expect "$@"
+  printf '%s\n' "$e2e_err" >"$work/err"
+  echo "ok   $(basename "$3") ${*:4} -> exit $e2e_rc"
 }
 
 # A small checkpoint to damage: copies of its one version directory.
 small=(--layers 2 --hidden 16 --in 32 --classes 4 --batch 8 --steps 2 --ranks 2)
-"$train_mlp" "${small[@]}" --save "$work/ck" >/dev/null 2>&1 || { echo "FAIL: the fixture run failed"; exit 1; }
+e2e_run "$train_mlp" "${small[@]}" --save "$work/ck"
 version=$(ls -d "$work"/ck/v-*)
 copy() { mkdir -p "$work/$1" && cp -r "$version" "$work/$1/" && ls -d "$work/$1"/v-*; }
 
@@ -92,60 +79,53 @@ expect 1 'FIFO' "$train_mlp" "${small[@]}" --resume "$work/fifo-data"
 echo "precious" >"$work/victim"
 ln -s "$work/victim" "$work/model.safetensors.tmp"
 expect 0 '' "$zero_export" "$work/ck" "$work/model.safetensors"
-grep -qx precious "$work/victim" || fail "the export wrote through a planted symbolic link"
-ls "$work"/model.safetensors.tmp-* >/dev/null 2>&1 && fail "the export left a temporary file behind"
+grep -qx precious "$work/victim" || e2e_fail "the export wrote through a planted symbolic link"
+! ls "$work"/model.safetensors.tmp-* >/dev/null 2>&1 || e2e_fail "the export left a temporary file behind"
 
 # 5. Amplification: segments that reuse bytes are refused by --verify (it used to say ok) and export.
 v=$(copy amplified)
 edit "$v/manifest.json" amplify
 expect 1 'must not share bytes' "$zero_export" --verify "$work/amplified"
 expect 1 'must not share bytes' "$zero_export" "$work/amplified" "$work/amplified.safetensors"
-[ -e "$work/amplified.safetensors" ] && fail "an output was written from an amplified manifest"
+[ ! -e "$work/amplified.safetensors" ] || e2e_fail "an output was written from an amplified manifest"
 
 # 5. Out of memory while exporting: a 16 MiB tensor under the smallest address-space limit (in
 # steps of 4 MB) that --verify needs. Exit status 1 with a message, no abort, no file left behind.
-"$train_mlp" --layers 1 --in 4096 --classes 1024 --batch 2 --steps 1 --ranks 1 --save "$work/big" >/dev/null 2>&1 ||
-  fail "the large fixture run failed"
-limited() { ulimit -v "$1" && shift && exec "$@"; }
+e2e_run "$train_mlp" --layers 1 --in 4096 --classes 1024 --batch 2 --steps 1 --ranks 1 --save "$work/big"
+limited=(bash -c 'ulimit -v "$1" && shift && exec "$@"' limited)
 base_kb=""
 for kb in $(seq 4000 4000 80000); do
-  if (limited "$kb" "$zero_export" --verify "$work/big") >/dev/null 2>&1; then
+  e2e_run_rc "${limited[@]}" "$kb" "$zero_export" --verify "$work/big"
+  if [ "$e2e_rc" -eq 0 ]; then
     base_kb=$kb
     break
   fi
 done
-if [ -n "$base_kb" ]; then
-  expect 1 'out of memory' bash -c 'ulimit -v "$1" && shift && exec "$@"' limited "$base_kb" \
-    "$zero_export" "$work/big" "$work/oom.safetensors"
-  ls "$work"/oom.safetensors* >/dev/null 2>&1 && fail "a failed export left a file behind"
-else
-  fail "zero_export --verify did not run under 80 MB of address space"
-fi
+[ -n "$base_kb" ] || e2e_fail "zero_export --verify did not run under 80 MB of address space"
+expect 1 'out of memory' "${limited[@]}" "$base_kb" "$zero_export" "$work/big" "$work/oom.safetensors"
+! ls "$work"/oom.safetensors* >/dev/null 2>&1 || e2e_fail "a failed export left a file behind"
 
 # 7. train_mlp --export never uses or removes a directory it did not create.
 mkdir -p "$work/out.safetensors.checkpoint.tmp"
 echo "someone else's" >"$work/out.safetensors.checkpoint.tmp/notes"
 expect 0 '' "$train_mlp" "${small[@]}" --export "$work/out.safetensors"
-[ -f "$work/out.safetensors.checkpoint.tmp/notes" ] || fail "train_mlp --export removed a directory it did not create"
-ls -d "$work"/out.safetensors.checkpoint-* >/dev/null 2>&1 && fail "train_mlp --export left its temporary checkpoint"
-[ -s "$work/out.safetensors" ] || fail "train_mlp --export wrote no output"
+[ -f "$work/out.safetensors.checkpoint.tmp/notes" ] ||
+  e2e_fail "train_mlp --export removed a directory it did not create"
+! ls -d "$work"/out.safetensors.checkpoint-* >/dev/null 2>&1 ||
+  e2e_fail "train_mlp --export left its temporary checkpoint"
+[ -s "$work/out.safetensors" ] || e2e_fail "train_mlp --export wrote no output"
 
 # 9. A version number at the width readers accept: the next save is refused, not committed unseen.
 mkdir -p "$work/wide" && cp -r "$version" "$work/wide/v-999999999999999999"
 expect 1 '18 digits' "$train_mlp" "${small[@]}" --resume "$work/wide" --save "$work/wide"
-[ "$(ls "$work/wide")" = "v-999999999999999999" ] || fail "a version was committed past the readers' width"
+[ "$(ls "$work/wide")" = "v-999999999999999999" ] || e2e_fail "a version was committed past the readers' width"
 
 # 13. Names from a manifest reach the terminal escaped.
 v=$(copy escape)
 edit "$v/manifest.json" escape
 expect 1 'BF16' "$zero_export" --verify "$work/escape"
 if python3 -c "import sys; sys.exit(0 if b'\x1b' in open(sys.argv[1], 'rb').read() or b'\x07' in open(sys.argv[1], 'rb').read() else 1)" "$work/err"; then
-  fail "a control character from the manifest reached stderr"
+  e2e_fail "a control character from the manifest reached stderr"
 fi
-grep -q 'x1B' "$work/err" || fail "the escaped name is not in the message"
-
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failed"
-  exit 1
-fi
+grep -q 'x1B' "$work/err" || e2e_fail "the escaped name is not in the message"
 echo "all passed"

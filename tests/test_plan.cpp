@@ -1,7 +1,9 @@
 // zero::plan against the engine: every category's bytes, the transient peaks and the bytes sent per step, as measured.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,6 +36,7 @@ struct measured {
   std::array<std::size_t, zero::mem_category_count> current{};
   std::size_t transient_peak = 0, peak_total = 0;
   std::uint64_t offloaded = 0;  // offload(): host and disk bytes
+  std::uint64_t staging = 0, checksums = 0;  // offload(): the disk tier's slice sets and checksums
   zero::comm::comm_stats last_step, control;
   bool skipped = false;
   bool out_of_memory = false;
@@ -73,6 +76,8 @@ measured train(int n, const zero::engine_options& options, int steps = 2) {
       }
       m.current = e.memory().current;
       m.offloaded = e.offload().host_bytes + e.offload().disk_bytes;
+      m.staging = e.offload().staging_bytes;
+      m.checksums = e.offload().checksum_bytes;
       m.transient_peak = e.memory().peak_bytes(mem_category::transient);
       m.peak_total = e.memory().peak_total;
       m.last_step = e.comm().last_step;
@@ -113,7 +118,10 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(p.model_states.master == m.current[static_cast<int>(mem_category::master)]);
   CHECK(p.model_states.optimizer_states == m.current[static_cast<int>(mem_category::optimizer_states)]);
   CHECK(m.current[static_cast<int>(mem_category::transient)] == 0);
+  CHECK(p.model_states.offload == m.current[static_cast<int>(mem_category::offload)]);
   CHECK(p.offloaded_bytes == m.offloaded);
+  CHECK(p.offload_staging_bytes == m.staging);
+  CHECK(p.offload_checksum_bytes == m.checksums);
   CHECK(p.step_transient_peak == m.transient_peak);
   CHECK(p.peak_bytes == m.peak_total);
   check_stats(p.step_comm, m.last_step);
@@ -140,6 +148,21 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(train<Stage, Opt, Prec>(n, tight).out_of_memory);
 }
 
+// A directory for the disk tier's (anonymous) files, for the whole run, removed at exit.
+std::string offload_dir() {
+  struct scratch {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("zero-plan-offload-" + std::to_string(::getpid()));
+    scratch() { std::filesystem::create_directories(path); }
+    ~scratch() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const scratch dir;
+  return dir.path.string();
+}
+
 template <class Stage, class Opt, class Prec>
 void check_all_options(int n) {
   check_plan<Stage, Opt, Prec>(n, {}, "defaults");
@@ -149,8 +172,12 @@ void check_all_options(int n) {
   o = {};
   o.clip_norm = 1.0f;
   check_plan<Stage, Opt, Prec>(n, o, "clipping (a norm in every precision)");
-  o.offload.tier = zero::offload_tier::host;  // master weights and slots out of memory(): none of them planned
+  o.offload.tier = zero::offload_tier::host;  // master weights and slots in host memory: category offload
   check_plan<Stage, Opt, Prec>(n, o, "clipping, states offloaded to host memory");
+  o.offload.tier = zero::offload_tier::disk;  // on disk: the slice sets and checksums in category offload
+  o.offload.directory = offload_dir();
+  o.offload.slice_elements = 1024;
+  check_plan<Stage, Opt, Prec>(n, o, "clipping, states offloaded to disk in slices of 1024");
   if constexpr (std::is_same_v<Opt, zero::optim::adamw>) {
     o = {};
     o.reproducible = true;
@@ -245,4 +272,28 @@ TEST_CASE("plan: per-unit sizes, the largest unit, and what the engine refuses")
   o = {};
   o.accumulate = zero::accumulation::local_then_reduce;
   CHECK_THROWS_WITH_AS(zero::plan(s, 2, 2, {}, {}, o), doctest::Contains("local_then_reduce"), zero::error);
+}
+
+TEST_CASE("plan: the disk tier's host memory, counted in the budget; a small state gets no more staging than it has") {
+  // A state of one slice needs one slice set, not three: with the default slice (2^20 elements) the
+  // spec's few thousand elements per rank are staged once, and that is counted like the rest.
+  const zero::model_spec s = spec();
+  zero::engine_options o;
+  o.offload.tier = zero::offload_tier::disk;
+  o.offload.directory = offload_dir();
+  for (int n : {1, 2}) {
+    CAPTURE(n);
+    const auto p = zero::plan_for<zero::stage3, zero::optim::adamw, zero::precision::bf16>(s, n, o);
+    const std::uint64_t held = p.padded / static_cast<std::uint64_t>(n);
+    CHECK(p.offload_staging_bytes == 3 * ((held + 1023) / 1024 * 1024) * 4);  // 3 arrays, one slice each
+    CHECK(p.offload_staging_bytes <= p.offloaded_bytes);
+    CHECK(p.offload_checksum_bytes == 3 * 8);
+    CHECK(p.model_states.offload == p.offload_staging_bytes + p.offload_checksum_bytes);
+    CHECK(p.peak_bytes == p.model_states.total() + p.step_transient_peak);
+    const measured m = train<zero::stage3, zero::optim::adamw, zero::precision::bf16>(n, o);
+    REQUIRE(m.error.empty());
+    CHECK(m.current[static_cast<int>(mem_category::offload)] == p.model_states.offload);
+    CHECK(m.staging == p.offload_staging_bytes);
+    CHECK(m.peak_total == p.peak_bytes);
+  }
 }

@@ -102,6 +102,9 @@ zero::step_report train_step(Engine& e, int rank, std::uint64_t t) {
 
 struct run_result {
   std::vector<float> params;  // consolidated, from rank 0
+  // Every optimizer slot, unpadded and global, slot after slot (slots[k * numel + i]): read by each
+  // rank from its canonical range, so the ranks fill disjoint parts.
+  std::vector<float> slots;
   std::vector<zero::memory_report> memory;
   std::vector<zero::comm_report> comm;
   std::vector<std::vector<zero::step_report>> reports;  // per rank, per step
@@ -121,6 +124,8 @@ run_result run(int n, int steps, Opt opt, zero::engine_options options = {}) {
   res.comm.resize(static_cast<std::size_t>(n));
   res.reports.resize(static_cast<std::size_t>(n));
   const zero::model_spec s = spec();
+  res.slots.assign(s.numel() * static_cast<std::size_t>(Opt::slots), 0.0f);
+  const auto bases = unit_bases(s);
   zero::comm::threads::launch(n, [&](zero::comm::threads& base) {
     using Comm = Wrap<zero::comm::threads>;
     std::optional<Comm> wrapped;  // the decorator, when there is one
@@ -134,6 +139,14 @@ run_result run(int n, int steps, Opt opt, zero::engine_options options = {}) {
     for (int t = 0; t < steps; ++t) res.reports[r].push_back(train_step(e, comm.rank(), static_cast<std::uint64_t>(t)));
     res.memory[r] = e.memory();
     res.comm[r] = e.comm();
+    for (std::size_t u = 0; u < s.num_units(); ++u) {
+      const zero::unit_id id{u};
+      const auto held = e.canonical_range(id);
+      float* slots[Opt::slots > 0 ? Opt::slots : 1];
+      for (int k = 0; k < Opt::slots; ++k)
+        slots[k] = res.slots.data() + static_cast<std::size_t>(k) * s.numel() + bases[u] + held.begin;
+      e.read_state(id, held, nullptr, slots);
+    }
     auto full = e.full_params();
     if (comm.rank() == 0) {
       res.params = std::move(full);
@@ -145,26 +158,50 @@ run_result run(int n, int steps, Opt opt, zero::engine_options options = {}) {
   return res;
 }
 
+// The order in which the reference sums the N per-rank gradients of an element.
+enum class reduction_order { rank, reversed };
+
+// The reference's final state: parameters and every optimizer slot, laid out as run_result's.
+struct reference_state {
+  std::vector<float> params, slots;
+};
+
 // The same training in one process, no engine: per element, the N gradients summed in rank order
-// (acc = g0; acc += g1; ...), divided by N, then the optimizer's rule.
+// (acc = g0; acc += g1; ...; or from g[N-1] down with reduction_order::reversed, the guard that an
+// equality with the engine depends on the order), divided by N, then the optimizer's rule.
 template <class Opt>
-std::vector<float> reference(int n, int steps, Opt opt) {
+reference_state reference_with_state(int n, int steps, Opt opt, reduction_order order = reduction_order::rank) {
   const zero::model_spec s = spec();
-  std::vector<float> w(s.numel());
+  reference_state out;
+  std::vector<float>& w = out.params;
+  w.resize(s.numel());
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = initial(i);
-  std::vector<float> state(w.size() * static_cast<std::size_t>(Opt::slots), 0.0f);
+  out.slots.assign(w.size() * static_cast<std::size_t>(Opt::slots), 0.0f);
   for (int t = 0; t < steps; ++t) {
     const auto c = opt.constants(static_cast<std::uint64_t>(t) + 1);
+    const auto step = static_cast<std::uint64_t>(t);
     for (std::size_t i = 0; i < w.size(); ++i) {
-      float acc = gradient(w[i], 0, static_cast<std::uint64_t>(t), i);
-      for (int r = 1; r < n; ++r) acc += gradient(w[i], r, static_cast<std::uint64_t>(t), i);
+      float acc;
+      if (order == reduction_order::rank) {
+        acc = gradient(w[i], 0, step, i);
+        for (int r = 1; r < n; ++r) acc += gradient(w[i], r, step, i);
+      } else {
+        acc = gradient(w[i], n - 1, step, i);
+        for (int r = n - 2; r >= 0; --r) acc += gradient(w[i], r, step, i);
+      }
       float st[Opt::slots > 0 ? Opt::slots : 1];
-      for (int k = 0; k < Opt::slots; ++k) st[k] = state[i * Opt::slots + static_cast<std::size_t>(k)];
+      for (int k = 0; k < Opt::slots; ++k) st[k] = out.slots[static_cast<std::size_t>(k) * w.size() + i];
       Opt::update(c, w[i], acc / static_cast<float>(n), st);
-      for (int k = 0; k < Opt::slots; ++k) state[i * Opt::slots + static_cast<std::size_t>(k)] = st[k];
+      for (int k = 0; k < Opt::slots; ++k) out.slots[static_cast<std::size_t>(k) * w.size() + i] = st[k];
     }
   }
-  return w;
+  return out;
+}
+
+// The reference's parameters alone.
+template <class Opt>
+std::vector<float> reference(int n, int steps, Opt opt) {
+  return reference_with_state(n, steps, opt).params;
 }
 
 }  // namespace toy

@@ -4,41 +4,46 @@
 # continues at the uninterrupted run's loss; --steps 0 evaluates the saved model as the saving run
 # did; the export holds every tensor under its unit's name.
 # Usage: train_gpt_checkpoint.sh TRAIN_GPT
-set -eu
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+work=$e2e_work
+# train VAR FIELD KIND FLAGS...: VAR = FIELD of the run's JSON line.
+train() {
+  local var=$1 field=$2 kind=$3
+  shift 3
+  e2e_run "$train_gpt" "${small[@]}" "$@"
+  e2e_json "$var" "$field" "$kind"
+}
 small=(--embd 32 --heads 2 --layers 1 --context 16 --batch 8 --eval-windows 8 --sample 0 --json)
 
 resume_equals() {  # label, flags...: 10 + resumed 10 steps against 20 uninterrupted ones
   local label=$1; shift
-  local dir="$work/$label"
-  saved=$("$train_gpt" "${small[@]}" "$@" --steps 10 --save "$dir" 2>/dev/null)
-  straight=$("$train_gpt" "${small[@]}" "$@" --steps 20 2>/dev/null | field param_hash)
-  resumed=$("$train_gpt" "${small[@]}" "$@" --steps 10 --resume "$dir" 2>/dev/null | field param_hash)
+  local dir="$work/$label" straight resumed before again
+  train before loss_held_out number "$@" --steps 10 --save "$dir"
+  train straight param_hash hex "$@" --steps 20
+  train resumed param_hash hex "$@" --steps 10 --resume "$dir"
   echo "$label: uninterrupted 20 steps $straight; 10 + resumed 10: $resumed"
-  [ "$straight" = "$resumed" ] || { echo "FAIL: $label: the resumed run differs"; exit 1; }
+  e2e_same "$resumed" "$straight" "$label: the resumed run against the uninterrupted one"
   # --steps 0: the loaded model evaluated again, as the saving run evaluated it at its end
-  before=$(field loss_held_out <<<"$saved")
-  again=$("$train_gpt" "${small[@]}" "$@" --steps 0 --resume "$dir" 2>/dev/null | field loss_held_out)
+  train again loss_held_out number "$@" --steps 0 --resume "$dir"
   echo "$label: held-out loss at the save $before, after loading $again"
-  [ "$before" = "$again" ] || { echo "FAIL: $label: the loaded model evaluates differently"; exit 1; }
+  e2e_same "$again" "$before" "$label: the loaded model's held-out loss against the saving run's"
 }
 resume_equals fp32 --ranks 4 --stage 3
 resume_equals fp16 --ranks 2 --stage 2 --precision fp16
 
 # At another world size and stage, the first loss after the resume is the uninterrupted run's loss at
 # step 11 (same weights, same batch), up to the order in which the per-rank losses are summed.
-after=$("$train_gpt" "${small[@]}" --ranks 2 --stage 1 --steps 5 --resume "$work/fp32" 2>/dev/null | field loss_first)
-at11=$("$train_gpt" "${small[@]}" --ranks 4 --stage 3 --steps 11 2>/dev/null | field loss_last)
+train after loss_first number --ranks 2 --stage 1 --steps 5 --resume "$work/fp32"
+train at11 loss_last number --ranks 4 --stage 3 --steps 11
 echo "loss at step 11: uninterrupted $at11, resumed at N=2 stage 1 $after"
-python3 -c "import sys; a, b = $after, $at11; sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" ||
-  { echo "FAIL: loss jump after resharding"; exit 1; }
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2])
+sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" "$after" "$at11" ||
+  e2e_fail "the loss after resharding: $after against $at11"
 
 # --export: every tensor, named unit.tensor, in declaration order, with its shape.
-"$train_gpt" "${small[@]}" --ranks 2 --stage 3 --steps 2 --precision bf16 --export "$work/gpt.safetensors" \
-  2>/dev/null >"$work/export.json"
+e2e_run "$train_gpt" "${small[@]}" --ranks 2 --stage 3 --steps 2 --precision bf16 --export "$work/gpt.safetensors"
+printf '%s\n' "$e2e_out" >"$work/export.json"
 python3 - "$work/gpt.safetensors" "$work/export.json" <<'PY'
 import json, struct, sys
 j = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])

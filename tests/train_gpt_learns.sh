@@ -5,13 +5,13 @@
 # model that sees one byte back can do, is about 0.78 of its unigram entropy); it prints a sample of
 # the requested length.
 # Usage: train_gpt_learns.sh TRAIN_GPT
-set -eu
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+out=$e2e_work/out
 start=$(date +%s.%N)
-"$train_gpt" --json 2>/dev/null >"$out"
+e2e_run "$train_gpt" --json
 end=$(date +%s.%N)
+printf '%s\n' "$e2e_out" >"$out"
 head -n -1 "$out"
 python3 - "$out" "$start" "$end" <<'PY'
 import json, sys

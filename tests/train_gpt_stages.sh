@@ -5,7 +5,7 @@
 # per micro-batch, recomputed here from the units the run reports; evaluation and sampling traffic is
 # reported apart and equals the per-pass formula times the passes.
 # Usage: train_gpt_stages.sh TRAIN_GPT
-set -eu
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
 small=(--embd 32 --heads 2 --layers 1 --context 16 --steps 6 --eval-windows 8 --sample 0 --json)
 
@@ -38,15 +38,15 @@ print(j["param_hash"])'
 runs=0
 compare() {  # label, flags...: stages 0-3 must agree
   local label=$1; shift
-  local hashes=""
+  local h first
   for stage in 0 1 2 3; do
-    h=$("$train_gpt" "${small[@]}" --stage $stage "$@" 2>/dev/null | check)
+    e2e_run "$train_gpt" "${small[@]}" --stage $stage "$@"
+    e2e_filter h hex check
     echo "$label stage $stage param_hash $h"
-    hashes="$hashes $h"
+    [ "$stage" = 0 ] && first=$h
+    e2e_same "$h" "$first" "$label: stage $stage against stage 0"
     runs=$((runs + 1))
   done
-  distinct=$(tr ' ' '\n' <<<"$hashes" | sed '/^$/d' | sort -u | wc -l)
-  [ "$distinct" -eq 1 ] || { echo "FAIL: stages disagree for $label:$hashes"; exit 1; }
 }
 
 for precision in fp32 bf16; do
@@ -58,22 +58,28 @@ compare "fp32 N=2 sgd accum 2" --optimizer sgd --ranks 2 --batch 8 --accum 2
 
 # The stages agree because the run is deterministic, not because training did nothing: another
 # seed gives another hash.
-a=$("$train_gpt" "${small[@]}" --ranks 2 --batch 4 2>/dev/null | check)
-b=$("$train_gpt" "${small[@]}" --ranks 2 --batch 4 --seed 2 2>/dev/null | check)
-[ "$a" != "$b" ] || { echo "FAIL: seeds 1 and 2 give the same param_hash $a"; exit 1; }
+e2e_run "$train_gpt" "${small[@]}" --ranks 2 --batch 4
+e2e_filter a hex check
+e2e_run "$train_gpt" "${small[@]}" --ranks 2 --batch 4 --seed 2
+e2e_filter b hex check
+e2e_differ "$a" "$b" "seeds 1 and 2"
 echo "$runs runs: stages bit-identical"
 
 # --reproducible --micro-batch 2: 8 sequences per step, the same bits at N = 1 (stage 0) and N = 4
 # (stage 3, the tied unit gathered twice per pass), with clipping; the traffic equals the formula.
-repro() {
-  "$train_gpt" "${small[@]}" --batch 8 --micro-batch 2 --reproducible --clip 0.5 "$@" 2>/dev/null | python3 -c '
+repro() {  # repro VAR FLAGS...
+  local var=$1
+  shift
+  e2e_run "$train_gpt" "${small[@]}" --batch 8 --micro-batch 2 --reproducible --clip 0.5 "$@"
+  e2e_filter "$var" hex python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read().strip().splitlines()[-1])
 assert j["reproducible"] and j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"], j
 assert j["model_state_bytes_per_rank"] == j["model_state_formula_bytes"], j
 print(j["param_hash"])'
 }
-a=$(repro --ranks 1 --stage 0)
-b=$(repro --ranks 4 --stage 3 --precision fp32)
+repro a --ranks 1 --stage 0
+repro b --ranks 4 --stage 3 --precision fp32
 echo "reproducible: N=1 stage 0 $a, N=4 stage 3 $b"
-[ -n "$a" ] && [ "$a" = "$b" ] || { echo "FAIL: --reproducible differs between N=1 and N=4"; exit 1; }
+e2e_same "$b" "$a" "--reproducible at N=4 stage 3 against N=1 stage 0"
+echo "1 passed, 0 failed"

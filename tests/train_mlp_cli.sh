@@ -1,20 +1,14 @@
 #!/usr/bin/env bash
 # train_mlp's command line: bad flags give a usage message and exit code 2; --help exits 0.
 # Usage: train_mlp_cli.sh TRAIN_MLP
-set -u
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
-failures=0
 expect() {  # expect CODE [--] PATTERN ARGS...  (-- lets a pattern start with a dash)
   local want=$1; shift
   [ "$1" = -- ] && shift
   local pattern=$1; shift
-  out=$("$train_mlp" "$@" 2>&1); rc=$?
-  if [ $rc -ne "$want" ] || ! grep -Eq -- "$pattern" <<<"$out"; then
-    echo "FAIL: train_mlp $* -> exit $rc (want $want), output lacks /$pattern/:"; echo "$out" | head -5
-    failures=$((failures + 1))
-  else
-    echo "ok   train_mlp $* -> exit $rc"
-  fi
+  e2e_expect "$want" "$pattern" "$train_mlp" "$@"
+  echo "ok   train_mlp $* -> exit $e2e_rc"
 }
 expect 2 'stage.*(not in range|0 - 3)' --stage 4
 expect 2 'Usage' --stage 7
@@ -46,8 +40,7 @@ expect 2 -- '--seed.*not a decimal integer' --seed -1
 expect 2 -- '--seed.*not a decimal integer' --seed 18446744073709551616  # 2^64
 expect 0 '"param_hash"' --seed 18446744073709551615 --lr 1e-3 --clip 0 --steps 1 --hidden 16 --layers 2 --json
 # Output targets are refused before training, not after it.
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+tmp=$e2e_work
 touch "$tmp/file"
 mkfifo "$tmp/fifo"
 mkdir -p "$tmp/version" && echo '{}' >"$tmp/version/manifest.json"
@@ -70,8 +63,7 @@ fi
 # A --save directory that does not exist yet is created, parents included, by the save.
 expect 0 'loss' --save "$tmp/new/nested/ckpt" --export "$tmp/w.safetensors" --steps 1 --hidden 16 --layers 2
 manifests=("$tmp"/new/nested/ckpt/v-*/manifest.json)
-[ -f "${manifests[0]}" ] && [ -s "$tmp/w.safetensors" ] ||
-  { echo "FAIL: --save/--export into new paths wrote nothing"; failures=$((failures + 1)); }
+[ -f "${manifests[0]}" ] && [ -s "$tmp/w.safetensors" ] || e2e_fail "--save/--export into new paths wrote nothing"
 expect 0 'Usage' --help
 # --memory-limit: model states over the budget are refused before allocation, naming every category
 # and the stages that fit; transient buffers over it fail when allocated; a budget that holds both runs.
@@ -82,4 +74,4 @@ expect 1 'out of memory: allocating [0-9]+ bytes of transient would hold' --stag
 expect 0 'loss' --stage 3 --steps 1 --memory-limit 2000000
 expect 2 'memory-limit' --memory-limit -5
 expect 0 'loss' --steps 3 --hidden 16 --layers 2
-[ $failures -eq 0 ] && echo "1 passed, 0 failed" || { echo "0 passed, 1 failed"; exit 1; }
+echo "1 passed, 0 failed"

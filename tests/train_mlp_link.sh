@@ -3,11 +3,12 @@
 # param_hash as without the link, stages 0-3 equal; the modeled time is the reported traffic over the
 # bandwidth (latency 0); the exposed communication covers the modeled time; the step's parts add up.
 # Usage: train_mlp_link.sh TRAIN_MLP
-set -eu
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
 common=(--json --ranks 2 --batch 8 --steps 6 --layers 3 --hidden 48)
-gemms=$("$train_mlp" --help | sed -n 's/.*--gemm TEXT:{\([^}]*\)}.*/\1/p' | tr ',' ' ')
-[ -n "$gemms" ] || { echo "FAIL: no --gemm choices in train_mlp --help"; exit 1; }
+e2e_run "$train_mlp" --help
+e2e_sed gemms 's/.*--gemm TEXT:{\([^}]*\)}.*/\1/p'
+gemms=${gemms//,/ }
 # Prints the hash; checks the split, and with a link the modeled time against the traffic.
 check() {
   python3 -c '
@@ -31,28 +32,31 @@ else:
     assert "link_modeled_s" not in j and "link_gbps" not in j, j
 print(j["param_hash"])' "$@"
 }
+# run VAR CHECK-ARGS -- FLAGS...: trains with FLAGS, checks the JSON line (check CHECK-ARGS), VAR = its hash.
+run() {
+  local var=$1 check_args=()
+  shift
+  while [ "$1" != -- ]; do check_args+=("$1"); shift; done
+  shift
+  e2e_run "$train_mlp" "${common[@]}" "$@"
+  e2e_filter "$var" hex check "${check_args[@]}"
+}
 for gemm in $gemms; do
   for stage in 0 1 2 3; do
-    plain=$("$train_mlp" "${common[@]}" --gemm "$gemm" --stage $stage 2>/dev/null | check 0 0)
-    bw=$("$train_mlp" "${common[@]}" --gemm "$gemm" --stage $stage --link-gbps 0.5 --overlap off 2>/dev/null |
-         check 0.5 0)
-    both=$("$train_mlp" "${common[@]}" --gemm "$gemm" --stage $stage --link-gbps 0.5 --link-latency-us 200 \
-             --overlap off 2>/dev/null | check 0.5 200)
-    over=$("$train_mlp" "${common[@]}" --gemm "$gemm" --stage $stage --link-gbps 0.5 --link-latency-us 200 \
-             --overlap on 2>/dev/null | check 0.5 200 on)
+    run plain 0 0 -- --gemm "$gemm" --stage $stage
+    run bw 0.5 0 -- --gemm "$gemm" --stage $stage --link-gbps 0.5 --overlap off
+    run both 0.5 200 -- --gemm "$gemm" --stage $stage --link-gbps 0.5 --link-latency-us 200 --overlap off
+    run over 0.5 200 on -- --gemm "$gemm" --stage $stage --link-gbps 0.5 --link-latency-us 200 --overlap on
     echo "gemm $gemm stage $stage: param_hash $plain, with a link $bw, with latency too $both, overlapped $over"
-    [ "$plain" = "$bw" ] && [ "$plain" = "$both" ] && [ "$plain" = "$over" ] ||
-      { echo "FAIL: the link or the overlap changed the result"; exit 1; }
+    e2e_same "$bw" "$plain" "gemm $gemm stage $stage: a link against none"
+    e2e_same "$both" "$plain" "gemm $gemm stage $stage: a link with latency against none"
+    e2e_same "$over" "$plain" "gemm $gemm stage $stage: an overlapped link against none"
     [ "$stage" = 0 ] && first=$plain
-    [ "$plain" = "$first" ] || { echo "FAIL: gemm $gemm: stage $stage $plain, stage 0 $first"; exit 1; }
+    e2e_same "$plain" "$first" "gemm $gemm: stage $stage against stage 0"
   done
 done
 # A bad link is a usage error naming the flag.
 for bad in "--link-gbps 0" "--link-gbps -1" "--link-gbps nan" "--link-latency-us -5" "--link-latency-us inf"; do
-  set +e
-  out=$("$train_mlp" --steps 1 $bad 2>&1)
-  rc=$?
-  set -e
-  [ "$rc" -eq 2 ] && grep -q -- "${bad%% *}" <<<"$out" || { echo "FAIL: $bad: exit $rc: $out"; exit 1; }
+  e2e_expect 2 "${bad%% *}" "$train_mlp" --steps 1 $bad
 done
 echo "1 passed, 0 failed"

@@ -3,28 +3,21 @@
 # scripts/demo.sh builds it): its flags default to that combination, it trains to the full build's
 # param_hash, and it refuses every other choice with a usage error naming the build.
 # Usage: train_mlp_one.sh TRAIN_MLP TRAIN_MLP_ONE   (the second compiled for stage 2, sgd, bf16)
-set -u
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 full=$1
 one=$2
-status=0
-fail() { echo "FAIL: $*"; status=1; }
-hash_of() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['param_hash'])"; }
 flags=(--layers 3 --hidden 32 --batch 16 --steps 5 --ranks 2 --clip 1 --json)
-want=$("$full" --backend threads --stage 2 --optimizer sgd --precision bf16 "${flags[@]}" 2>/dev/null | hash_of)
-got=$("$one" --stage 2 --optimizer sgd --precision bf16 "${flags[@]}" 2>/dev/null | hash_of)
-defaults=$("$one" "${flags[@]}" 2>/dev/null | hash_of)
+e2e_run "$full" --backend threads --stage 2 --optimizer sgd --precision bf16 "${flags[@]}"
+e2e_json want param_hash hex
+e2e_run "$one" --stage 2 --optimizer sgd --precision bf16 "${flags[@]}"
+e2e_json got param_hash hex
+e2e_run "$one" "${flags[@]}"
+e2e_json defaults param_hash hex
 echo "full build: $want; one-combination build: $got; with its defaults: $defaults"
-[ -n "$want" ] && [ "$got" = "$want" ] || fail "the one-combination build gives '$got', the full build '$want'"
-[ "$defaults" = "$want" ] || fail "the one-combination build's defaults are not its combination: '$defaults'"
-refused() {
-  local flag=$1 value=$2 err
-  err=$("$one" "$flag" "$value" "${flags[@]}" 2>&1 >/dev/null)
-  local rc=$?
-  [ $rc -eq 2 ] || fail "$flag $value: exit $rc, expected 2"
-  grep -q -- "compiled for $flag" <<<"$err" || fail "$flag $value: no 'compiled for $flag' in: $(head -c 300 <<<"$err")"
-}
+e2e_same "$got" "$want" "the one-combination build against the full build"
+e2e_same "$defaults" "$want" "the one-combination build's defaults against its combination"
+refused() { e2e_expect 2 "compiled for $1" "$one" "$1" "$2" "${flags[@]}"; }
 refused --stage 3
 refused --optimizer adamw
 refused --precision fp32
-[ $status -eq 0 ] && echo ok
-exit $status
+echo ok

@@ -2,7 +2,7 @@
 # train_mlp end to end: for each N and optimizer, stages 0-3 print the same param_hash, the measured
 # model-state and communicated bytes equal the formulas, and the default run halves the loss.
 # Usage: train_mlp_stages.sh TRAIN_MLP
-set -eu
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
 check() {  # reads the JSON line, prints "hash", fails on a formula mismatch
   python3 -c '
@@ -13,32 +13,34 @@ assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"], j
 print(j["param_hash"])'
 }
 # Every optimizer the trainer offers (the library's list, zero/catalog.hpp), read from its --help.
-optimizers=$("$train_mlp" --help | sed -n 's/.*--optimizer TEXT:{\([^}]*\)}.*/\1/p' | tr ',' ' ')
-[ -n "$optimizers" ] || { echo "FAIL: no optimizer choices in train_mlp --help"; exit 1; }
+e2e_run "$train_mlp" --help
+e2e_sed optimizers 's/.*--optimizer TEXT:{\([^}]*\)}.*/\1/p'
+optimizers=${optimizers//,/ }
 echo "optimizers: $optimizers"
 for opt in $optimizers; do
   for n in 1 3 4; do
     batch=$((n * 12))
-    hashes=""
     for stage in 0 1 2 3; do
-      h=$("$train_mlp" --json --stage $stage --ranks $n --batch $batch --steps 25 --layers 3 --hidden 48 \
-            --optimizer $opt 2>/dev/null | check)
+      e2e_run "$train_mlp" --json --stage $stage --ranks $n --batch $batch --steps 25 --layers 3 --hidden 48 \
+        --optimizer $opt
+      e2e_filter h hex check
       echo "optimizer $opt N=$n stage $stage param_hash $h"
-      hashes="$hashes $h"
+      [ "$stage" = 0 ] && first=$h
+      e2e_same "$h" "$first" "optimizer $opt N=$n: stage $stage against stage 0"
     done
-    distinct=$(tr ' ' '\n' <<<"$hashes" | sed '/^$/d' | sort -u | wc -l)
-    [ "$distinct" -eq 1 ] || { echo "FAIL: stages disagree for $opt N=$n:$hashes"; exit 1; }
   done
 done
 # The demo's configuration, with each optimizer at its default rate: the loss must fall below half
 # its first value.
 for opt in $optimizers; do
-  "$train_mlp" --json --optimizer $opt 2>/dev/null | python3 -c '
+  e2e_run "$train_mlp" --json --optimizer $opt
+  python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read().strip().splitlines()[-1])
 print("default run,", sys.argv[1] + ": loss", j["loss_first"], "->", j["loss_last"])
 assert j["loss_last"] < 0.5 * j["loss_first"], j
 assert j["stage"] == 3 and j["ranks"] == 4 and j["steps"] == 200, j
-print("backend", j["backend"], "on", j.get("device", "the host"))' $opt
+print("backend", j["backend"], "on", j.get("device", "the host"))' $opt <<<"$e2e_out" ||
+    e2e_fail "the default run with $opt"
 done
 echo "1 passed, 0 failed"

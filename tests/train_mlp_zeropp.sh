@@ -3,45 +3,45 @@
 # their formulas; hpZ alone keeps stage 3's param_hash, qwZ + hpZ keeps qwZ's, qgZ gives stages 1-3 one
 # hash; on a modeled link with overlap the same bits; meaningless combinations are usage errors.
 # Usage: train_mlp_zeropp.sh TRAIN_MLP
-set -eu
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
 common=(--json --ranks 4 --batch 16 --steps 4 --layers 3 --hidden 48 --quant-block 64)
-# Prints the param_hash; checks both formulas.
+# run HASH_VAR INTER_VAR FLAGS...: trains, checks both formulas, sets the param_hash and the bytes
+# between nodes per rank and step.
 run() {
-  "$train_mlp" "${common[@]}" "$@" 2>/dev/null | python3 -c '
+  local hash_var=$1 inter_var=$2
+  shift 2
+  e2e_run "$train_mlp" "${common[@]}" "$@"
+  e2e_filter "$hash_var" hex python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read().strip().splitlines()[-1])
 assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"], j
 assert j["comm_inter_node_bytes_per_rank_per_step"] == j["comm_inter_node_formula_bytes"], j
-print(j["param_hash"], j["comm_inter_node_bytes_per_rank_per_step"])'
+print(j["param_hash"])'
+  e2e_json "$inter_var" comm_inter_node_bytes_per_rank_per_step int
 }
-read -r plain plain_inter <<<"$(run --node-size 2)"
-read -r hpz hpz_inter <<<"$(run --hpz 2)"
-read -r qwz _ <<<"$(run --qwz --node-size 2)"
-read -r qwz_hpz _ <<<"$(run --qwz --hpz 2)"
-read -r all all_inter <<<"$(run --qwz --qgz --qgz-bits 4 --hpz 2)"
-read -r linked _ <<<"$(run --qwz --qgz --qgz-bits 4 --hpz 2 --link-gbps 2 --overlap on)"
+run plain plain_inter --node-size 2
+run hpz hpz_inter --hpz 2
+run qwz _ --qwz --node-size 2
+run qwz_hpz _ --qwz --hpz 2
+run all all_inter --qwz --qgz --qgz-bits 4 --hpz 2
+run linked _ --qwz --qgz --qgz-bits 4 --hpz 2 --link-gbps 2 --overlap on
 echo "stage 3 $plain ($plain_inter bytes between nodes), hpZ $hpz ($hpz_inter), qwZ $qwz, qwZ + hpZ $qwz_hpz," \
      "all three $all ($all_inter), on a modeled link $linked"
-[ "$hpz" = "$plain" ] || { echo "FAIL: hpZ changed stage 3's result"; exit 1; }
-[ "$qwz_hpz" = "$qwz" ] || { echo "FAIL: hpZ changed qwZ's result"; exit 1; }
-[ "$qwz" != "$plain" ] || { echo "FAIL: qwZ left the result unchanged"; exit 1; }
-[ "$linked" = "$all" ] || { echo "FAIL: the modeled link with overlap changed the result"; exit 1; }
-[ "$hpz_inter" -lt "$plain_inter" ] && [ $((all_inter * 4)) -lt "$plain_inter" ] ||
-  { echo "FAIL: bytes between nodes did not fall"; exit 1; }
+e2e_same "$hpz" "$plain" "hpZ against stage 3's param_hash"
+e2e_same "$qwz_hpz" "$qwz" "qwZ + hpZ against qwZ's param_hash"
+e2e_differ "$qwz" "$plain" "qwZ against stage 3's param_hash (qwZ must change the result)"
+e2e_same "$linked" "$all" "the modeled link with overlap against the same run without it"
+[ "$hpz_inter" -lt "$plain_inter" ] || e2e_fail "hpZ: $hpz_inter bytes between nodes, not below $plain_inter"
+[ $((all_inter * 4)) -lt "$plain_inter" ] ||
+  e2e_fail "qwZ + qgZ + hpZ: $all_inter bytes between nodes, not below a quarter of $plain_inter"
 for stage in 1 2 3; do
-  read -r h _ <<<"$(run --stage $stage --qgz --node-size 2)"
+  run h _ --stage $stage --qgz --node-size 2
   [ "$stage" = 1 ] && first=$h
-  [ "$h" = "$first" ] || { echo "FAIL: qgZ: stage $stage $h, stage 1 $first"; exit 1; }
+  e2e_same "$h" "$first" "qgZ: stage $stage against stage 1"
 done
 # Meaningless combinations: usage errors (exit 2) that say why.
-check_refused() {
-  set +e
-  out=$("$train_mlp" --steps 1 "${@:2}" 2>&1)
-  rc=$?
-  set -e
-  [ "$rc" -eq 2 ] && grep -q -- "$1" <<<"$out" || { echo "FAIL: ${*:2}: exit $rc: $out"; exit 1; }
-}
+check_refused() { e2e_expect 2 "$1" "$train_mlp" --steps 1 "${@:2}"; }
 check_refused "gathers no parameters" --stage 2 --qwz
 check_refused "does not shard them" --stage 1 --hpz 2
 check_refused "stage 0 all-reduces" --stage 0 --qgz

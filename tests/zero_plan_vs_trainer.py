@@ -74,6 +74,31 @@ with tempfile.TemporaryDirectory() as tmp:
                     fail(f"{what}: bytes sent measured {got['bytes_sent']}, planned {p['bytes_sent_per_step']}")
         print(f"{precision} {optimizer} accum {accum} clip {clip}: {len(planned)} plans compared")
 
+    # Offload to disk in slices of 1024: the tier's host memory (slice sets and checksums, counted as the
+    # rank's) as planned; with it in, the peak's verdict holds as above.
+    for stage, n in [(3, 3), (1, 4)]:
+        what = f"stage {stage} N={n} fp32 adamw, offload disk"
+        flags = ["--offload", "disk", "--offload-slice", "1024"]
+        out = subprocess.run([zero_plan, "--json", *MODEL, "--ranks", str(n), "--stage", str(stage), *flags],
+                             check=True, capture_output=True, text=True, timeout=60).stdout
+        p = json.loads(out)["plans"][0]
+        r = train(stage, n, "fp32", "adamw", 1, "0", log, [*flags, "--offload-dir", tmp])
+        if r.returncode != 0:
+            fail(f"{what}: train_mlp exited {r.returncode}: {r.stderr[-500:]}")
+            continue
+        got = [json.loads(x) for x in open(log) if json.loads(x)["kind"] == "step"][-1]
+        if not (p["offload_bytes"] == got["offload_bytes"] > p["offload_staging_bytes"] > 0):
+            fail(f"{what}: offload bytes measured {got['offload_bytes']}, planned {p['offload_bytes']} "
+                 f"(staging {p['offload_staging_bytes']})")
+        if p["master_bytes"] != got["master_bytes"] or p["optimizer_states_bytes"] != got["optimizer_states_bytes"]:
+            fail(f"{what}: master/optimizer states in memory measured {got['master_bytes']}/"
+                 f"{got['optimizer_states_bytes']}, planned {p['master_bytes']}/{p['optimizer_states_bytes']}")
+        r = train(stage, n, "fp32", "adamw", 1, "0", log,
+                  [*flags, "--offload-dir", tmp, "--memory-limit", str(p["peak_bytes"] - 1)])
+        if r.returncode == 0 or "memory" not in r.stderr:
+            fail(f"{what}: --memory-limit {p['peak_bytes'] - 1} exited {r.returncode}, expected a refusal")
+        print(f"{what}: {p['offload_bytes']} bytes of offload host memory, as planned")
+
     # The verdict on a memory size: at the plan's peak minus one byte the trainer is refused during
     # training; at the peak that includes its final full-parameter hash it runs to the end.
     precision, optimizer, accum, clip = CONFIGS[1]

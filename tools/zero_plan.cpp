@@ -104,6 +104,10 @@ nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
       {"gathered_bytes", p.gathered_bytes},
       {"wire_bytes", p.wire_bytes},
       {"norm_bytes", p.norm_bytes},
+      {"offload_bytes", p.model_states.offload},
+      {"offloaded_bytes", p.offloaded_bytes},
+      {"offload_staging_bytes", p.offload_staging_bytes},
+      {"offload_checksum_bytes", p.offload_checksum_bytes},
       {"transient_peak_bytes", p.step_transient_peak},
       {"peak_bytes", p.peak_bytes},
       {"consolidation_bytes", p.consolidation_bytes},
@@ -173,6 +177,22 @@ int main(int argc, char** argv) {
                "the reproducible reduction (engine_options::reproducible): binned gradient sums, 24 bytes per "
                "element on the wire and 28 held per gradient element a rank updates");
   app.add_flag("--json", json, "print a JSON object instead of the table");
+  // Offload (engine_options::offload): where the master weights and optimizer slots would live.
+  std::string offload = "none";
+  std::size_t offload_slice = std::size_t{1} << 20;
+  auto* offload_flag =
+      app.add_option("--offload", offload,
+                     "master weights and optimizer slots in: none (memory), host (host memory), disk (a file per "
+                     "rank, streamed through host memory in slices); on a CPU system the tier's host memory counts "
+                     "as the rank's (\"offload\")")
+          ->check(CLI::IsMember({"none", "host", "disk"}))
+          ->capture_default_str();
+  app.add_option("--offload-slice", offload_slice,
+                 "--offload disk: elements per slice (a multiple of 1024); up to three slices per state array are "
+                 "held in host memory")
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 40))
+      ->capture_default_str()
+      ->needs(offload_flag);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -185,6 +205,10 @@ int main(int argc, char** argv) {
     options.micro_batches = accum;
     options.clip_norm = clip;
     options.reproducible = reproducible;
+    options.offload.tier = offload == "host"   ? zero::offload_tier::host
+                           : offload == "disk" ? zero::offload_tier::disk
+                                               : zero::offload_tier::none;
+    options.offload.slice_elements = offload_slice;
     const auto prec = zero::plan_precision_named(precision);
     const auto opt = zero::plan_optimizer_named(optimizer);
     std::vector<zero::plan_report> reports;
@@ -201,6 +225,7 @@ int main(int argc, char** argv) {
                           {"accum", accum},
                           {"clip", clip},
                           {"reproducible", reproducible},
+                          {"offload", offload},
                           {"plans", nlohmann::json::array()}};
       if (memory > 0) j["memory_bytes"] = memory;
       for (const auto& p : reports) j["plans"].push_back(report_json(p, memory));
@@ -208,23 +233,31 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s%s\n",
+    std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s%s%s\n",
                 model_file.empty() ? "MLP" : model_file.c_str(), spec.num_units(), first.numel, precision.c_str(),
                 optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "",
-                reproducible ? ", reproducible" : "");
+                reproducible ? ", reproducible" : "", offload == "none" ? "" : (", offload " + offload).c_str());
     std::printf("bytes per rank; \"transient\" is the most held at once by a step's buffers, \"peak\" adds it to the "
                 "model states\n\n");
-    std::printf("%5s %6s %11s %11s %11s %11s %12s %11s %11s %12s%s\n", "stage", "ranks", "params", "grads", "master",
-                "optimizer", "model states", "transient", "peak", "sent/step",
+    if (offload != "none")
+      std::printf("\"offload\": the tier's host memory (the host tier's arrays; the disk tier's slice buffers and "
+                  "checksums), counted as the rank's on a CPU system; \"offloaded\": the arrays in the tier\n");
+    const bool off = offload != "none";
+    std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s%s\n", "stage", "ranks", "params", "grads", "master",
+                "optimizer", off ? "     offload   offloaded" : "", "model states", "transient", "peak", "sent/step",
                 memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
     int last_stage = -1;
     for (const auto& p : reports) {
       if (p.stage != last_stage && last_stage >= 0 && ranks.size() > 1) std::printf("\n");
       last_stage = p.stage;
-      std::printf("%5d %6d %11s %11s %11s %11s %12s %11s %11s %12s%s\n", p.stage, p.ranks,
+      char offload_columns[32] = "";
+      if (off)
+        std::snprintf(offload_columns, sizeof offload_columns, " %11s %11s", size_text(p.model_states.offload).c_str(),
+                      size_text(p.offloaded_bytes).c_str());
+      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s\n", p.stage, p.ranks,
                   size_text(p.model_states.params).c_str(), size_text(p.model_states.grads).c_str(),
                   size_text(p.model_states.master).c_str(), size_text(p.model_states.optimizer_states).c_str(),
-                  size_text(p.model_states.total()).c_str(), size_text(p.step_transient_peak).c_str(),
+                  offload_columns, size_text(p.model_states.total()).c_str(), size_text(p.step_transient_peak).c_str(),
                   size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(),
                   memory > 0 ? (p.fits(memory) ? "  yes" : "  no") : "");
     }

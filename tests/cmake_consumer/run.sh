@@ -2,7 +2,8 @@
 # Installs zero from SOURCE_ROOT into a temporary prefix (headers, pkg-config and CMake files: the
 # devel install tag, nothing compiled), then builds tests/cmake_consumer against it with CMake and
 # runs it: zero::zero carries its include folder, C++20, -ffp-contract=off and threads, and
-# zero::checkpoint its dependencies. Usage: run.sh SOURCE_ROOT
+# zero::checkpoint its dependencies; with MPI, a program linking zero::zero and MPI::MPI_CXX runs
+# under mpirun (docs/integration.md's example). Usage: run.sh SOURCE_ROOT
 set -eu
 root=$1
 command -v cmake >/dev/null || { echo "SKIP: cmake is not installed (Debian: cmake)"; exit 77; }
@@ -18,7 +19,7 @@ config=$(find "$work/prefix" -name zeroConfig.cmake)
 [ -n "$config" ] || { echo "FAIL: no zeroConfig.cmake installed"; find "$work/prefix"; exit 1; }
 echo "installed: ${config#"$work/prefix/"}"
 cp "$root/tests/cmake_consumer/CMakeLists.txt" "$root/tests/cmake_consumer/consumer_checkpoint.cpp" \
-  "$root/tests/consumer/consumer.cpp" "$work/"
+  "$root/tests/cmake_consumer/consumer_mpi.cpp" "$root/tests/consumer/consumer.cpp" "$work/"
 # Only the prefix: CMake must find zero there, not in the source tree.
 step cmake -S "$work" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
@@ -26,7 +27,7 @@ step cmake --build "$work/build" --parallel 2
 python3 - "$work/build/compile_commands.json" "$work/prefix" <<'PY'
 import json, sys
 commands, prefix = json.load(open(sys.argv[1])), sys.argv[2]
-assert len(commands) == 2, commands
+assert len(commands) in (2, 3), commands  # consumer_mpi where CMake finds MPI
 for c in commands:
     cmd = c["command"]
     for needed in ["-ffp-contract=off", "++20", prefix + "/include"]:  # -std=gnu++20; -isystem for imported targets
@@ -35,6 +36,14 @@ print("compile flags: -ffp-contract=off, C++20 and the prefix's include folder o
 PY
 "$work/build/consumer"
 "$work/build/consumer_checkpoint" "$work/ckpt"
+if [ -x "$work/build/consumer_mpi" ]; then
+  mpirun=$(command -v mpirun || command -v mpiexec) || { echo "FAIL: consumer_mpi built, but no mpirun"; exit 1; }
+  # As the mpi suite runs Open MPI (tests/mpi/meson.build): as root, and without cross-process copies.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    "$mpirun" --oversubscribe -np 2 "$work/build/consumer_mpi"
+else
+  echo "consumer_mpi: CMake found no MPI, not built"
+fi
 # A component that does not exist is an error naming it.
 mkdir "$work/missing"
 printf 'cmake_minimum_required(VERSION 3.16)\nproject(m CXX)\nfind_package(zero CONFIG REQUIRED COMPONENTS gpu)\n' \

@@ -4,13 +4,12 @@
 # timeout), with a failing exit code and output in which the other ranks name rank 1 and the call they
 # were in (#1 all_reduce), never a hang. A stopped rank costs its waiting peers almost no CPU.
 # Usage: rank_failure.sh MPIRUN MPI_RANK_FAILURE
-set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
 mpirun=$1
 exe=$2
-status=0
 out=
 logs=$(mktemp -d -p "$([ -d /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")")
-trap 'rm -rf "$logs"' EXIT
+e2e_cleanup() { rm -rf "$logs"; }
 # run HOW [MPIRUN OPTION...]: runs the 3-rank job; sets out (mpirun's output and every rank's stderr),
 # rc and elapsed. Each rank writes its stderr to its own file (in memory, /dev/shm where it exists):
 # Open MPI's output forwarding sometimes drops the last lines of a rank it is killing, and the checks
@@ -20,13 +19,14 @@ run() {
   shift
   rm -f "$logs"/rank.*
   start=$(date +%s.%N)
-  out=$(timeout -k 10 120 "$mpirun" --oversubscribe -np 3 "$@" \
-    bash -c 'log=$1; shift; exec "$@" 2>"$log.$OMPI_COMM_WORLD_RANK"' _ "$logs/rank" "$exe" "$how" 2>&1)
-  rc=$?
+  e2e_run_rc timeout -k 10 120 "$mpirun" --oversubscribe -np 3 "$@" \
+    bash -c 'log=$1; shift; exec "$@" 2>"$log.$OMPI_COMM_WORLD_RANK"' _ "$logs/rank" "$exe" "$how"
+  rc=$e2e_rc
+  out=$e2e_out$'\n'$e2e_err
   elapsed=$(echo "$(date +%s.%N) - $start" | bc)
   out+=$'\n'$(cat "$logs"/rank.* 2>/dev/null)
 }
-bad() { echo "FAIL $*"; status=1; }
+bad() { e2e_fail "$@"; }
 # expect HOW LIMIT PATTERN...: the job fails within LIMIT seconds and its output matches every PATTERN.
 # Open MPI ends the other ranks of a failed job with SIGCONT, SIGTERM and SIGKILL, 1 s apart by
 # default; on a machine as loaded as CI a rank is sometimes not scheduled within that second to print
@@ -44,26 +44,18 @@ expect() {
     bad "$how: the job took ${elapsed}s to end (limit ${limit}s)"
   else
     for p in "$@"; do
-      if ! grep -Eq -- "$p" <<<"$out"; then
-        bad "$how: no /$p/ in:"
-        echo "$out"
-        return 1
-      fi
+      grep -Eq -- "$p" <<<"$out" || bad "$how: no /$p/ in:"$'\n'"$out"
     done
-    printf 'ok   %-11s exit %3d after %5.2fs: %s\n' "$how" "$rc" "$elapsed" "$(grep -Eo -- "$1.*" <<<"$out" | head -1)"
-    return 0
+    printf 'ok   %-11s exit %3d after %5.2fs: %s\n' "$how" "$rc" "$elapsed" "$(grep -Eo -m1 -- "$1.*" <<<"$out")"
   fi
-  return 1
 }
 # survivors PATTERN...: after expect, the stderr of rank 0 and of rank 2 each match every PATTERN.
 survivors() {
   local r p
   for r in 0 2; do
     for p in "$@"; do
-      if ! grep -Eq -- "$p" "$logs/rank.$r" 2>/dev/null; then
-        bad "rank $r: no /$p/ in its stderr:"
-        cat "$logs/rank.$r" 2>/dev/null
-      fi
+      grep -Eq -- "$p" "$logs/rank.$r" 2>/dev/null ||
+        bad "rank $r: no /$p/ in its stderr:"$'\n'"$(cat "$logs/rank.$r" 2>/dev/null)"
     done
   done
 }
@@ -105,10 +97,5 @@ expect skip-verify 30 \
 # Issue 9, case 12: rank 1 is stopped (SIGSTOP) for 2 s while ranks 0 and 2 wait in an all_reduce;
 # the program fails when a waiting rank's process used more than 10% of a core.
 run cpu "${mpirun_args[@]}"
-if [ "$rc" -ne 0 ]; then
-  bad "cpu: exit $rc:"
-  echo "$out"
-else
-  grep -E 'waited .* of CPU' <<<"$out" | sed 's/^/ok   cpu         /'
-fi
-exit $status
+[ "$rc" -eq 0 ] || bad "cpu: exit $rc:"$'\n'"$out"
+grep -E 'waited .* of CPU' <<<"$out" | sed 's/^/ok   cpu         /' || bad "cpu: no CPU time reported:"$'\n'"$out"

@@ -1,6 +1,7 @@
 // The paper's memory and communication equations, written independently of the engine that must meet them.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -101,6 +102,22 @@ inline std::uint64_t offloaded_state_bytes(int stage, std::uint64_t psi, int n, 
   const std::uint64_t held = stage >= 1 ? psi / static_cast<std::uint64_t>(n) : psi;
   const std::uint64_t bytes = 4 * held;
   return arrays * (disk ? (bytes + 4095) / 4096 * 4096 : bytes);
+}
+
+// The host memory the disk tier holds per rank besides its file, for `held` elements per array
+// (offloaded_state_bytes's H): its slice sets, min(3, slices) of them (one per slice in flight: a
+// state of one or two slices needs no more), each of `arrays` slices of `slice` fp32 elements, where
+// slice is slice_elements or, for a smaller state, H rounded up to 1024 (whole 4 KiB blocks); and one
+// 8-byte checksum per array and slice.
+struct disk_tier_host_bytes {
+  std::uint64_t staging = 0, checksums = 0;
+  std::uint64_t total() const { return staging + checksums; }
+};
+inline disk_tier_host_bytes disk_tier_host_memory(std::uint64_t held, std::size_t arrays, std::uint64_t slice_elements) {
+  const std::uint64_t slice = std::min<std::uint64_t>(slice_elements, (held + 1023) / 1024 * 1024);
+  if (slice == 0) return {};
+  const std::uint64_t slices = (held + slice - 1) / slice;
+  return {std::min<std::uint64_t>(3, slices) * arrays * slice * 4, arrays * slices * 8};
 }
 
 // What one step that updates moves between the tiers.

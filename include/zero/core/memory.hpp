@@ -12,8 +12,10 @@
 
 namespace zero {
 
-enum class mem_category : int { params, grads, master, optimizer_states, transient };
-inline constexpr int mem_category_count = 5;
+// offload: host memory an offload tier holds where host memory is the system's own (the CPU
+// systems): the host tier's arrays, the disk tier's slice buffers and checksums (offload/state_store.hpp).
+enum class mem_category : int { params, grads, master, optimizer_states, transient, offload };
+inline constexpr int mem_category_count = 6;
 
 inline const char* to_string(mem_category c) {
   switch (c) {
@@ -22,6 +24,7 @@ inline const char* to_string(mem_category c) {
     case mem_category::master: return "master";
     case mem_category::optimizer_states: return "optimizer_states";
     case mem_category::transient: return "transient";
+    case mem_category::offload: return "offload";
   }
   return "?";
 }

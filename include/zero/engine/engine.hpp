@@ -91,11 +91,14 @@ class engine {
                                    : options_.fp32_grad_accumulation ? sizeof(float)
                                                                      : sizeof(grad_type);
     place_persistent_units();
-    // Offloaded master weights and slots are not in the system's memory: nothing of them to check here.
+    // Offloaded master weights and slots are not in the system's memory; what the tier holds in host
+    // memory is, where host memory is the system's (offload::state_store::counted_host_bytes).
     const std::size_t in_system = options_.offload.tier == offload_tier::none ? state_elems : 0;
     check_memory(model_state_plan{(param_elems + persistent_elems_ + secondary_elements()) * sizeof(param_type),
                                   grad_elems * grad_bytes, Prec::separate_master ? in_system * sizeof(float) : 0,
-                                  static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float)});
+                                  static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
+                                  offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays,
+                                                                                   state_elems)});
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
     if (persistent_elems_ > 0) persistent_ = buffer<param_type, system>(persistent_elems_, mem_category::params, acct_);
     if (zpp().hpz) secondary_ = buffer<param_type, system>(secondary_elements(), mem_category::params, acct_);
@@ -1991,19 +1994,44 @@ class engine {
       m = sys_.available();
       m->free = free;
     }
+    const bool offloaded = options_.offload.tier != offload_tier::none;
+    // What the offload tier holds in this memory for stage s's held elements (Psi in stage 0, Psi/N after).
+    const auto tier_bytes = [&](int s, const offload_options& o) -> std::uint64_t {
+      const std::size_t held = s >= 1 ? layout_.shard_total() : layout_.padded();
+      return offload::state_store<system>::counted_host_bytes(o, state_arrays, held);
+    };
     std::array<std::uint64_t, 4> stage_bytes{};
     for (int s = 0; s < 4; ++s) {
       formula::state_sizes z = state_sizes();
+      if (offloaded) z.k_bytes = 0;  // the other stages with the same offload
+      std::uint64_t& b = stage_bytes[static_cast<std::size_t>(s)];
       if (options_.reproducible) {
-        stage_bytes[static_cast<std::size_t>(s)] =
-            formula::reproducible_model_state_bytes(s, layout_.padded(), layout_.ranks(), z, s == 3 ? persistent_elems_ : 0);
-        continue;
+        b = formula::reproducible_model_state_bytes(s, layout_.padded(), layout_.ranks(), z, s == 3 ? persistent_elems_ : 0);
+      } else {
+        if (s < 2) z.grad_bytes = sizeof(grad_type);  // fp32 gradient accumulation exists in stages 2-3 only
+        b = formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z, s == 3 ? persistent_elems_ : 0);
       }
-      if (s < 2) z.grad_bytes = sizeof(grad_type);  // fp32 gradient accumulation exists in stages 2-3 only
-      stage_bytes[static_cast<std::size_t>(s)] =
-          formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z, s == 3 ? persistent_elems_ : 0);
+      if (offloaded) b += tier_bytes(s, options_.offload);
     }
-    detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m, stage_bytes);
+    // Without offload: what the master weights and slots would cost offloaded (on a CPU system the disk
+    // tier, whose slices and checksums stay in this memory; on a device system host memory). A small
+    // state is staged whole with the default slice: then the smallest slice is suggested, also to an
+    // engine that offloads to disk already.
+    offload_alternative alternative;
+    const bool disk = options_.offload.tier == offload_tier::disk;
+    if (state_arrays > 0 && (!offloaded || (disk && options_.offload.slice_elements > 1024))) {
+      offload_options o = options_.offload;
+      if (!offloaded) o.tier = host_memory_system ? offload_tier::disk : offload_tier::host;
+      for (std::size_t slice : {offloaded ? std::size_t{1024} : o.slice_elements, std::size_t{1024}}) {
+        o.slice_elements = slice;
+        alternative = {to_string(o.tier), 0, tier_bytes(P::stage, o), slice};
+        alternative.bytes = need.params + need.grads + alternative.staging;
+        if (alternative.bytes >= need.total()) alternative.tier.clear();  // no better than what was asked
+        if (detail::model_states_fit(alternative.bytes, options_.memory_limit_bytes, m)) break;
+      }
+    }
+    detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m, stage_bytes,
+                                   alternative);
   }
 
   memory_accounting acct_;  // first: every buffer below reports to it and must die before it

@@ -73,10 +73,17 @@ struct plan_report {
   std::vector<unit_plan> units;
 
   // Persistent: allocated by the constructor, held until the engine is destroyed.
-  model_state_plan model_states;  // params, grads, master, optimizer_states; = memory().current
+  // params, grads, master, optimizer_states, offload; = memory().current. model_states.offload is the
+  // host memory of the offload tier, which a CPU system counts as its own (mem_category::offload, in
+  // peak_bytes and memory_limit_bytes): the host tier's arrays, or the disk tier's slice sets and
+  // checksums (offload_staging_bytes + offload_checksum_bytes). A device system holds these bytes in
+  // host memory beside its budget: there memory() has them not, and fits() must be asked without them.
+  model_state_plan model_states;
   // engine_options::offload: the master weights and slots in host memory or on disk instead (then
   // model_states has none of them): = offload().host_bytes + offload().disk_bytes.
   std::uint64_t offloaded_bytes = 0;
+  std::uint64_t offload_staging_bytes = 0;   // the disk tier's slice sets: = offload().staging_bytes on a CPU system
+  std::uint64_t offload_checksum_bytes = 0;  // the disk tier's slice checksums: = offload().checksum_bytes
 
   // Transient buffers, allocated and freed inside the protocol's calls.
   std::uint64_t bucket_bytes = 0;    // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
@@ -144,6 +151,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
              "zero::formula::bytes_per_step (core/link_formulas.hpp), its model states add hpZ's secondary shard "
              "(formula::hpz_secondary_bytes)");
 
+  ZERO_CHECK(options.offload.tier == offload_tier::none ||
+                 (options.offload.slice_elements > 0 && options.offload.slice_elements % 1024 == 0),
+             invalid_argument, "plan: offload.slice_elements must be a positive multiple of 1024 (4 KiB of fp32), got ",
+             options.offload.slice_elements);
+
   // The layout alone decides how units split, the same for every stage, so one layout serves them all.
   const layout l = layout::make(spec, ranks);
   plan_report r;
@@ -171,8 +183,17 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   r.model_states.optimizer_states = static_cast<std::uint64_t>(optimizer.slots) * state_elems * sizeof(float);
   if (options.offload.tier != offload_tier::none) {
     const std::size_t arrays = (precision.separate_master ? 1 : 0) + static_cast<std::size_t>(optimizer.slots);
-    r.offloaded_bytes = formula::offloaded_state_bytes(stage, full, ranks, arrays, options.offload.tier == offload_tier::disk);
+    const bool disk = options.offload.tier == offload_tier::disk;
+    r.offloaded_bytes = formula::offloaded_state_bytes(stage, full, ranks, arrays, disk);
     r.model_states.master = r.model_states.optimizer_states = 0;
+    if (disk) {
+      const auto host = formula::disk_tier_host_memory(state_elems, arrays, options.offload.slice_elements);
+      r.offload_staging_bytes = host.staging;
+      r.offload_checksum_bytes = host.checksums;
+      r.model_states.offload = host.total();
+    } else {
+      r.model_states.offload = r.offloaded_bytes;  // the host tier's arrays
+    }
   }
 
   // Kernels write a transient bucket (in the gradient type, whatever the store's type) when gradients

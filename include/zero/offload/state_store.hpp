@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "zero/core/formulas.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/error.hpp"
+#include "zero/offload/checksum.hpp"
 #include "zero/offload/io_worker.hpp"
 #include "zero/offload/options.hpp"
 #include "zero/offload/state_file.hpp"
@@ -48,7 +50,9 @@ struct offload_report {
   std::uint64_t host_bytes = 0;   // host memory holding the arrays (host tier)
   std::uint64_t disk_bytes = 0;   // the file holding them (disk tier: arrays x region, preallocated)
   std::uint64_t staging_bytes = 0;  // host memory of the slices in flight (disk tier; device systems' copies)
-  std::string file;               // disk tier: the rank's file
+  std::uint64_t checksum_bytes = 0;  // disk tier: the slices' checksums in host memory (8 bytes per array and slice)
+  // disk tier: what names the rank's file, which has no name: "anonymous file of rank R in 'D'"
+  std::string file;
   bool direct_io = false;         // disk tier: opened with O_DIRECT
   offload_traffic total;          // since construction
   offload_traffic last_step;      // during the last step() that updated
@@ -59,14 +63,44 @@ namespace offload {
 // Offloaded state is updated by the host: the host loop (vectorized, the device kernels' bits).
 using host_loop = sys::host;
 
+// Bytes held in the engine's memory accounting under mem_category::offload while it lives (none
+// without an accounting): the offload tier's host memory, where host memory is the system's own.
+class accounted {
+ public:
+  accounted() = default;
+  accounted(memory_accounting* acct, std::size_t bytes) : acct_(acct), bytes_(bytes) {
+    if (!acct_) return;
+    acct_->admit(mem_category::offload, bytes_);
+    acct_->add(mem_category::offload, bytes_);
+  }
+  accounted(accounted&& o) noexcept : acct_(std::exchange(o.acct_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  accounted& operator=(accounted&& o) noexcept {
+    accounted t(std::move(o));
+    std::swap(acct_, t.acct_);
+    std::swap(bytes_, t.bytes_);
+    return *this;
+  }
+  accounted(const accounted&) = delete;
+  accounted& operator=(const accounted&) = delete;
+  ~accounted() {
+    if (acct_) acct_->remove(mem_category::offload, bytes_);
+  }
+
+ private:
+  memory_accounting* acct_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 // Host memory aligned for direct I/O, zero-filled, and pinned (page-locked) where the system can
-// pin it (System::allocate_pinned: sys::cuda), so that device copies run at full speed.
+// pin it (System::allocate_pinned: sys::cuda), so that device copies run at full speed. Counted in
+// `acct` (mem_category::offload) when one is given, before it is allocated.
 template <class System>
 class host_block {
  public:
   host_block() = default;
-  explicit host_block(std::size_t bytes) : bytes_(bytes) {
+  explicit host_block(std::size_t bytes, memory_accounting* acct = nullptr) : bytes_(bytes) {
     if (bytes == 0) return;
+    held_ = accounted(acct, bytes);
     if constexpr (requires { System::allocate_pinned(bytes); }) {
       p_ = System::allocate_pinned(bytes);
       pinned_ = true;
@@ -76,12 +110,14 @@ class host_block {
     std::memset(p_, 0, bytes);
   }
   host_block(host_block&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), pinned_(o.pinned_) {}
+      : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), pinned_(o.pinned_),
+        held_(std::move(o.held_)) {}
   host_block& operator=(host_block&& o) noexcept {
     host_block t(std::move(o));
     std::swap(p_, t.p_);
     std::swap(bytes_, t.bytes_);
     std::swap(pinned_, t.pinned_);
+    std::swap(held_, t.held_);
     return *this;
   }
   host_block(const host_block&) = delete;
@@ -104,20 +140,40 @@ class host_block {
   void* p_ = nullptr;
   std::size_t bytes_ = 0;
   bool pinned_ = false;
+  accounted held_;
 };
 
 // `arrays` fp32 arrays of `elements` each, in one tier:
 //   none: buffer<float, System> in the system's memory, counted in the engine's memory() under each
 //         array's category (what the engine always did);
-//   host: host memory (pinned where System can), outside memory(), in the report's host_bytes;
-//   disk: one state_file per rank, one region per array, outside memory(), streamed through three
-//         sets of slice buffers (staging_bytes) by one I/O thread.
+//   host: host memory (pinned where System can), in the report's host_bytes;
+//   disk: one anonymous state_file per rank, one region per array, streamed through up to three sets
+//         of slice buffers (staging_bytes) by one I/O thread; every slice written carries a checksum
+//         (XXH3, computed as it is handed to the writer, kept in host memory: checksum_bytes) that is
+//         checked when it is read back, so an overwritten, truncated or re-extended file is an io
+//         error naming the rank, the file, the array and the slice, never different parameters.
+// The host memory of the host and disk tiers is counted in the engine's accounting under
+// mem_category::offload (and so held to memory_limit_bytes) where host memory is the system's own
+// (System::host_addressable: the CPU systems); a device system's budget is its device memory, and
+// there these bytes are in the report only.
 // data(a) addresses the none and host tiers directly; read()/write() copy any range of any tier to
 // and from host memory; stream() visits every slice of every array in host memory, for the update.
 template <class System>
 class state_store {
  public:
   static constexpr int max_arrays = 8;
+  // Whether the tiers' host memory is counted in the engine's memory (see above).
+  static constexpr bool counts_host_memory = requires { requires System::host_addressable; };
+
+  // The host memory the tier of `o` holds that counts as the system's memory (mem_category::offload),
+  // for `arrays` arrays of `elements`: what the constructor then holds, for the checks made before it.
+  static std::uint64_t counted_host_bytes(const offload_options& o, int arrays, std::size_t elements) {
+    if (!counts_host_memory) return 0;
+    const auto n = static_cast<std::uint64_t>(arrays);
+    if (o.tier == offload_tier::host) return n * elements * sizeof(float);
+    if (o.tier == offload_tier::disk) return formula::disk_tier_host_memory(elements, n, o.slice_elements).total();
+    return 0;
+  }
 
   state_store() = default;
   state_store(const offload_options& o, int rank, int arrays, std::size_t elements, const mem_category* categories,
@@ -127,28 +183,49 @@ class state_store {
                max_arrays, ")");
     report_.tier = o.tier;
     report_.elements = elements;
+    memory_accounting* host_acct = counts_host_memory ? &acct : nullptr;
+    for (int a = 0; a < arrays; ++a) categories_[a] = categories[a];
     switch (o.tier) {
       case offload_tier::none:
         for (int a = 0; a < arrays; ++a) system_[a] = buffer<float, System>(elements, categories[a], acct);
         return;
       case offload_tier::host:
         report_.arrays = arrays;
-        for (int a = 0; a < arrays; ++a) host_[a] = host_block<System>(elements * sizeof(float));
+        for (int a = 0; a < arrays; ++a) host_[a] = host_block<System>(elements * sizeof(float), host_acct);
         report_.host_bytes = static_cast<std::uint64_t>(arrays) * elements * sizeof(float);
         return;
       case offload_tier::disk: {
+        ZERO_CHECK(slice_checksums, invalid_argument, "rank ", rank,
+                   ": offload to disk needs xxHash to checksum the slices it writes, and this program was compiled "
+                   "without <xxhash.h> (or with ZERO_NO_XXHASH): install xxHash (Debian: libxxhash-dev) and "
+                   "rebuild, or use offload_tier::host");
         report_.arrays = arrays;
         region_bytes_ = round_up(elements * sizeof(float), io_alignment);
+        const auto host = formula::disk_tier_host_memory(elements, static_cast<std::size_t>(arrays), o.slice_elements);
+        slice_ = std::min(o.slice_elements, round_up(elements, io_alignment / sizeof(float)));
+        slices_ = slice_ == 0 ? 0 : (elements + slice_ - 1) / slice_;
+        // Counted before anything is allocated, the file included.
+        hashes_held_ = accounted(host_acct, static_cast<std::size_t>(host.checksums));
+        const std::size_t sets = std::min<std::size_t>(staging_.size(), slices_);
+        for (std::size_t i = 0; i < sets; ++i)
+          staging_[i] = host_block<System>(static_cast<std::size_t>(arrays) * slice_ * sizeof(float), host_acct);
         file_ = std::make_unique<state_file>(o.directory, rank, static_cast<std::size_t>(arrays), region_bytes_,
                                              o.direct_io);
         worker_ = std::make_unique<io_worker>();
-        const std::size_t slice = std::min(o.slice_elements, round_up(elements, io_alignment / sizeof(float)));
-        for (auto& set : staging_) set = host_block<System>(static_cast<std::size_t>(arrays) * slice * sizeof(float));
-        slice_ = slice;
+        // The file starts as zeros: each slice's checksum is that of its zero bytes (the staging sets
+        // are zero-filled), hashed once for every whole slice and once for the last, which may be shorter.
+        hashes_.resize(static_cast<std::size_t>(arrays) * slices_);
+        if (slices_ > 0) {
+          const std::uint64_t whole = slice_hash(staging_[0].data(), slice_bytes(0));
+          const std::uint64_t last = slice_hash(staging_[0].data(), slice_bytes(slices_ - 1));
+          for (std::size_t k = 0; k < slices_; ++k)
+            for (int a = 0; a < arrays; ++a) hashes_[hash_index(a, k)] = k + 1 == slices_ ? last : whole;
+        }
         report_.disk_bytes = file_->bytes();
-        report_.file = file_->path();
+        report_.file = file_->name();
         report_.direct_io = file_->direct();
-        report_.staging_bytes = staging_.size() * static_cast<std::uint64_t>(arrays) * slice * sizeof(float);
+        report_.staging_bytes = host.staging;
+        report_.checksum_bytes = host.checksums;
         return;
       }
     }
@@ -175,7 +252,7 @@ class state_store {
     switch (o_.tier) {
       case offload_tier::none: return sys.copy_to_host(host, system_[a].data() + at, n * sizeof(float));
       case offload_tier::host: std::memcpy(host, host_[a].floats() + at, n * sizeof(float)); return;
-      case offload_tier::disk: return through_blocks(a, at, n, host, nullptr);
+      case offload_tier::disk: return through_slices(a, at, n, host, nullptr);
     }
   }
   void write(const System& sys, int a, std::size_t at, std::size_t n, const float* host) {
@@ -183,17 +260,17 @@ class state_store {
     switch (o_.tier) {
       case offload_tier::none: return sys.copy_from_host(system_[a].data() + at, host, n * sizeof(float));
       case offload_tier::host: std::memcpy(host_[a].floats() + at, host, n * sizeof(float)); return;
-      case offload_tier::disk: return through_blocks(a, at, n, nullptr, host);
+      case offload_tier::disk: return through_slices(a, at, n, nullptr, host);
     }
   }
 
   // Calls f(begin, end, arrays) for consecutive slices [begin, end) covering [0, elements()), in
   // order, where arrays[a] points at element `begin` of array a in host memory, and what f writes
   // there is kept. On disk, slice k + 1 is read and slice k - 1 written by the I/O thread while f
-  // runs on slice k; three sets of slice buffers. Every read and write covers whole 4 KiB blocks of
-  // each array's region (the last slice is rounded up: region_bytes), so a step moves exactly
-  // arrays x region bytes each way. The none and host tiers pass the arrays themselves (one slice).
-  // write_back = false: f only reads, nothing is written (a load's cast of the master weights).
+  // runs on slice k; up to three sets of slice buffers. Every read and write covers whole 4 KiB
+  // blocks of each array's region (the last slice is rounded up: region_bytes), so a step moves
+  // exactly arrays x region bytes each way. The none and host tiers pass the arrays themselves (one
+  // slice). write_back = false: f only reads, nothing is written (a load's cast of the master weights).
   template <class F>
   void stream(F&& f, bool write_back = true) {
     float* direct[max_arrays] = {};
@@ -203,9 +280,9 @@ class state_store {
       return;
     }
     if (elements_ == 0) return;
+    flush();  // read()/write()'s slices, held in the first set, to the file: the stream reuses the set
     file_->check();
-    const std::size_t slices = (elements_ + slice_ - 1) / slice_;
-    if (slices == 0) return;
+    const std::size_t slices = slices_;
     std::vector<std::uint64_t> read_done(slices, 0);
     auto set_of = [&](std::size_t k) -> host_block<System>& { return staging_[k % staging_.size()]; };
     auto queue_read = [&](std::size_t k) { read_done[k] = worker_->submit([this, k, &set_of] { move_slice(k, set_of(k), false); }); };
@@ -215,9 +292,19 @@ class state_store {
         worker_->wait(read_done[k]);
         float* at[max_arrays] = {};
         for (int a = 0; a < arrays_; ++a) at[a] = set_of(k).floats() + static_cast<std::size_t>(a) * slice_;
+        // The checksums are computed here, not on the I/O thread: the rank would otherwise wait for
+        // them, since the thread's reads are what the step waits on; here they overlap its next I/O.
+        for (int a = 0; a < arrays_; ++a) verify_slice(a, k, reinterpret_cast<const char*>(at[a]));
         const std::size_t begin = k * slice_, end = std::min(elements_, begin + slice_);
         f(begin, end, at);
-        if (write_back) worker_->submit([this, k, &set_of] { move_slice(k, set_of(k), true); });
+        if (write_back) {
+          std::array<std::uint64_t, max_arrays> written{};
+          for (int a = 0; a < arrays_; ++a) written[a] = slice_hash(at[a], slice_bytes(k));
+          worker_->submit([this, k, written, &set_of] {
+            move_slice(k, set_of(k), true);
+            for (int a = 0; a < arrays_; ++a) hashes_[hash_index(a, k)] = written[a];
+          });
+        }
         // The set of slice k + 2 is that of slice k - 1, whose write was queued before: the worker
         // runs jobs in order, so the read starts after the write has finished.
         if (k + 2 < slices) queue_read(k + 2);
@@ -236,67 +323,140 @@ class state_store {
     report_.total.from_host += from_host;
   }
   void add_staging(std::uint64_t bytes) { report_.staging_bytes += bytes; }
-  // Marks the start and the end of a step's traffic (last_step = the difference).
-  void begin_step() { step_start_ = report_.total; }
+  // Marks the start and the end of a step's traffic (last_step = the difference). The slices that
+  // read()/write() hold are written first, so their bytes are not counted as the step's.
+  void begin_step() {
+    flush();
+    step_start_ = report_.total;
+  }
   void end_step() { report_.last_step = report_.total - step_start_; }
   const offload_report& report() const { return report_; }
   // The disk tier's bytes per region (each array's elements rounded up to 4 KiB), 0 elsewhere.
   std::size_t region_bytes() const { return region_bytes_; }
 
  private:
-  // Reads (or writes) slice k of every array between the file and a staging set, whole blocks.
-  void move_slice(std::size_t k, host_block<System>& set, bool writing) {
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  static constexpr std::array<std::size_t, max_arrays> filled(std::size_t v) {
+    std::array<std::size_t, max_arrays> r{};
+    for (auto& x : r) x = v;
+    return r;
+  }
+
+  std::size_t hash_index(int a, std::size_t k) const { return static_cast<std::size_t>(a) * slices_ + k; }
+  // Slice k's bytes in every region: whole blocks, the last slice up to the region's end.
+  std::size_t slice_bytes(std::size_t k) const {
     const std::size_t begin = k * slice_ * sizeof(float);
-    const std::size_t bytes = std::min(region_bytes_ - begin, slice_ * sizeof(float));
+    return std::min(region_bytes_ - begin, slice_ * sizeof(float));
+  }
+
+  // Reads (or writes) slice k of array a between the file and buf, checking (or recording) its
+  // checksum: every byte the tier reads back is what it wrote.
+  void transfer_slice(int a, std::size_t k, char* buf, bool writing) {
+    const std::size_t begin = k * slice_ * sizeof(float), bytes = slice_bytes(k);
+    if (writing) {
+      const std::uint64_t h = slice_hash(buf, bytes);
+      file_->write(static_cast<std::size_t>(a), begin, buf, bytes);
+      hashes_[hash_index(a, k)] = h;
+      return;
+    }
+    file_->read(static_cast<std::size_t>(a), begin, buf, bytes);
+    verify_slice(a, k, buf);
+  }
+  // Throws when slice k of array a, as read into buf, is not what was written there.
+  void verify_slice(int a, std::size_t k, const char* buf) {
+    const std::size_t begin = k * slice_ * sizeof(float), bytes = slice_bytes(k);
+    const std::uint64_t h = slice_hash(buf, bytes), want = hashes_[hash_index(a, k)];
+    if (h != want) {
+      file_->check();  // a truncation names itself
+      fail(error_kind::io, "rank ", rank_, ": offload file (", file_->name(), "): state array ", a, " (",
+           to_string(categories_[a]), "), slice ", k, " of ", slices_, " (bytes ", begin, " to ", begin + bytes,
+           " of its region, elements ", k * slice_, " to ", std::min(elements_, (k + 1) * slice_),
+           "): read back other bytes than were written (checksum ", hex(h), ", written ", hex(want),
+           "): the file was overwritten, or truncated and extended, while the engine used it; its optimizer "
+           "states are lost: load the last checkpoint into a new engine");
+    }
+  }
+  // Slice k of every array between the file and a staging set (the I/O thread's job; stream()
+  // checks and computes the checksums).
+  void move_slice(std::size_t k, host_block<System>& set, bool writing) {
+    const std::size_t begin = k * slice_ * sizeof(float), bytes = slice_bytes(k);
     for (int a = 0; a < arrays_; ++a) {
       char* buf = reinterpret_cast<char*>(set.floats() + static_cast<std::size_t>(a) * slice_);
       if (writing) file_->write(static_cast<std::size_t>(a), begin, buf, bytes);
       else file_->read(static_cast<std::size_t>(a), begin, buf, bytes);
     }
-    (writing ? report_.total.disk_written : report_.total.disk_read) += static_cast<std::uint64_t>(arrays_) * bytes;
+    (writing ? report_.total.disk_written : report_.total.disk_read) +=
+        static_cast<std::uint64_t>(arrays_) * slice_bytes(k);
   }
 
-  // An unaligned range of one array on disk, through whole blocks of the first staging set: read
-  // into `out`, or read, modified with `in` and written back. Outside the step (initialization,
-  // checkpoints), so these bytes are counted in the totals but not as a step's.
-  void through_blocks(int a, std::size_t at, std::size_t n, float* out, const float* in) {
-    file_->check();
-    constexpr std::size_t block = io_alignment / sizeof(float);
-    char* buf = static_cast<char*>(staging_[0].data());
-    const std::size_t cap = slice_;  // floats per pass: one array's share of the set
+  // Any range of one array on disk, slice by slice through array a's place in the first staging
+  // set, which keeps the last slice it read (checked) until another slice of that array is needed
+  // or a stream begins: then it is written back (with its new checksum) if it was changed.
+  // Initialization and checkpoints go through here one tensor or unit at a time, so a slice is
+  // read and written once per pass, not once per call. Outside the step, so these bytes are
+  // counted in the totals but not as a step's.
+  void through_slices(int a, std::size_t at, std::size_t n, float* out, const float* in) {
+    float* held = staging_[0].floats() + static_cast<std::size_t>(a) * slice_;
     std::size_t done = 0;
     while (done < n) {
-      const std::size_t first = (at + done) / block * block;
-      const std::size_t skip = at + done - first;
-      const std::size_t take = std::min(n - done, cap - skip);
-      const std::size_t span = round_up(skip + take, block);
-      const std::size_t bytes = std::min(span * sizeof(float), region_bytes_ - first * sizeof(float));
-      file_->read(static_cast<std::size_t>(a), first * sizeof(float), buf, bytes);
-      report_.total.disk_read += bytes;
-      float* f = reinterpret_cast<float*>(buf);
+      const std::size_t k = (at + done) / slice_, skip = at + done - k * slice_;
+      const std::size_t take = std::min(n - done, slice_ - skip);
+      if (cached_[a] != k) {
+        flush(a);
+        file_->check();
+        transfer_slice(a, k, reinterpret_cast<char*>(held), false);
+        report_.total.disk_read += slice_bytes(k);
+        cached_[a] = k;
+      }
       if (out) {
-        std::memcpy(out + done, f + skip, take * sizeof(float));
+        std::memcpy(out + done, held + skip, take * sizeof(float));
       } else {
-        std::memcpy(f + skip, in + done, take * sizeof(float));
-        file_->write(static_cast<std::size_t>(a), first * sizeof(float), buf, bytes);
-        report_.total.disk_written += bytes;
+        std::memcpy(held + skip, in + done, take * sizeof(float));
+        dirty_[a] = true;
       }
       done += take;
     }
+  }
+  // Writes array a's held slice back if it changed, and forgets it.
+  void flush(int a) {
+    if (cached_[a] == none) return;
+    if (dirty_[a]) {
+      transfer_slice(a, cached_[a], reinterpret_cast<char*>(staging_[0].floats() + static_cast<std::size_t>(a) * slice_),
+                     true);
+      report_.total.disk_written += slice_bytes(cached_[a]);
+    }
+    cached_[a] = none;
+    dirty_[a] = false;
+  }
+  void flush() {
+    if (o_.tier != offload_tier::disk) return;
+    for (int a = 0; a < arrays_; ++a) flush(a);
+  }
+  static std::string hex(std::uint64_t h) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string s(16, '0');
+    for (int k = 15; k >= 0; --k, h >>= 4) s[static_cast<std::size_t>(k)] = digits[h & 0xf];
+    return s;
   }
 
   offload_options o_;
   int rank_ = -1;
   int arrays_ = 0;
   std::size_t elements_ = 0;
+  std::array<mem_category, max_arrays> categories_{};
   std::array<buffer<float, System>, max_arrays> system_{};
   std::array<host_block<System>, max_arrays> host_{};
   std::unique_ptr<state_file> file_;
-  std::size_t region_bytes_ = 0, slice_ = 0;
+  std::size_t region_bytes_ = 0, slice_ = 0, slices_ = 0;
   std::array<host_block<System>, 3> staging_{};
+  std::vector<std::uint64_t> hashes_;  // per array and slice: XXH3 of what the file holds there
+  accounted hashes_held_;
+  std::array<std::size_t, max_arrays> cached_ = filled(none);  // through_slices: the slice each array holds
+  std::array<bool, max_arrays> dirty_{};
   std::unique_ptr<io_worker> worker_;  // after the buffers its jobs use: stops (and drains) first
   offload_report report_;
   offload_traffic step_start_;
+
 };
 
 }  // namespace offload
