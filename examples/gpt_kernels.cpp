@@ -7,7 +7,12 @@
 
 namespace gpt::kernels {
 
-float dot(const float* a, const float* b, int n) {
+namespace {
+
+// The inner loops, inline as in one translation unit with their callers: called per row and output
+// with short lengths, a call would cost more than the loop, and inlined the compiler hoists and
+// vectorizes across them.
+inline float dot_loop(const float* a, const float* b, int n) {
   float s[8] = {};
   int i = 0;
   for (; i + 8 <= n; i += 8)
@@ -17,19 +22,25 @@ float dot(const float* a, const float* b, int n) {
   return (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))) + tail;
 }
 
-void axpy(float* y, float a, const float* x, int n) {
+inline void axpy_loop(float* y, float a, const float* x, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-void axpy4(float* y, const float* a, const float* const* x, int n) {
+inline void axpy4_loop(float* y, const float* a, const float* const* x, int n) {
   for (int i = 0; i < n; ++i) y[i] += (a[0] * x[0][i] + a[1] * x[1][i]) + (a[2] * x[2][i] + a[3] * x[3][i]);
 }
+
+}  // namespace
+
+float dot(const float* a, const float* b, int n) { return dot_loop(a, b, n); }
+void axpy(float* y, float a, const float* x, int n) { axpy_loop(y, a, x, n); }
+void axpy4(float* y, const float* a, const float* const* x, int n) { axpy4_loop(y, a, x, n); }
 
 void linear_forward(float* out, const float* in, const float* w, const float* b, int rows, int n_in, int n_out) {
   for (int r = 0; r < rows; ++r) {
     const float* x = in + size_t(r) * n_in;
     float* y = out + size_t(r) * n_out;
-    for (int o = 0; o < n_out; ++o) y[o] = (b ? b[o] : 0.0f) + dot(x, w + size_t(o) * n_in, n_in);
+    for (int o = 0; o < n_out; ++o) y[o] = (b ? b[o] : 0.0f) + dot_loop(x, w + size_t(o) * n_in, n_in);
   }
 }
 
@@ -43,12 +54,12 @@ void linear_backward(float* din, float* dw, float* db, const float* dout, const 
                           dout[size_t(r + 3) * n_out + o]};
       const float* x[4] = {in + size_t(r) * n_in, in + size_t(r + 1) * n_in, in + size_t(r + 2) * n_in,
                            in + size_t(r + 3) * n_in};
-      axpy4(g, a, x, n_in);
+      axpy4_loop(g, a, x, n_in);
     }
-    for (; r < rows; ++r) axpy(g, dout[size_t(r) * n_out + o], in + size_t(r) * n_in, n_in);
+    for (; r < rows; ++r) axpy_loop(g, dout[size_t(r) * n_out + o], in + size_t(r) * n_in, n_in);
   }
   if (db)
-    for (int r = 0; r < rows; ++r) axpy(db, 1.0f, dout + size_t(r) * n_out, n_out);
+    for (int r = 0; r < rows; ++r) axpy_loop(db, 1.0f, dout + size_t(r) * n_out, n_out);
   if (din)
     for (int r = 0; r < rows; ++r) {
       const float* d = dout + size_t(r) * n_out;
@@ -57,9 +68,9 @@ void linear_backward(float* din, float* dw, float* db, const float* dout, const 
       for (; o + 4 <= n_out; o += 4) {
         const float* x[4] = {w + size_t(o) * n_in, w + size_t(o + 1) * n_in, w + size_t(o + 2) * n_in,
                              w + size_t(o + 3) * n_in};
-        axpy4(y, d + o, x, n_in);
+        axpy4_loop(y, d + o, x, n_in);
       }
-      for (; o < n_out; ++o) axpy(y, d[o], w + size_t(o) * n_in, n_in);
+      for (; o < n_out; ++o) axpy_loop(y, d[o], w + size_t(o) * n_in, n_in);
     }
 }
 
@@ -119,7 +130,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int batch, in
         float max = -INFINITY;
         for (int t2 = 0; t2 <= t; ++t2) {
           const float* k = qkv + (size_t(b) * t_len + t2) * 3 * c + c + size_t(h) * hs;
-          p[t2] = dot(q, k, hs) * scale;
+          p[t2] = dot_loop(q, k, hs) * scale;
           max = std::max(max, p[t2]);
         }
         float sum = 0.0f;
@@ -131,7 +142,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int batch, in
         float* y = out + (size_t(b) * t_len + t) * c + size_t(h) * hs;
         for (int t2 = 0; t2 <= t; ++t2) {
           p[t2] *= inv;
-          axpy(y, p[t2], qkv + (size_t(b) * t_len + t2) * 3 * c + 2 * c + size_t(h) * hs, hs);
+          axpy_loop(y, p[t2], qkv + (size_t(b) * t_len + t2) * 3 * c + 2 * c + size_t(h) * hs, hs);
         }
         std::fill(p + t + 1, p + t_len, 0.0f);
       }
@@ -154,16 +165,16 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         float pdp = 0.0f;  // sum over t2 of p * dp, the softmax's correction term
         for (int t2 = 0; t2 <= t; ++t2) {
           const size_t row2 = size_t(b) * t_len + t2;
-          dp[t2] = dot(d, qkv + row2 * 3 * c + 2 * c + size_t(h) * hs, hs);
-          axpy(dqkv + row2 * 3 * c + 2 * c + size_t(h) * hs, p[t2], d, hs);
+          dp[t2] = dot_loop(d, qkv + row2 * 3 * c + 2 * c + size_t(h) * hs, hs);
+          axpy_loop(dqkv + row2 * 3 * c + 2 * c + size_t(h) * hs, p[t2], d, hs);
           pdp += p[t2] * dp[t2];
         }
         // through the softmax and the scaled scores q . k
         for (int t2 = 0; t2 <= t; ++t2) {
           const size_t row2 = size_t(b) * t_len + t2;
           const float ds = p[t2] * (dp[t2] - pdp) * scale;
-          axpy(dq, ds, qkv + row2 * 3 * c + c + size_t(h) * hs, hs);
-          axpy(dqkv + row2 * 3 * c + c + size_t(h) * hs, ds, q, hs);
+          axpy_loop(dq, ds, qkv + row2 * 3 * c + c + size_t(h) * hs, hs);
+          axpy_loop(dqkv + row2 * 3 * c + c + size_t(h) * hs, ds, q, hs);
         }
       }
 }

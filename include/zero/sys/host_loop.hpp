@@ -75,14 +75,21 @@ ZERO_SIMD_INLINE void blocks(std::size_t n, const Rule& rule, Ts*... p) {
   for (; j < n; ++j) rule.template apply<float>(j, p...);
 }
 
+// Each wide loop ends with vzeroupper, written out: compilers insert it on leaving AVX code only when
+// optimizing (g++ from -O2), and a caller compiled at -O0/-O1 would otherwise go on with the upper
+// halves of the vector registers dirty, which makes every later SSE instruction of the program (its
+// own loops compiled for the baseline ISA, libm's expf and tanhf) pay a merge: measured 3x slower on
+// the GPT example's kernels after an AVX-512 optimizer step.
 template <class Rule, class... Ts>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void run_avx512(std::size_t n, const Rule& rule,
                                                                                        Ts*... p) {
   blocks<16>(n, rule, p...);
+  _mm256_zeroupper();
 }
 template <class Rule, class... Ts>
 __attribute__((target("avx2"), flatten)) void run_avx2(std::size_t n, const Rule& rule, Ts*... p) {
   blocks<8>(n, rule, p...);
+  _mm256_zeroupper();
 }
 template <class Rule, class... Ts>
 __attribute__((flatten)) void run_sse2(std::size_t n, const Rule& rule, Ts*... p) {
