@@ -102,11 +102,13 @@ void mean_over(const G& grads, int rows) {
     for (float& g : v.at(i)) g /= static_cast<float>(rows);
 }
 
+// tutorial:begin global_sum
 template <class Comm>
 double global_sum(Comm& comm, double v) {
   comm.all_reduce(&v, &v, 1, zero::reduce_op::sum);
   return v;
 }
+// tutorial:end
 
 template <class Stage, class Comm>
 void train(Comm& comm, const options& o) {

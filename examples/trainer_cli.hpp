@@ -115,6 +115,7 @@ struct summary {
   double offload_bytes = 0, offload_formula = 0, offload_staging = 0, offload_moved = 0, offload_moved_formula = 0;
   std::string offload_file;  // rank 0's, disk tier
   bool offload_direct = false;
+  double control_bytes = 0;  // the step's control collectives (the norm, the settings fingerprint), per step
   double comm_inter_bytes = 0, comm_inter_formula = 0;  // the part of comm_bytes sent between nodes, and its formula
 };
 
@@ -566,6 +567,7 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
       {"transient_peak_bytes_per_rank", static_cast<std::uint64_t>(s.transient_peak)},
       {"comm_bytes_per_rank_per_step", static_cast<std::uint64_t>(s.comm_bytes)},
       {"comm_formula_bytes", static_cast<std::uint64_t>(s.comm_formula)},
+      {"comm_control_bytes_per_rank_per_step", static_cast<std::uint64_t>(s.control_bytes)},
   };
   if (!s.device.empty()) j["device"] = s.device;
   if (!o.gemm.empty()) j["gemm"] = o.gemm;

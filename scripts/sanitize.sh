@@ -1,10 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the CPU unit suites under ASan + UBSan with clang (asan) and the thread-backend suites under
-# TSan (tsan). Usage: scripts/sanitize.sh [asan|tsan]...   (default: both)
-#
-# scripts/test.sh (and so .ci/run) runs only tsan: its own build already compiles the CPU unit suites with
-# g++'s ASan + UBSan (meson option test_sanitizers), so `asan` is the same check with the other compiler,
-# for a run by hand.
+# Builds and runs the CPU unit suites under ASan + UBSan (asan) and the thread-backend suites under TSan (tsan).
+# Usage: scripts/sanitize.sh [asan|tsan]...   (default: both, as scripts/test.sh and so .ci/run run it)
 #
 # Each kind is a small build of its own (build-asan/, build-tsan/: beside $ZERO_BUILD_DIR if set): tests only,
 # no CUDA, MPI, examples or benchmarks. Any report fails the run: ASan and TSan halt on the first error,

@@ -24,10 +24,8 @@ fi
 [ "${1:-}" != --no-build ] || exit 0
 # MPI is a package of record (installed above): -Dmpi=enabled makes its absence a configuration error
 # instead of a build without the mpi suite (a plain `meson setup` has mpi=auto and goes without it).
-# The CPU unit suites carry ASan + UBSan (test_sanitizers): the test run is the sanitizer run, without
-# a second build of the same suites.
 if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" "$root" -Dmpi=enabled -Dtest_sanitizers=true >&2
+  meson setup "$build" "$root" -Dmpi=enabled >&2
 elif [ "$(meson introspect "$build" --buildoptions | python3 -c '
 import json, sys
 print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "mpi"))')" != enabled ]; then

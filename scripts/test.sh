@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds (MPI required: scripts/setup.sh), and runs every test suite (meson
-# test; the CPU unit suites carry ASan + UBSan), then the thread-backend suites under TSan
-# (scripts/sanitize.sh tsan). Extra arguments go to meson test and select a subset: then no TSan
-# build. ZERO_SANITIZE=0 skips the TSan build.
+# test), then the sanitizer builds (scripts/sanitize.sh). Extra arguments go to meson test and select
+# a subset: then no sanitizer build.
+# ZERO_SANITIZE=0 skips the sanitizer builds.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
@@ -17,5 +17,5 @@ if [ $# -eq 0 ] && ! meson test -C "$build" --no-rebuild --list --suite mpi 2>/d
 fi
 meson test -C "$build" --print-errorlogs "$@"
 if [ $# -eq 0 ] && [ "${ZERO_SANITIZE:-1}" != 0 ]; then
-  "$root/scripts/sanitize.sh" tsan
+  "$root/scripts/sanitize.sh"
 fi

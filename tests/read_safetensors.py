@@ -110,7 +110,7 @@ def main():
         run([tool, ckpt, out], 1)  # exists, no --force
         run([tool, "--force", ckpt, out], 0)
         run([tool, "--verify", ckpt], 0)
-        run([tool, os.path.join(tmp, "missing"), out + "2"], 1)
+        run([tool, os.path.join(tmp, "missing"), out + "2"], 2)  # a path that is not there: a usage error
         run([tool], 2)
         run([tool, ckpt], 2)
         run([tool, "--no-such-flag", ckpt, out], 2)

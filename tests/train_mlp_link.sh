@@ -25,8 +25,8 @@ if gbps > 0 or latency > 0:
     # covers them; with overlap, part of the modeled time runs under the computation.
     assert j["link_modeled_s"] > 0, j
     assert overlap or j["time_comm_exposed_s"] >= j["link_modeled_s"], j
-    if latency == 0:  # fp32 without clipping: the protocol is all the traffic, and bytes / beta the cost
-        want = j["comm_bytes_per_rank_per_step"] / (gbps * 1e9)
+    if latency == 0:  # the protocol and the control collectives are all the traffic, bytes / beta the cost
+        want = (j["comm_bytes_per_rank_per_step"] + j["comm_control_bytes_per_rank_per_step"]) / (gbps * 1e9)
         assert abs(j["link_modeled_s"] - want) <= 1e-9 * want, (j["link_modeled_s"], want)
 else:
     assert "link_modeled_s" not in j and "link_gbps" not in j, j

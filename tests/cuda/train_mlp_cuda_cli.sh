@@ -9,7 +9,7 @@ expect() {  # expect CODE PATTERN ARGS...
   e2e_expect "$want" "$pattern" "$train" "$@"
   echo "ok   train_mlp_cuda $* -> exit $e2e_rc"
 }
-expect 2 'stage.*(not in range|0 - 3)' --stage 4
+expect 2 'stage.*(not in range|0 - 3|outside \[0, 3\])' --stage 4
 expect 2 'backend' --backend threads
 expect 2 'optimizer' --optimizer lamb
 expect 2 'multiple of --ranks' --ranks 3 --batch 64

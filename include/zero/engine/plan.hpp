@@ -280,8 +280,9 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   // The totals the report and zero_plan add up, checked once here so that none of them wraps.
   const auto sum = [](std::uint64_t a, std::uint64_t b) { return add_or_fail(a, b, "plan: total bytes"); };
   for (std::uint64_t b = 0; const auto bytes_of : r.step_comm.bytes) b = sum(b, bytes_of);
-  const std::uint64_t states = sum(sum(r.model_states.params, r.model_states.grads),
-                                   sum(r.model_states.master, r.model_states.optimizer_states));
+  const std::uint64_t states = sum(sum(sum(r.model_states.params, r.model_states.grads),
+                                       sum(r.model_states.master, r.model_states.optimizer_states)),
+                                   r.model_states.offload);
   r.step_transient_peak = std::max(sum(r.shared_bucket_bytes, backward_peak), r.norm_bytes);
   r.peak_bytes = sum(states, r.step_transient_peak);
   sum(states, r.consolidation_bytes);  // zero_plan's peak of full_params()
