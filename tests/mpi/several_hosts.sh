@@ -141,8 +141,17 @@ kill_scenario() {
   elif [ "$(echo "$elapsed > 10" | bc)" -eq 1 ]; then
     bad "the job took ${elapsed}s to end after a SIGKILL"
   elif ! output | grep -Eq "$named"; then
-    bad "the output does not name the killed rank (pid $victim):"
-    output
+    # Open MPI 4.1 sometimes tears such a job down before anyone has written the report (a survivor
+    # killed by mpirun's cleanup first): once, it is noted with what was printed and run again.
+    if [ "${1:-}" != again ]; then
+      echo "note: the output does not name the killed rank (pid $victim); running the scenario again. It was:"
+      output | tail -n 20
+      for pid in $(ip netns pids "$ns_a") $(ip netns pids "$ns_b"); do kill -9 "$pid" 2>/dev/null; done
+      sleep 1
+      kill_scenario again
+      return
+    fi
+    bad "the output does not name the killed rank (pid $victim): $(output | tail -n 20)"
   else
     echo "ok   SIGKILL of a rank in the second namespace (pid $victim) ended the job in ${elapsed}s (exit $rc):"
     output | grep -Eo "$named" | sort -u | sed 's/^/     /'
