@@ -23,7 +23,7 @@ chmod +x "$work/program"
 # Scripts that run no program (nothing to break), and the arguments of scripts that read a source
 # file before their first run; every other script gets stand-ins for all its arguments.
 declare -A exempt=([readme_example.sh]="compares README.md with examples/quickstart.cpp; runs no program")
-declare -A arguments=([plan_table.sh]="$root $work/program"
+declare -A arguments=([plan_table.sh]="$root $work/program" [readme_demo.sh]="$root $work/program"
   [train_mlp_cuda_stages.sh]="$work/program $work/program"  # a third argument names the CPU script it runs
   [tool_flags.sh]="$work/program $work/program $work/program $work/program $work/program")
 
