@@ -5,10 +5,10 @@ Usage: zeropp_accuracy.py TRAIN_MLP [--steps 300] [--ranks 4] [--node-size 2] [-
                           [--plot docs/img/zeropp.png] [--check]
 
 Trains the same model with the same seed (the same data and initial weights) under ZeRO stage 3, once
-without ZeRO++ and once per technique and combination (qwZ, qgZ with int8 and int4 codes, hpZ, all
-three), on --ranks thread ranks grouped into nodes of --node-size. For each run it records the loss of
-every step (--log) and the summary (--json): the bytes each rank sends per step in total and between
-nodes, each next to its formula (the run fails if they differ). It then prints the table of
+without ZeRO++ and once per technique and combination (qwZ, qgZ with int8 and int4 codes, int4 with
+error feedback, hpZ, all three), on --ranks thread ranks grouped into nodes of --node-size. For each
+run it records the loss of every step (--log) and the summary (--json): the bytes each rank sends per
+step in total and between nodes, each next to its formula (the run fails if they differ). It then prints the table of
 docs/zeropp.md (markdown), writes the runs as JSON lines (OUT/zeropp.jsonl) and draws the loss curves
 and the bytes (PLOT, matplotlib, headless).
 
@@ -33,6 +33,7 @@ RUNS = [
     ("qwZ", ["--qwz"], "fp32"),
     ("qgZ int8", ["--qgz"], "fp32"),
     ("qgZ int4", ["--qgz", "--qgz-bits", "4"], "fp32"),
+    ("qgZ int4 + error feedback", ["--qgz", "--qgz-bits", "4", "--qgz-error-feedback"], "fp32"),
     ("hpZ", ["--hpz"], "fp32"),
     ("qwZ + qgZ + hpZ", ["--qwz", "--qgz", "--hpz"], "fp32"),
     ("qwZ + qgZ int4 + hpZ", ["--qwz", "--qgz", "--qgz-bits", "4", "--hpz"], "fp32"),

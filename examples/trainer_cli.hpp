@@ -87,7 +87,7 @@ struct options {
   std::uint64_t offload_slice = std::uint64_t{1} << 20;
   bool link() const { return link_gbps > 0 || link_latency_us > 0; }
   // ZeRO++ (engine_options::zeropp): --qwz, --qgz, --hpz NODE_SIZE, --node-size, the formats.
-  bool qwz = false, qgz = false;
+  bool qwz = false, qgz = false, qgz_error_feedback = false;
   int hpz = 0;        // the node size of hpZ's secondary partition; 0: hpZ off
   int node_size = 0;  // ranks per node (what counts as inter-node; qgZ's hops); 0: one node, or --hpz's
   int quant_block = 256, qwz_bits = 8, qgz_bits = 8;
@@ -194,6 +194,9 @@ inline void add_zeropp_flags(CLI::App& app, options& o) {
   app.add_flag("--qgz", o.qgz,
                "ZeRO++ qgZ: stages 1-3 reduce gradients as blockwise int8 (or --qgz-bits 4) codes through an "
                "all-to-all, summed in fp32 in rank order (two hops with --node-size or --hpz)");
+  app.add_flag("--qgz-error-feedback", o.qgz_error_feedback,
+               "qgZ with error feedback: each rank keeps the error its quantized gradients left (4 bytes per "
+               "parameter) and adds it to its next contribution before quantizing (needs --qgz)");
   toolcli::add_integer(app, "--hpz", o.hpz, 1, 1 << 20,
                        "ZeRO++ hpZ: stage 3 keeps a secondary partition within nodes of this many consecutive ranks; "
                        "the backward pass gathers inside the node")
@@ -390,6 +393,7 @@ inline std::string options_problem(const CLI::App& app, const options& o) {
     return "--offload-slice sets how offloaded state is streamed; --offload none streams nothing";
   if (given(app, "--qwz-bits") && !o.qwz) return "--qwz-bits sets qwZ's codes: it needs --qwz";
   if (given(app, "--qgz-bits") && !o.qgz) return "--qgz-bits sets qgZ's codes: it needs --qgz";
+  if (o.qgz_error_feedback && !o.qgz) return "--qgz-error-feedback compensates qgZ's quantization: it needs --qgz";
   if (given(app, "--quant-block") && !o.qwz && !o.qgz)
     return "--quant-block sets the blocks of qwZ's and qgZ's codes: it needs --qwz or --qgz";
   // The log: a new run never mixes into, nor silently discards, a file that holds another run.
@@ -436,6 +440,7 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.offload.slice_elements = static_cast<std::size_t>(o.offload_slice);
   eo.zeropp.qwz = o.qwz;
   eo.zeropp.qgz = o.qgz;
+  eo.zeropp.qgz_error_feedback = o.qgz_error_feedback;
   eo.zeropp.hpz = o.hpz > 0;
   eo.zeropp.node_size = o.nodes_of();
   eo.zeropp.weights = {o.qwz_bits, static_cast<std::size_t>(o.quant_block)};
@@ -530,7 +535,8 @@ inline void print_summary(const options& o, const summary& s) {
   if (o.zeropp() || o.nodes_of() > 0)
     std::printf("  ZeRO++%s%s%s, nodes of %d: %.0f bytes per step between nodes, formula %.0f (%s); %.3f x Psi "
                 "elements\n",
-                o.qwz ? " qwZ" : "", o.qgz ? " qgZ" : "", o.hpz > 0 ? " hpZ" : "",
+                o.qwz ? " qwZ" : "", o.qgz ? (o.qgz_error_feedback ? " qgZ (error feedback)" : " qgZ") : "",
+                o.hpz > 0 ? " hpZ" : "",
                 o.nodes_of() > 0 ? o.nodes_of() : o.ranks, s.comm_inter_bytes, s.comm_inter_formula,
                 s.comm_inter_bytes == s.comm_inter_formula ? "equal" : "DIFFERS",
                 o.ranks > 1 ? s.comm_inter_bytes / ((o.precision == "fp32" ? 4.0 : 2.0) * static_cast<double>(s.padded))

@@ -47,7 +47,8 @@ std::vector<float> dequantized(const std::vector<float>& x, const quant::format&
 // exact; rank r's gradient is toy::gradient at those weights; the reduced gradient of slice k is the
 // rank-ordered fp32 sum of the ranks' slices, each quantized on its own (qgZ), or, with nodes of g
 // ranks, the node-ordered sum of the quantized node sums, each the local-ordered sum of the quantized
-// slices; then AdamW on the exact master weights.
+// slices; then AdamW on the exact master weights. With qgZ's error feedback, rank r quantizes its
+// slice plus the error its last quantization of that slice left (fp32), and keeps the new error.
 std::vector<float> reference(int n, int steps, const zero::engine_options& o) {
   const zero::model_spec s = toy::spec();
   const zero::layout l = zero::layout::make(s, n);
@@ -57,6 +58,10 @@ std::vector<float> reference(int n, int steps, const zero::engine_options& o) {
   const zero::optim::adamw opt;
   const auto bases = toy::unit_bases(s);
   std::vector<std::vector<float>> w(l.num_units()), m1(l.num_units()), m2(l.num_units());
+  // [unit][rank]: the rank's carried quantization error over the unit's padded elements.
+  std::vector<std::vector<std::vector<float>>> error(l.num_units());
+  for (std::size_t u = 0; u < l.num_units(); ++u)
+    error[u].assign(N, std::vector<float>(l.unit(zero::unit_id{u}).padded, 0.0f));
   for (std::size_t u = 0; u < l.num_units(); ++u) {
     const auto& ul = l.unit(zero::unit_id{u});
     w[u].assign(ul.padded, 0.0f);
@@ -80,7 +85,13 @@ std::vector<float> reference(int n, int steps, const zero::engine_options& o) {
         auto slice = [&](std::size_t r) {
           std::vector<float> x(g[r].begin() + static_cast<std::ptrdiff_t>(k * S),
                                g[r].begin() + static_cast<std::ptrdiff_t>((k + 1) * S));
-          return o.zeropp.qgz ? dequantized(x, o.zeropp.gradients) : x;
+          if (!o.zeropp.qgz) return x;
+          if (!o.zeropp.qgz_error_feedback) return dequantized(x, o.zeropp.gradients);
+          float* e = error[u][r].data() + k * S;
+          for (std::size_t i = 0; i < S; ++i) x[i] = e[i] + x[i];
+          const std::vector<float> sent = dequantized(x, o.zeropp.gradients);
+          for (std::size_t i = 0; i < S; ++i) e[i] = x[i] - sent[i];
+          return sent;
         };
         std::vector<float> acc(S);
         if (!two_hops) {
@@ -179,6 +190,28 @@ TEST_CASE("qgZ: stages 1, 2 and 3 give the same bits, those of the quantized sli
   }
   // Two hops sum in another order than one: nodes of 2 are not the flat sum.
   CHECK_FALSE(bit_equal(reference(4, steps, with(false, true, false, 2)), reference(4, steps, with(false, true, false, 0))));
+}
+
+TEST_CASE("qgZ with error feedback: each rank's error carried into its next slice, stages 1-3 alike") {
+  for (const auto& ng : std::vector<std::pair<int, int>>{{2, 0}, {4, 0}, {4, 2}}) {
+    const int n = ng.first, g = ng.second;
+    CAPTURE(n);
+    CAPTURE(g);
+    auto o = with(false, true, false, g, 8, 4);
+    o.zeropp.qgz_error_feedback = true;
+    const int t = 4;  // the error of step 1 joins step 2's slices, and so on
+    const auto ref = reference(n, t, o);
+    CHECK(bit_equal(toy::run<zero::stage1>(n, t, zero::optim::adamw{}, o).params, ref));
+    CHECK(bit_equal(toy::run<zero::stage2>(n, t, zero::optim::adamw{}, o).params, ref));
+    CHECK(bit_equal(toy::run<zero::stage3>(n, t, zero::optim::adamw{}, o).params, ref));
+    // The feedback changes what is sent: not plain qgZ's bits.
+    CHECK_FALSE(bit_equal(ref, reference(n, t, with(false, true, false, g, 8, 4))));
+  }
+  // Fused buckets carry each unit's error as its own reduce does.
+  auto fused = with(false, true, false, 0, 8, 4);
+  fused.zeropp.qgz_error_feedback = true;
+  fused.reduce_bucket_elements = 1 << 20;
+  CHECK(bit_equal(toy::run<zero::stage2>(4, 4, zero::optim::adamw{}, fused).params, reference(4, 4, fused)));
 }
 
 TEST_CASE("hpZ: the secondary partition changes no bit: hpZ = stage 3, qwZ + hpZ = qwZ, all three = the reference") {
@@ -401,6 +434,12 @@ TEST_CASE("memory: hpZ's secondary shard is Psi/node_size params; quantized wire
   const auto qwz = measure<zero::stage3>(n, one);
   CHECK(qwz.memory.peak_bytes(mem_category::transient) == largest * 4 + n * quant::wire_bytes(largest / n, one.zeropp.weights));
   CHECK(quant::wire_bytes(largest / n, one.zeropp.weights) == 5 * largest / n);
+  // qgZ's error feedback keeps an fp32 error per element of the padded model, in the gradient category.
+  auto feedback = with(false, true, false, 0);
+  feedback.zeropp.qgz_error_feedback = true;
+  const auto ef = measure<zero::stage3>(n, feedback);
+  CHECK(ef.memory.bytes(mem_category::grads) == qgz.memory.bytes(mem_category::grads) + l.padded() * 4);
+  CHECK(ef.state_formula == qgz.state_formula + l.padded() * 4);
 }
 
 TEST_CASE("ZeRO++ options that mean nothing, or a backend without what they need, are refused naming the setting") {
@@ -435,5 +474,9 @@ TEST_CASE("ZeRO++ options that mean nothing, or a backend without what they need
   auto odd = with(false, true, false, 0, 8, 4);
   odd.zeropp.gradients.block = 63;
   CHECK(refused(zero::stage3{}, 2, odd).find("int4 packs two values per byte") != std::string::npos);
+  auto feedback_alone = with(false, false, false, 0);
+  feedback_alone.zeropp.qgz_error_feedback = true;
+  CHECK(refused(zero::stage3{}, 2, feedback_alone).find("qgz_error_feedback compensates qgZ's quantization: it needs "
+                                                        "qgz") != std::string::npos);
   CHECK(refused(zero::stage3{}, 2, with(false, false, false, 0)).empty());
 }

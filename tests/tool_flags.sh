@@ -93,6 +93,7 @@ refused -- '--offload-slice.*multiple of 1024' "$train_mlp" --offload host --off
 refused -- '--offload-slice.*--offload none' "$train_mlp" --offload-slice 2048
 refused -- '--qwz-bits.*needs --qwz' "$train_mlp" --qwz-bits 4
 refused -- '--qgz-bits.*needs --qgz' "$train_mlp" --qgz-bits 4 --stage 2
+refused -- '--qgz-error-feedback.*needs --qgz' "$train_mlp" --qgz-error-feedback --stage 2
 refused -- '--quant-block.*needs --qwz or --qgz' "$train_mlp" --quant-block 64
 refused -- '--qwz-bits.*not 8 or 4' "$train_mlp" --qwz-bits 6
 refused -- '--log-overwrite' "$train_mlp" --log-overwrite

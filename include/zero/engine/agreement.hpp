@@ -101,6 +101,7 @@ inline settings options_settings(const engine_options& o) {
   s.add("engine_options::zeropp.qgz", o.zeropp.qgz);
   s.add("engine_options::zeropp.gradients.bits", o.zeropp.gradients.bits);
   s.add("engine_options::zeropp.gradients.block", o.zeropp.gradients.block);
+  s.add("engine_options::zeropp.qgz_error_feedback", o.zeropp.qgz_error_feedback);
   s.add("engine_options::zeropp.hpz", o.zeropp.hpz);
   s.add("engine_options::zeropp.node_size", o.zeropp.node_size);
   s.add("engine_options::reproducible", o.reproducible);

@@ -7,7 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <variant>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -40,6 +40,8 @@
 #include "zero/engine/init.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/reduce/catalog.hpp"
+#include "zero/engine/reduce/context.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/tensor_view.hpp"
 #include "zero/engine/zeropp.hpp"
@@ -83,21 +85,20 @@ class engine {
         rank_(comm.rank()),
         units_(spec.num_units()) {
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
-    if (options_.reproducible) check_reproducible();
+    ctx_.make_room = [this](std::size_t bytes) { make_room(bytes); };
+    reduce::accept_chosen(ctx_);  // the gradient reducer the options choose (engine/reduce/catalog.hpp)
     check_zeropp();
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
     const std::size_t param_elems = P::shards_parameters ? shard : full;
-    const std::size_t grad_elems = grads_sharded() ? shard : full;
+    const std::size_t grad_elems = reduce::chosen_store_sharded<reduce_context>(options_) ? shard : full;
     const std::size_t state_elems = P::shards_optimizer_states ? shard : full;
-    const std::size_t grad_bytes = options_.reproducible             ? formula::reproducible_grad_bytes
-                                   : options_.fp32_grad_accumulation ? sizeof(float)
-                                                                     : sizeof(grad_type);
+    const std::size_t grad_bytes = reduce::chosen_grad_bytes<reduce_context>(options_);
     place_persistent_units();
     // Offloaded master weights and slots are not in the system's memory; what the tier holds in host
     // memory is, where host memory is the system's (offload::state_store::counted_host_bytes).
     const std::size_t in_system = options_.offload.tier == offload_tier::none ? state_elems : 0;
     check_memory(model_state_plan{(param_elems + persistent_elems_ + secondary_elements()) * sizeof(param_type),
-                                  grad_elems * grad_bytes, Prec::separate_master ? in_system * sizeof(float) : 0,
+                                  grad_elems * grad_bytes + reduce::chosen_extra_state_bytes<reduce_context>(options_, full), Prec::separate_master ? in_system * sizeof(float) : 0,
                                   static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
                                   offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays,
                                                                                    state_elems)});
@@ -105,15 +106,7 @@ class engine {
     params_ = buffer<param_type, system>(param_elems, mem_category::params, acct_);
     if (persistent_elems_ > 0) persistent_ = buffer<param_type, system>(persistent_elems_, mem_category::params, acct_);
     if (zpp().hpz) secondary_ = buffer<param_type, system>(secondary_elements(), mem_category::params, acct_);
-    if (options_.reproducible) {
-      // The binned sums (three word planes per unit) and their fp32 rounding, over what this rank updates.
-      bins_ = buffer<std::int64_t, system>(binned::words * grad_elems, mem_category::grads, acct_);
-      grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
-    } else if (options_.fp32_grad_accumulation) {
-      grads32_ = buffer<float, system>(grad_elems, mem_category::grads, acct_);
-    } else {
-      grads_ = buffer<grad_type, system>(grad_elems, mem_category::grads, acct_);
-    }
+    reduce::emplace_chosen(reducer_, ctx_);  // its gradient store
     std::array<mem_category, state_arrays> categories{};
     for (int a = 0; a < state_arrays; ++a)
       categories[static_cast<std::size_t>(a)] = a < master_arrays ? mem_category::master : mem_category::optimizer_states;
@@ -283,10 +276,7 @@ class engine {
                "gradients; end the scope first)");
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "grads of a unit already reduced in this step",
                reduce_count_text(s.reduces));
-    if (uses_bucket() && s.bucket.empty()) {
-      make_room(layout_.unit(u).padded * sizeof(grad_type));
-      s.bucket = buffer<grad_type, system>(layout_.unit(u).padded, mem_category::transient, acct_);
-    }
+    with_reducer([&](auto& r) { r.open(u); });
     step_started_ = true;
     return grad_buffers(*this, u, s.reduce_epoch);
   }
@@ -299,43 +289,13 @@ class engine {
                "gradients; end the scope first)");
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
                reduce_count_text(s.reduces));
-    const unit_layout& ul = layout_.unit(u);
-    if (uses_bucket() && s.bucket.empty()) {
-      make_room(ul.padded * sizeof(grad_type));
-      s.bucket = buffer<grad_type, system>(ul.padded, mem_category::transient, acct_);
-    }
+    with_reducer([&](auto& r) { r.open(u); });  // (a reduce without grads() reduces zeros)
     start_agreement_check();
     const bool first = s.reduces == 0;
     ++s.reduces;
     ++s.reduce_epoch;
     step_started_ = true;
-    if (fuses_reduces()) {
-      // Joins the open bucket; the bucket's one reduce-scatter starts when the next unit would not fit.
-      if (!fusing_.empty() && fusing_elements_ + ul.padded > options_.reduce_bucket_elements) start_fused_reduce();
-      fusing_elements_ += ul.padded;
-      fusing_.push_back(fused_part{u, first, std::move(s.bucket)});
-      if (fusing_elements_ >= options_.reduce_bucket_elements) start_fused_reduce();
-      return;
-    }
-    if (options_.reproducible) {
-      std::vector<fused_part> one;
-      one.push_back(fused_part{u, first, std::move(s.bucket)});
-      return start_binned_reduce(std::move(one));
-    }
-    const std::size_t own = layout_.owned(u, rank_).begin;
-    in_flight_reduce f;
-    // Without a bucket the full gradient is persistent and reduced in place; a bucket travels with
-    // its collective and is added into the gradient store when the collective completes. A rank that
-    // updates every element keeps the whole unit, the others their slice.
-    f.bucket = std::move(s.bucket);
-    if (!f.bucket.empty()) f.parts.push_back({u, first, updates_every_element<P> ? 0 : own});
-    grad_type* g = uses_bucket() ? f.bucket.data() : grads_.data() + ul.offset;
-    {
-      const auto l = label("reduce", u);
-      if constexpr (updates_every_element<P>) f.pending = comm_.start_all_reduce(g, g, ul.padded, reduce_op::sum);
-      else start_scatter(f, u, g, ul.shard, {ul.shard});
-    }
-    launched(std::move(f));
+    with_reducer([&](auto& r) { r.reduce(u, first); });
   }
 
   // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
@@ -350,8 +310,7 @@ class engine {
     }
     // Every collective of the step completes first: the norm and the update read the gradients, and
     // the update writes the parameters that a unit never gathered in this step may still be receiving.
-    start_fused_reduce();
-    while (!reduces_.empty()) complete_oldest_reduce();
+    with_reducer([](auto& r) { r.complete_all(); });
     complete_parameter_gathers();
     drop_prefetches();
     finish_agreement_check();
@@ -361,15 +320,17 @@ class engine {
     order_holds_ = true;
     step_report r;
     r.loss_scale = scaler_.scale();
-    if (options_.reproducible) round_binned_sums();
     // The gradient the optimizer sees: the rank-ordered sum divided by N and by the loss scale, in
     // one IEEE division (N x scale is exact: the scale is a power of two). Reproducible: the exact sum
     // rounded once, divided by the global number of micro-batches N x M and the scale (N x M <= 2^24,
     // checked at construction, so the product is exact too).
-    const float divisor = fp::mul(static_cast<float>(averaging_count()), scaler_.scale());
+    const float divisor = fp::mul(static_cast<float>(with_reducer([](auto& red) { return red.averaging_count(); })), scaler_.scale());
     float coef = 1.0f;
     if (needs_norm()) {
-      const double sq = options_.reproducible ? binned_global_sum_of_squares(divisor) : global_sum_of_squares(divisor);
+      const norm_result n = with_reducer(
+          [&](auto& red) { return red.sum_of_squares(divisor, agreement_terms{fingerprint_.data(), optimizer_hash_}); });
+      if (!n.optimizers_agree) optimizers_disagree();
+      const double sq = n.sum_of_squares;
       r.grad_norm = fp::canonical(std::sqrt(sq));  // a NaN norm reports the same bits on every system
       r.skipped = !std::isfinite(sq);
       if (!r.skipped && options_.clip_norm > 0.0f && r.grad_norm > options_.clip_norm)
@@ -383,12 +344,10 @@ class engine {
       ++skipped_;
     }
     scaler_.update(r.skipped);
-    with_grad_store([&](auto& store) { sys_.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
-    if (options_.reproducible) sys_.fill_zero(bins_.data(), bins_.size() * sizeof(std::int64_t));
+    with_reducer([](auto& red) { red.clear(); });
     for (auto& s : units_) {
       s.reduces = s.step_gathers = 0;
       s.secondary_ready = false;  // the update changed the parameters: the next step's first gather refills it
-      s.sum = binned::summary{};
     }
     step_started_ = false;
 
@@ -564,9 +523,7 @@ class engine {
   // The per-parameter sizes the paper's equations need for this engine's policies.
   // (Reproducible: grad_bytes is the binned store's formula::reproducible_grad_bytes per element it holds.)
   formula::state_sizes state_sizes() const {
-    const std::size_t g = options_.reproducible             ? formula::reproducible_grad_bytes
-                          : options_.fp32_grad_accumulation ? sizeof(float)
-                                                            : sizeof(grad_type);
+    const std::size_t g = reduce::chosen_grad_bytes<reduce_context>(options_);
     return {sizeof(param_type), g,
             (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
   }
@@ -579,9 +536,9 @@ class engine {
         options_.reproducible
             ? formula::reproducible_model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z, persistent_elems_)
             : formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z, persistent_elems_);
-    return states + (zpp().hpz ? formula::hpz_secondary_bytes(layout_.padded(), layout_.ranks(), node_size(),
-                                                              sizeof(param_type))
-                               : 0);
+    return states + reduce::chosen_extra_state_bytes<reduce_context>(options_, layout_.padded()) +
+           (zpp().hpz ? formula::hpz_secondary_bytes(layout_.padded(), layout_.ranks(), node_size(), sizeof(param_type))
+                      : 0);
   }
   // What the offload tier holds and moves (engine_options::offload), and its formulas: the tier's
   // bytes, and the bytes moved by one step that updates.
@@ -732,6 +689,31 @@ class engine {
 
  private:
   using request = typename comm::counted<Comm>::request;
+  using reduce_context = reduce::context<P, Comm, Prec>;
+
+  // Calls f with the engine's reducer (whichever the options chose) and returns what it returns.
+  template <class F>
+  decltype(auto) with_reducer(F&& f) {
+    using R = decltype(f(std::declval<reduce::exact_reducer<reduce_context>&>()));
+    return std::visit(
+        [&](auto& r) -> R {
+          if constexpr (std::is_same_v<std::decay_t<decltype(r)>, std::monostate>)
+            fail(error_kind::protocol, "rank ", rank_, ": engine: no gradient reducer (the constructor failed)");
+          else return f(r);
+        },
+        reducer_);
+  }
+  template <class F>
+  decltype(auto) with_reducer(F&& f) const {
+    using R = decltype(f(std::declval<const reduce::exact_reducer<reduce_context>&>()));
+    return std::visit(
+        [&](const auto& r) -> R {
+          if constexpr (std::is_same_v<std::decay_t<decltype(r)>, std::monostate>)
+            fail(error_kind::protocol, "rank ", rank_, ": engine: no gradient reducer (the constructor failed)");
+          else return f(r);
+        },
+        reducer_);
+  }
 
   struct unit_state {
     bool gathered = false;
@@ -740,7 +722,6 @@ class engine {
     std::uint64_t gather_epoch = 0, reduce_epoch = 0;
     bool reduced(int per_step) const { return reduces >= per_step; }
     buffer<param_type, system> full_params;  // stage 3: the gathered unit
-    buffer<grad_type, system> bucket;        // stages 2-3: the unit's full gradient until reduce
     // Stage 3: an all-gather started before gather(u) asked for it (declared after its buffer, so
     // the request, whose destructor waits, is destroyed first).
     buffer<param_type, system> prefetched;
@@ -752,356 +733,11 @@ class engine {
     // Stages 1-2: the all-gather of the unit's updated parameters, started by step().
     request parameter_gather;
     bool parameter_gather_pending = false;
-    // Reproducible: the summary of every gradient value reduced into the unit's binned sum in this
-    // step (its top bin; -1 while the sum is empty), the same on every rank.
-    binned::summary sum;
   };
-
-  // A reduce(u) whose collective may still be in flight; completed in the order started, so the
-  // micro-batches of a unit are added into the gradient store in order. The request is declared after
-  // the bucket it writes, so it is destroyed (and waits) first.
-  struct in_flight_reduce {
-    struct part {
-      unit_id unit{};
-      bool first = false;  // the step's first reduce of the unit: stored, not added
-      std::size_t at = 0;  // where the unit's reduced elements (whole unit or this rank's slice) start in the bucket
-    };
-    std::vector<part> parts;           // the units the bucket carries, in reduce order
-    buffer<grad_type, system> bucket;  // empty (and no parts): the persistent gradient was reduced in place
-    // Reproducible: the words on the wire ([rank][unit][plane][shard], a rank's block `block` words
-    // long) instead of a bucket, and each unit's agreed summary.
-    buffer<std::int64_t, system> wire;
-    std::size_t block = 0;
-    std::vector<binned::summary> summaries;
-    bool direct = false;  // the one unit's words went straight into its empty store
-    // qgZ: the quantized slices sent and received (declared before the request, which is destroyed
-    // first), where the reduced slice goes, and whether the request is the first hop's (node_comm_).
-    buffer<std::uint8_t, system> send_wire, recv_wire;
-    detail::quantized_slice slice;
-    grad_type* reduced = nullptr;
-    unit_id unit{};
-    bool quantized = false, first_hop = false;
-    request pending{};
-  };
-  // A unit's gradient waiting in the open bucket of reduce_bucket_elements.
-  struct fused_part {
-    unit_id unit{};
-    bool first = false;
-    buffer<grad_type, system> bucket;
-  };
-
-  bool fuses_reduces() const {
-    return options_.reduce_bucket_elements > 0 && uses_bucket() && !updates_every_element<P>;
-  }
-
-  // Starts one reduce-scatter for the units in the open bucket. A unit alone is reduced from its own
-  // bucket. Several are interleaved into one buffer, rank r's slices of every unit side by side at
-  // [r S, (r+1) S) (S = the sum of their shards), so each rank receives its slices together; each
-  // element is summed over the ranks in rank order as in a unit's own collective: the same bits.
-  void start_fused_reduce() {
-    std::vector<fused_part> parts = std::move(fusing_);
-    fusing_.clear();
-    fusing_elements_ = 0;
-    if (parts.empty()) return;
-    if (options_.reproducible) return start_binned_reduce(std::move(parts));
-    in_flight_reduce f;
-    if (parts.size() == 1) {
-      const unit_layout& ul = layout_.unit(parts[0].unit);
-      const std::size_t own = layout_.owned(parts[0].unit, rank_).begin;
-      f.bucket = std::move(parts[0].bucket);
-      f.parts.push_back({parts[0].unit, parts[0].first, own});
-      const auto l = label("reduce", parts[0].unit);
-      start_scatter(f, parts[0].unit, f.bucket.data(), ul.shard, {ul.shard});
-      return launched(std::move(f));
-    }
-    std::size_t shard_sum = 0;
-    std::vector<std::size_t> segments;  // qgZ quantizes each unit's part of a slice in blocks of its own
-    for (const auto& p : parts) {
-      shard_sum += layout_.unit(p.unit).shard;
-      segments.push_back(layout_.unit(p.unit).shard);
-    }
-    const auto ranks = static_cast<std::size_t>(layout_.ranks());
-    make_room(shard_sum * ranks * sizeof(grad_type));
-    f.bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, acct_);
-    std::size_t off = 0;
-    for (auto& p : parts) {
-      const std::size_t shard = layout_.unit(p.unit).shard;
-      for (std::size_t r = 0; r < ranks; ++r)
-        sys_.copy(f.bucket.data() + r * shard_sum + off, p.bucket.data() + r * shard, shard * sizeof(grad_type));
-      f.parts.push_back({p.unit, p.first, static_cast<std::size_t>(rank_) * shard_sum + off});
-      off += shard;
-      p.bucket.reset();  // copied: freed before the collective starts
-    }
-    {
-      const auto l = label("reduce bucket", parts[0].unit);
-      start_scatter(f, parts[0].unit, f.bucket.data(), shard_sum, std::move(segments));
-    }
-    ++overlap_.fused_reduces;
-    launched(std::move(f));
-  }
-
-  // ---- the reproducible reduction (engine_options::reproducible, docs/reproducibility.md) ----
-
-  // Reduces one unit, or the units of a fused bucket, exactly: the ranks agree on each unit's top bin
-  // (one all-gather of a binned::summary per unit and rank, on the protocol's counter), each rank cuts
-  // its gradients into the words of those bins, and one all-reduce (stage 0) or reduce-scatter sums
-  // the int64 words, exact in any order. The wire puts rank r's slices of every unit side by side,
-  // each as three planes of its shard ([rank][unit][plane][shard]), so each rank receives its words
-  // together. The gradient buckets are freed before the collective starts; the words are merged into
-  // the binned store when it completes (merge_binned).
-  void start_binned_reduce(std::vector<fused_part> parts) {
-    constexpr std::size_t K = binned::words;
-    const auto ranks = static_cast<std::size_t>(layout_.ranks()), me = static_cast<std::size_t>(rank_);
-    const std::size_t count = parts.size();
-    std::vector<std::int64_t> table(count * ranks);
-    for (std::size_t i = 0; i < count; ++i)
-      table[me * count + i] = binned_summary(parts[i].bucket.data(), layout_.unit(parts[i].unit).padded);
-    {
-      make_room(count * ranks * sizeof(std::int64_t));
-      buffer<std::int64_t, system> wire(count * ranks, mem_category::transient, acct_);
-      sys_.copy_from_host(wire.data() + me * count, table.data() + me * count, count * sizeof(std::int64_t));
-      const auto l = label("reduce summary", parts[0].unit);
-      comm_.all_gather(wire.data() + me * count, wire.data(), count);
-      sys_.copy_to_host(table.data(), wire.data(), table.size() * sizeof(std::int64_t));
-    }
-    in_flight_reduce f;
-    std::size_t shard_sum = 0;
-    for (const auto& p : parts) shard_sum += layout_.unit(p.unit).shard;
-    f.block = K * shard_sum;
-    make_room(f.block * ranks * sizeof(std::int64_t));
-    f.wire = buffer<std::int64_t, system>(f.block * ranks, mem_category::transient, acct_, uninitialized);
-    std::size_t off = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      fused_part& p = parts[i];
-      binned::summary agreed;
-      for (std::size_t r = 0; r < ranks; ++r) agreed = binned::merge(agreed, binned::unpack(table[r * count + i]));
-      const std::size_t shard = layout_.unit(p.unit).shard;
-      for (std::size_t r = 0; r < ranks; ++r) {
-        std::int64_t* w = f.wire.data() + r * f.block + off;
-        if (agreed.finite() && agreed.bin >= 0)
-          sys_.for_each(shard, elementwise::to_bins_rule{agreed.bin}, elementwise::in(p.bucket.data() + r * shard),
-                        elementwise::out(w), elementwise::out(w + shard), elementwise::out(w + 2 * shard));
-        else  // all zeros, or a non-finite value: zeros (the flag, which every rank has, skips the step)
-          sys_.fill_zero(w, K * shard * sizeof(std::int64_t));
-      }
-      f.parts.push_back({p.unit, p.first, off});
-      f.summaries.push_back(agreed);
-      off += K * shard;
-      p.bucket.reset();  // converted: freed before the collective starts
-    }
-    // A unit's first reduce of the step, on its own, receives straight into its (empty) binned store:
-    // no merge pass. Nothing else touches that part of the store until the collective completes.
-    f.direct = count == 1 && parts[0].first;
-    {
-      const auto l = label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
-      std::int64_t* store = f.direct ? bins_.data() + K * grads_base(layout_.unit(parts[0].unit)) : nullptr;
-      if constexpr (updates_every_element<P>)
-        f.pending =
-            comm_.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks, reduce_op::sum);
-      else
-        f.pending = comm_.start_reduce_scatter(f.wire.data(), f.direct ? store : f.wire.data() + me * f.block, f.block,
-                                               reduce_op::sum);
-    }
-    if (count > 1) ++overlap_.fused_reduces;
-    launched(std::move(f));
-  }
-
-  // Where unit u's binned words start in bins_ (three planes of what the rank updates: the shard, or in
-  // stage 0 every rank's slice, each as three planes, [rank][plane][shard]) and its fp32 rounding in
-  // grads32_.
-  std::size_t grads_base(const unit_layout& ul) const { return grads_sharded() ? ul.shard_offset : ul.offset; }
-  // Slices of a unit the rank keeps gradients of: all N in stage 0, its own elsewhere.
-  std::size_t kept_blocks() const { return updates_every_element<P> ? static_cast<std::size_t>(layout_.ranks()) : 1; }
-
-  // Adds a completed reduce's words of one unit into the unit's binned sum: both are re-expressed for
-  // the larger of their top bins (whole low words drop), then added as integers.
-  void merge_binned(const in_flight_reduce& f, const typename in_flight_reduce::part& part, binned::summary in) {
-    constexpr std::size_t K = binned::words;
-    unit_state& s = units_[part.unit.index];
-    const binned::summary before = s.sum;
-    s.sum = binned::merge(before, in);
-    if (f.direct) return;  // already in the store, which was empty (the summary is now the reduce's)
-    if (!s.sum.finite() || in.bin < 0) return;  // nothing to add: zeros, or a step that will be skipped
-    const unit_layout& ul = layout_.unit(part.unit);
-    const elementwise::merge_bins_rule rule{before.bin, in.bin, s.sum.bin};
-    for (std::size_t b = 0; b < kept_blocks(); ++b) {
-      std::int64_t* st = bins_.data() + K * grads_base(ul) + b * K * ul.shard;
-      const std::int64_t* w = f.wire.data() +
-                              (updates_every_element<P> ? b * f.block : static_cast<std::size_t>(rank_) * f.block) +
-                              part.at;
-      sys_.for_each(ul.shard, rule, elementwise::inout(st), elementwise::inout(st + ul.shard),
-                    elementwise::inout(st + 2 * ul.shard), elementwise::in(w), elementwise::in(w + ul.shard),
-                    elementwise::in(w + 2 * ul.shard));
-    }
-  }
-
-  // At step(): each unit's binned sum rounded once into the fp32 gradient the norm and the optimizer
-  // read. A unit whose sum is empty keeps its zeros; one with a non-finite value is left alone (the
-  // norm reports it and every rank skips the update).
-  void round_binned_sums() {
-    constexpr std::size_t K = binned::words;
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      const binned::summary s = units_[u].sum;
-      if (!s.finite() || s.bin < 0) continue;
-      const unit_layout& ul = layout_.unit(unit_id{u});
-      for (std::size_t b = 0; b < kept_blocks(); ++b) {
-        const std::int64_t* w = bins_.data() + K * grads_base(ul) + b * K * ul.shard;
-        sys_.for_each(ul.shard, elementwise::round_bins_rule{s.bin},
-                      elementwise::out(grads32_.data() + grads_base(ul) + b * ul.shard), elementwise::in(w),
-                      elementwise::in(w + ul.shard), elementwise::in(w + 2 * ul.shard));
-      }
-    }
-  }
-
-  // The sum of squares of the averaged gradient (fp32 rounded sum / divisor, each square exact in
-  // double) over the real elements, exact before one rounding, so it does not depend on how the
-  // elements are split over ranks: the ranks agree on the squares' top bin (an all-gather of one
-  // summary per rank), sum their squares into binned words, and all-gather the words (stages 1-3, on
-  // the control counter; stage 0 holds every element and needs no collective). A non-finite gradient
-  // gives +inf (NaN where a NaN was among the values), the same on every rank.
-  double binned_global_sum_of_squares(float divisor) {
-    constexpr std::size_t K = binned::words + 1;
-    auto non_finite = [](binned::summary s) {
-      return (s.flags & binned::summary::not_a_number) ? std::numeric_limits<double>::quiet_NaN()
-                                                       : std::numeric_limits<double>::infinity();
-    };
-    binned::summary flagged;
-    for (const auto& s : units_) flagged.flags |= s.sum.flags;
-    if (!flagged.finite()) return non_finite(flagged);
-    std::vector<const float*> segments;
-    std::vector<std::size_t> sizes;
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      const unit_layout& ul = layout_.unit(unit_id{u});
-      const range o = P::shards_optimizer_states ? layout_.owned_real(unit_id{u}, rank_) : range{0, ul.numel};
-      if (o.empty()) continue;
-      segments.push_back(grads32_.data() + element_index(ul, o.begin, grads_sharded(), rank_));
-      sizes.push_back(o.size());
-    }
-    binned::summary s = binned::unpack(binned_square_summary(segments, sizes, divisor));
-    bool optimizers_agree = true;
-    if constexpr (P::shards_optimizer_states) {
-      // With the optimizer's hash (agreement.hpp): every rank sees every rank's.
-      const std::int64_t mine[2] = {binned::pack(s), static_cast<std::int64_t>(optimizer_hash_)};
-      const std::vector<std::int64_t> all = all_gather_control(mine, 2);
-      for (std::size_t r = 0; r < all.size(); r += 2) {
-        s = binned::merge(s, binned::unpack(all[r]));
-        if (all[r + 1] != mine[1]) optimizers_agree = false;
-      }
-      if (!optimizers_agree) optimizers_disagree();
-    }
-    if (!s.finite()) return non_finite(s);
-    if (s.bin < 0) return 0.0;
-    const int top = s.bin + 1;  // one bin above every square's: it takes the carries
-    std::int64_t w[K] = {};
-    binned_sum_of_squares(segments, sizes, divisor, top, w);
-    if constexpr (P::shards_optimizer_states) {
-      const std::vector<std::int64_t> all = all_gather_control(w, K);
-      for (std::size_t k = 0; k < K; ++k) w[k] = 0;
-      for (std::size_t r = 0; r < all.size() / K; ++r)
-        for (std::size_t k = 0; k < K; ++k) w[k] += all[r * K + k];
-    }
-    return binned::round<double>(w, top);
-  }
-  // Every rank's `n` values, in rank order, through the system's memory (a device backend cannot read
-  // host memory in a collective), on the control counter.
-  std::vector<std::int64_t> all_gather_control(const std::int64_t* mine, std::size_t n) {
-    const auto ranks = static_cast<std::size_t>(layout_.ranks()), me = static_cast<std::size_t>(rank_);
-    std::vector<std::int64_t> all(n * ranks);
-    buffer<std::int64_t, system> wire(n * ranks, mem_category::transient, acct_);
-    sys_.copy_from_host(wire.data() + me * n, mine, n * sizeof(std::int64_t));
-    const comm::scoped_label<Comm> l(comm_.inner(), "grad norm");
-    control_comm_.all_gather(wire.data() + me * n, wire.data(), n);
-    sys_.copy_to_host(all.data(), wire.data(), all.size() * sizeof(std::int64_t));
-    return all;
-  }
-
-  // The number of micro-batch gradients the step averages: N, or in the reproducible mode the global
-  // number of micro-batches N x M (the trainer does not divide by M there).
-  std::size_t averaging_count() const {
-    const auto n = static_cast<std::size_t>(layout_.ranks());
-    return options_.reproducible ? n * static_cast<std::size_t>(reduces_per_step()) : n;
-  }
-  // Whether the persistent gradient store holds only this rank's slices: where gradients are sharded,
-  // and in the reproducible mode wherever the optimizer states are (kernels never write the store there).
-  bool grads_sharded() const { return options_.reproducible ? P::shards_optimizer_states : P::shards_gradients; }
-
-  // Whether the system has the reductions of the reproducible mode (sys::host; not sys::cuda yet). The
-  // mode is refused at construction without them, so the calls below are never reached there; they
-  // go through these wrappers so that the engine still compiles for such a system.
-  static constexpr bool binned_system =
-      requires(const system& y, const grad_type* g, const float* const* f, const std::size_t* n, std::int64_t* w) {
-    { y.binned_summary(g, n[0]) } -> std::same_as<std::int64_t>;
-    { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
-    y.binned_sum_of_squares(f, n, n[0], 1.0f, 0, w);
-  };
-  std::int64_t binned_summary(const grad_type* g, std::size_t n) const {
-    if constexpr (binned_system)
-      return sys_.binned_summary(g, n);
-    else
-      fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
-  }
-  std::int64_t binned_square_summary(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
-                                     float divisor) const {
-    if constexpr (binned_system)
-      return sys_.binned_square_summary(segments.data(), sizes.data(), segments.size(), divisor);
-    else
-      fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
-  }
-  void binned_sum_of_squares(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
-                             float divisor, int top, std::int64_t* words) const {
-    if constexpr (binned_system)
-      sys_.binned_sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor, top, words);
-    else
-      fail(error_kind::invalid_argument, "rank ", rank_, ": the system has no binned reductions");
-  }
-
-  // The constructor's checks of the reproducible mode that need the world size or the system.
-  void check_reproducible() const {
-    static_assert(formula::reproducible_wire_bytes == binned::words * sizeof(std::int64_t),
-                  "formula::reproducible_wire_bytes counts the binned words");
-    ZERO_CHECK(binned_system, invalid_argument, "rank ", rank_,
-               ": engine_options::reproducible needs the binned reductions of the system (binned_summary, "
-               "binned_square_summary, binned_sum_of_squares; sys::host has them, the device system not yet): "
-               "run the reproducible mode on a host backend (comm::threads, comm::mpi), or turn it off");
-    const std::size_t total = static_cast<std::size_t>(layout_.ranks()) * static_cast<std::size_t>(reduces_per_step());
-    ZERO_CHECK(total <= (std::size_t{1} << 24), invalid_argument, "rank ", rank_,
-               ": engine_options::reproducible averages over N x micro_batches = ", layout_.ranks(), " x ",
-               reduces_per_step(), " = ", total, " micro-batches, more than 2^24 (the divisor must be exact in fp32)");
-  }
-
-  // Files a started reduce, completing the oldest while more than reduces_in_flight are pending.
-  void launched(in_flight_reduce f) {
-    reduces_.push_back(std::move(f));
-    const std::size_t limit = overlapping() ? static_cast<std::size_t>(options_.reduces_in_flight) : 0;
-    while (reduces_.size() > limit) complete_oldest_reduce();
-    if (overlapping()) {
-      ++overlap_.reduces_started;
-      overlap_.max_reduces_in_flight = std::max<std::uint64_t>(overlap_.max_reduces_in_flight, reduces_.size());
-    }
-  }
 
   bool overlapping() const { return options_.overlap && comm::counted<Comm>::overlaps; }
   bool prefetching() const {
     return P::shards_parameters && overlapping() && options_.prefetch_units > 0 && order_holds_ && !evaluating_;
-  }
-
-  // Completes the oldest reduce in flight: waits for it and adds its bucket into the gradient store.
-  void complete_oldest_reduce() {
-    in_flight_reduce f = std::move(reduces_.front());
-    reduces_.pop_front();
-    if (f.first_hop) node_comm_->wait(f.pending);
-    else comm_.wait(f.pending);
-    if (options_.reproducible) {
-      for (std::size_t i = 0; i < f.parts.size(); ++i) merge_binned(f, f.parts[i], f.summaries[i]);
-      return;
-    }
-    if (f.quantized) finish_scatter(f);
-    for (const auto& part : f.parts) {
-      const unit_layout& ul = layout_.unit(part.unit);
-      const std::size_t from = updates_every_element<P> ? 0 : layout_.owned(part.unit, rank_).begin;
-      const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
-      with_grad_store([&](auto& store) { store_reduced(store, ul, from, f.bucket.data() + part.at, count, part.first); });
-    }
   }
 
   // Under memory_limit_bytes, completes reduces in flight (oldest first) and then drops prefetches
@@ -1110,7 +746,8 @@ class engine {
   // rank (their accounts are equal).
   void make_room(std::size_t bytes) {
     if (acct_.limit() == 0) return;
-    while (!reduces_.empty() && acct_.total() + bytes > acct_.limit()) complete_oldest_reduce();
+    while (with_reducer([](auto& r) { return r.in_flight(); }) > 0 && acct_.total() + bytes > acct_.limit())
+      with_reducer([](auto& r) { r.complete_oldest(); });
     if (acct_.total() + bytes > acct_.limit()) {
       bool any = false;
       for (auto& t : units_) any = any || t.prefetching;
@@ -1314,14 +951,13 @@ class engine {
   static constexpr bool has_index_loop =
       requires(const system& s, std::size_t n, quant::scale_rule<float> r) { s.for_each_index(n, r); };
   static constexpr bool can_qwz = comm::moves_bytes<Comm> && has_index_loop;
-  static constexpr bool can_qgz = comm::has_all_to_all<Comm> && has_index_loop;
   static constexpr bool can_split = comm::splittable<Comm>;
 
   const zeropp_options& zpp() const { return options_.zeropp; }
   bool zeropp_on() const { return zpp().qwz || zpp().qgz || zpp().hpz; }
   int node_size() const { return zpp().node_size == 0 ? layout_.ranks() : zpp().node_size; }
   // qgZ in two hops: nodes of more than one rank, more than one node.
-  bool hierarchical() const { return zpp().qgz && node_size() > 1 && node_size() < layout_.ranks(); }
+  bool hierarchical() const { return ctx_.hierarchical(); }
   std::size_t secondary_elements() const {
     return zpp().hpz ? layout_.padded() / static_cast<std::size_t>(node_size()) : 0;
   }
@@ -1340,22 +976,18 @@ class engine {
     ZERO_CHECK(!z.hpz || P::shards_parameters, invalid_argument, "rank ", rank_, ": ", where,
                ": hpZ keeps a secondary partition of stage 3's sharded parameters; ZeRO stage ", P::stage,
                " does not shard them");
-    ZERO_CHECK(!z.qgz || P::shards_optimizer_states, invalid_argument, "rank ", rank_, ": ", where,
-               ": qgZ replaces the gradient reduce-scatter of stages 1-3; ZeRO stage ", P::stage,
-               " all-reduces every gradient");
+    ZERO_CHECK(!z.qgz_error_feedback || z.qgz, invalid_argument, "rank ", rank_, ": ", where,
+               ": qgz_error_feedback compensates qgZ's quantization: it needs qgz");
     ZERO_CHECK(!z.hpz || (z.node_size > 0 && z.node_size < n), invalid_argument, "rank ", rank_, ": ", where,
                ": hpZ needs nodes smaller than the world (node_size in [1, N) dividing N = ", n, "), got node_size ",
                z.node_size, ": with one node the secondary partition is the primary one");
     with_rank(rank_, [&] {
       if (z.qwz) quant::validate(z.weights, "engine_options::zeropp.weights");
-      if (z.qgz) quant::validate(z.gradients, "engine_options::zeropp.gradients");
     });
     ZERO_CHECK(!z.qwz || can_qwz, invalid_argument, "rank ", rank_, ": ", where,
                ": qwZ needs a backend with a byte all_gather (std::uint8_t) and a system with for_each_index");
-    ZERO_CHECK(!z.qgz || can_qgz, invalid_argument, "rank ", rank_, ": ", where,
-               ": qgZ needs a backend with all_to_all (comm/all_to_all.hpp) and a system with for_each_index");
-    ZERO_CHECK(!(z.hpz || hierarchical()) || can_split, invalid_argument, "rank ", rank_, ": ", where, ": ",
-               z.hpz ? "hpZ" : "qgZ over several nodes", " needs a backend with split (comm/split.hpp)");
+    ZERO_CHECK(!z.hpz || can_split, invalid_argument, "rank ", rank_, ": ", where,
+               ": hpZ needs a backend with split (comm/split.hpp)");
   }
 
   // After the model states exist: tells the counters where the nodes are, and splits the backend for
@@ -1368,10 +1000,14 @@ class engine {
     if constexpr (can_split) {
       node_backend_ = comm_.inner().split(rank_ / g);
       node_comm_.emplace(*node_backend_);  // one node: all of its traffic is intra-node
+      ctx_.node_backend = node_backend_.get();
+      ctx_.node = &*node_comm_;
       if (hierarchical()) {
         cross_backend_ = comm_.inner().split(rank_ % g);
         cross_comm_.emplace(*cross_backend_);
         cross_comm_->set_node_size(1);  // one rank per node: all of it is inter-node
+        ctx_.cross_backend = cross_backend_.get();
+        ctx_.cross = &*cross_comm_;
       }
     }
   }
@@ -1457,81 +1093,6 @@ class engine {
     }
   }
 
-  // Starts the reduction of g's N slices of `count` elements (slice k for rank k) into this rank's
-  // slice, in place: a reduce-scatter, or qgZ: each slice quantized (each of `segments`, the units'
-  // shards, in blocks of its own) and exchanged by an all_to_all, summed at completion
-  // (finish_scatter). Two hops: to the rank of local position l of this node go the slices of the
-  // ranks of position l in every node (node k's at k), on node_comm_.
-  void start_scatter(in_flight_reduce& f, unit_id u, grad_type* g, std::size_t count,
-                     std::vector<std::size_t> segments) {
-    grad_type* mine = g + static_cast<std::size_t>(rank_) * count;
-    if (!zpp().qgz) {
-      f.pending = comm_.start_reduce_scatter(g, mine, count, reduce_op::sum);
-      return;
-    }
-    if constexpr (can_qgz) {
-      const auto n = static_cast<std::size_t>(layout_.ranks());
-      f.quantized = true;
-      f.unit = u;
-      f.reduced = mine;
-      f.slice = detail::quantized_slice::of(std::move(segments), zpp().gradients);
-      const std::size_t wb = f.slice.wire;
-      make_room(2 * n * wb);
-      f.send_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, acct_);
-      f.recv_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, acct_);
-      std::vector<std::size_t> order(n);
-      if (!hierarchical()) {
-        for (std::size_t k = 0; k < n; ++k) order[k] = k;
-        f.slice.quantize(sys_, g, order, f.send_wire.data());
-        f.pending = comm_.start_all_to_all(f.send_wire.data(), f.recv_wire.data(), wb);
-        return;
-      }
-      const auto gs = static_cast<std::size_t>(node_size()), nodes = n / gs;
-      for (std::size_t l = 0; l < gs; ++l)
-        for (std::size_t m = 0; m < nodes; ++m) order[l * nodes + m] = m * gs + l;
-      f.slice.quantize(sys_, g, order, f.send_wire.data());
-      const auto l = label_on(*node_backend_, "reduce", u);
-      f.pending = node_comm_->start_all_to_all(f.send_wire.data(), f.recv_wire.data(), nodes * wb);
-      f.first_hop = true;
-      return;
-    }
-    fail(error_kind::invalid_argument, where(u), "qgZ on a backend without all_to_all");
-  }
-  // Completes qgZ's reduction once its all_to_all is done: the N received slices summed in fp32 in
-  // rank order into this rank's slice. Two hops: the node's G slices of each of the K ranks of this
-  // position summed in local order (fp32), quantized once more and exchanged across nodes, then the K
-  // node sums summed in node order.
-  void finish_scatter(in_flight_reduce& f) {
-    if constexpr (can_qgz) {
-      const std::size_t wb = f.slice.wire;
-      if (!f.first_hop) {
-        f.slice.sum(sys_, f.recv_wire.data(), wb, layout_.ranks(), f.reduced);
-        f.send_wire.reset();
-        f.recv_wire.reset();
-        return;
-      }
-      const auto gs = static_cast<std::size_t>(node_size());
-      const std::size_t nodes = static_cast<std::size_t>(layout_.ranks()) / gs, count = f.slice.elements;
-      buffer<float, system> partial(nodes * count, mem_category::transient, acct_);
-      for (std::size_t m = 0; m < nodes; ++m)
-        f.slice.sum(sys_, f.recv_wire.data() + m * wb, nodes * wb, static_cast<int>(gs), partial.data() + m * count);
-      f.send_wire.reset();
-      f.recv_wire.reset();
-      buffer<std::uint8_t, system> send(nodes * wb, mem_category::transient, acct_);
-      std::vector<std::size_t> order(nodes);
-      for (std::size_t m = 0; m < nodes; ++m) order[m] = m;
-      f.slice.quantize(sys_, partial.data(), order, send.data());
-      partial.reset();
-      buffer<std::uint8_t, system> recv(nodes * wb, mem_category::transient, acct_);
-      {
-        const auto l = label_on(*cross_backend_, "reduce", f.unit);
-        auto r = cross_comm_->start_all_to_all(send.data(), recv.data(), wb);
-        cross_comm_->wait(r);
-      }
-      f.slice.sum(sys_, recv.data(), wb, static_cast<int>(nodes), f.reduced);
-    }
-  }
-
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
   static system system_of(Comm& c) {
     if constexpr (requires { c.make_system(); }) return c.make_system();
@@ -1562,8 +1123,7 @@ class engine {
     }
   }
   grad_type* full_grads_of(unit_id u) {
-    if (uses_bucket()) return units_[u.index].bucket.data();
-    return grads_.data() + layout_.unit(u).offset;
+    return with_reducer([&](auto& r) { return r.unit_gradient(u); });
   }
 
   // ---- gradient accumulation and norms ----
@@ -1643,84 +1203,9 @@ class engine {
     if (reduces_per_step() == 1) return "";
     return detail::concat(": ", done, " of ", reduces_per_step(), " micro-batch reduces");
   }
-  // Whether kernels write a transient bucket per micro-batch instead of the persistent gradient:
-  // always when gradients are sharded, and when several reduced micro-batches must be added up.
-  // Always in the reproducible mode: a micro-batch's gradient is converted into words before it is reduced.
-  bool uses_bucket() const { return options_.reproducible || P::shards_gradients || reduces_per_step() > 1; }
   // The reproducible mode always computes it: it is the overflow check of an exact sum.
   bool needs_norm() const {
     return Prec::separate_master || options_.clip_norm > 0.0f || options_.compute_grad_norm || options_.reproducible;
-  }
-
-  // Calls f with the buffer that holds the reduced gradients: fp32 or the precision's type.
-  template <class F>
-  void with_grad_store(F f) {
-    if (options_.fp32_grad_accumulation || options_.reproducible)
-      f(grads32_);
-    else f(grads_);
-  }
-  template <class F>
-  void with_grad_store(F f) const {
-    if (options_.fp32_grad_accumulation || options_.reproducible)
-      f(grads32_);
-    else f(grads_);
-  }
-
-  // Stores (first micro-batch) or adds (later ones, in fp32, rounded once) `count` reduced elements
-  // starting at unit-local element `from` into the persistent gradient store. A copy, not an add into
-  // zeros, for the first: 0 + (-0) would turn a negative zero positive.
-  template <class S>
-  void store_reduced(S& store, const unit_layout& ul, std::size_t from, const grad_type* src, std::size_t count,
-                     bool first) {
-    using T = std::remove_pointer_t<decltype(store.data())>;
-    // The first micro-batch only stores: its destination is not read.
-    sys_.for_each(count, elementwise::accumulate_rule{first},
-                  elementwise::operand<T>{element<T, P::shards_gradients>(store, ul, from), !first, true},
-                  elementwise::in(src));
-  }
-
-  // Sum of squares of the averaged, unscaled gradient over real elements, identical on every rank
-  // and in every stage: each rank sums its owned slice unit by unit, and the partial sums are added in
-  // rank order (by the all-reduce, or locally over the N slices where gradients are replicated).
-  double global_sum_of_squares(float divisor) {
-    // Rank r's slices of every unit, summed by one call of the system (a device system waits once).
-    auto partial = [&](int r) {
-      double acc = 0.0;
-      with_grad_store([&](const auto& store) {
-        using T = std::remove_pointer_t<decltype(store.data())>;
-        std::vector<const T*> segments;
-        std::vector<std::size_t> sizes;
-        for (std::size_t u = 0; u < units_.size(); ++u) {
-          const unit_layout& ul = layout_.unit(unit_id{u});
-          const range o = layout_.owned_real(unit_id{u}, r);
-          if (o.empty()) continue;
-          segments.push_back(store.data() + element_index(ul, o.begin, P::shards_gradients, r));
-          sizes.push_back(o.size());
-        }
-        acc = sys_.sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor);
-      });
-      return acc;
-    };
-    if constexpr (P::shards_optimizer_states) {
-      // The partial sum and the optimizer's fingerprint (agreement.hpp) in one all-reduce, through the
-      // system's memory: a device backend cannot read a host variable in a collective.
-      std::array<double, 1 + detail::fingerprint_words> v{partial(rank_)};
-      std::copy(fingerprint_.begin(), fingerprint_.end(), v.begin() + 1);
-      buffer<double, system> wire(v.size(), mem_category::transient, acct_);
-      sys_.copy_from_host(wire.data(), v.data(), sizeof v);
-      {
-        const comm::scoped_label<Comm> l(comm_.inner(), "grad norm");
-        control_comm_.all_reduce(wire.data(), wire.data(), v.size(), reduce_op::sum);
-      }
-      sys_.copy_to_host(v.data(), wire.data(), sizeof v);
-      if (!detail::fingerprints_agree(fingerprint_.data(), v.data() + 1, layout_.ranks())) optimizers_disagree();
-      return v[0];
-    } else {
-      // Replicated gradients: the same N partial sums the sharded stages compute, added the same way.
-      double total = partial(0);
-      for (int r = 1; r < layout_.ranks(); ++r) total += partial(r);
-      return total;
-    }
   }
 
   // Pointer to element `i` (unit-local) of a buffer that holds either every unit in full or only
@@ -1779,9 +1264,9 @@ class engine {
     param_type* p = param_element(ul, i);
     float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
     for (int k = 0; k < Opt::slots; ++k) st[k] = arrays[slot_array(k)];
-    with_grad_store([&](const auto& store) {
-      using T = std::remove_pointer_t<decltype(store.data())>;
-      const T* g = store.data() + element_index(ul, i, grads_sharded(), rank_);
+    const bool sharded = with_reducer([](const auto& r) { return r.sharded(); });
+    with_reducer([&](const auto& r) { r.with_gradients([&]<class T>(const T* store) {
+      const T* g = store + element_index(ul, i, sharded, rank_);
       if (!store_.offloaded()) {
         float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
         elementwise::update<Opt>(sys_, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
@@ -1794,7 +1279,7 @@ class engine {
         // parameters (the weights themselves in fp32) go back.
         staged_update(g, p, n, arrays, st, c, divisor, coef);
       }
-    });
+    }); });
   }
   template <class T>
   void staged_update(const T* g, param_type* p, std::size_t n, float* const* arrays, float* const* st,
@@ -2164,9 +1649,6 @@ class engine {
   loss_scaler scaler_;
   int rank_;
   buffer<param_type, system> params_;
-  buffer<grad_type, system> grads_;
-  buffer<float, system> grads32_;      // instead of grads_ under fp32_grad_accumulation and reproducible
-  buffer<std::int64_t, system> bins_;  // reproducible: the binned sums (binned::words planes per unit)
   // The fp32 state arrays: the master weights (when kept apart from the parameters), then one per
   // optimizer slot, in the offload tier's memory (the system's own without offload). Mutable: a
   // read of the disk tier counts its bytes.
@@ -2183,14 +1665,14 @@ class engine {
   std::uint64_t persistent_elems_ = 0;
   buffer<param_type, system> secondary_;  // hpZ: the parameters partitioned within the node (Psi / node_size)
   std::vector<unit_state> units_;  // after the buffers: its requests wait before the buffers are freed
+  // The gradient reducer the options chose (engine/reduce/), over the engine's services.
+  reduce_context ctx_{sys_, acct_, layout_, spec_, options_, rank_, comm_, control_comm_, overlap_};
+  reduce::reducer_variant<reduce_context> reducer_;
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
   bool evaluating_ = false;     // inside an evaluation() scope
   bool step_started_ = false;   // a gather, grads or reduce since the last step() (outside evaluation)
-  // Overlap (engine_options::overlap): reduces in flight, oldest first, and stage 3's prefetch order.
-  std::deque<in_flight_reduce> reduces_;
-  std::vector<fused_part> fusing_;  // the open bucket of reduce_bucket_elements, in reduce order
-  std::size_t fusing_elements_ = 0;
+  // Overlap (engine_options::overlap): stage 3's prefetch order (the reducer keeps its reduces in flight).
   std::vector<std::size_t> gather_order_;  // units in the order the last step gathered them
   std::vector<std::size_t> step_order_;    // the same for the step under way
   std::size_t next_prefetch_ = 0;          // the position in gather_order_ of the next prefetch

@@ -29,6 +29,10 @@ struct zeropp_options {
   // order of the node sums in rank order.
   bool qgz = false;
   quant::format gradients{8, 256};
+  // qgZ with error feedback (engine/reduce/error_feedback.hpp): each rank keeps the error its quantized
+  // contribution left (fp32, one per element of the padded model: 4 Psi bytes, in memory()'s gradient
+  // category) and adds it to its next contribution before quantizing. Needs qgz.
+  bool qgz_error_feedback = false;
   // hpZ, stage 3: each rank also keeps a secondary shard, the parameters partitioned within its node
   // (Psi/node_size elements, persistent, counted as params). A step's first gather of a unit fills it
   // from the gathered (with qwZ: dequantized) values; the unit's later gathers in that step (the

@@ -1,0 +1,302 @@
+// The binned gradient reducer (the reproducible mode): exact integer sums of fixed bins, rounded once.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "zero/concepts/gradient_reducer.hpp"
+#include "zero/concepts/partitioner.hpp"
+#include "zero/core/binned.hpp"
+#include "zero/core/elementwise.hpp"
+#include "zero/core/formulas.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/memory.hpp"
+#include "zero/core/reduce_op.hpp"
+#include "zero/engine/reduce/context.hpp"
+#include "zero/engine/reduce/reducer.hpp"
+
+namespace zero::reduce {
+
+// engine_options::reproducible (docs/reproducibility.md): every micro-batch's gradient is cut into
+// the int64 words of fixed, absolutely aligned bins (core/binned.hpp) and the words are summed over
+// the ranks, exact in any order; each unit's sum is rounded once to fp32 at step(). The result does
+// not depend on the world size, the summation order or the split into micro-batches. The store: three
+// word planes per element the rank updates and their fp32 rounding (formula::reproducible_grad_bytes).
+template <class Ctx>
+class binned_method {
+ public:
+  using P = typename Ctx::partitioner;
+  using system = typename Ctx::system;
+  using grad_type = typename Ctx::grad_type;
+  using request = typename Ctx::request;
+  static constexpr std::size_t K = binned::words;
+  static constexpr const char* name = "binned";
+  // Kernels never write the store, so it is sharded wherever the optimizer states are.
+  static constexpr bool store_sharded = P::shards_optimizer_states;
+  // The system's binned reductions (sys::host has them; the device system not yet).
+  static constexpr bool available =
+      requires(const system& y, const grad_type* g, const float* const* f, const std::size_t* n, std::int64_t* w) {
+    { y.binned_summary(g, n[0]) } -> std::same_as<std::int64_t>;
+    { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
+    y.binned_sum_of_squares(f, n, n[0], 1.0f, 0, w);
+  };
+  static bool chosen(const engine_options& o) { return o.reproducible; }
+  static std::size_t grad_bytes(const engine_options&) { return formula::reproducible_grad_bytes; }
+  static std::uint64_t extra_state_bytes(const engine_options&, std::uint64_t) { return 0; }
+  static bool uses_bucket(const Ctx&) { return true; }  // converted into words before it is reduced
+  static void accept(const Ctx& c) {
+    static_assert(formula::reproducible_wire_bytes == binned::words * sizeof(std::int64_t),
+                  "formula::reproducible_wire_bytes counts the binned words");
+    ZERO_CHECK(available, invalid_argument, "rank ", c.rank,
+               ": engine_options::reproducible needs the binned reductions of the system (binned_summary, "
+               "binned_square_summary, binned_sum_of_squares; sys::host has them, the device system not yet): "
+               "run the reproducible mode on a host backend (comm::threads, comm::mpi), or turn it off");
+    const std::size_t total = static_cast<std::size_t>(c.ranks()) * static_cast<std::size_t>(c.reduces_per_step());
+    ZERO_CHECK(total <= (std::size_t{1} << 24), invalid_argument, "rank ", c.rank,
+               ": engine_options::reproducible averages over N x micro_batches = ", c.ranks(), " x ",
+               c.reduces_per_step(), " = ", total, " micro-batches, more than 2^24 (the divisor must be exact in fp32)");
+  }
+
+  // The words on the wire ([rank][unit][plane][shard], a rank's block `block` words long), each unit's
+  // agreed summary, and whether the one unit's words went straight into its empty store. The request
+  // is declared last: destroyed, and so waited for, first.
+  struct in_flight {
+    struct part {
+      unit_id unit{};
+      bool first = false;
+      std::size_t at = 0;  // where the unit's words start in a rank's block
+    };
+    std::vector<part> parts;
+    buffer<std::int64_t, system> wire;
+    std::size_t block = 0;
+    std::vector<binned::summary> summaries;
+    bool direct = false;
+    request pending{};
+  };
+
+  explicit binned_method(Ctx& c) : ctx_(c), sums_(c.spec.num_units()) {
+    const std::size_t n = sharded() ? c.layout.shard_total() : c.layout.padded();
+    bins_ = buffer<std::int64_t, system>(K * n, mem_category::grads, c.acct);
+    grads32_ = buffer<float, system>(n, mem_category::grads, c.acct);
+  }
+
+  grad_type* persistent_gradient(unit_id) { return nullptr; }  // (never: every gradient goes to a bucket)
+
+  // Reduces one unit, or the units of a fused bucket, exactly: the ranks agree on each unit's top bin
+  // (one all-gather of a binned::summary per unit and rank, on the protocol's counter), each rank cuts
+  // its gradients into the words of those bins, and one all-reduce (stage 0) or reduce-scatter sums
+  // the int64 words, exact in any order. The wire puts rank r's slices of every unit side by side,
+  // each as three planes of its shard, so each rank receives its words together. The gradient buckets
+  // are freed before the collective starts; the words are merged into the store when it completes.
+  in_flight start(std::vector<unit_part<Ctx>> parts) {
+    const zero::layout& lay = ctx_.layout;
+    const auto ranks = static_cast<std::size_t>(lay.ranks()), me = static_cast<std::size_t>(ctx_.rank);
+    const std::size_t count = parts.size();
+    std::vector<std::int64_t> table(count * ranks);
+    for (std::size_t i = 0; i < count; ++i)
+      table[me * count + i] = summary_of(parts[i].bucket.data(), lay.unit(parts[i].unit).padded);
+    {
+      ctx_.make_room(count * ranks * sizeof(std::int64_t));
+      buffer<std::int64_t, system> wire(count * ranks, mem_category::transient, ctx_.acct);
+      ctx_.sys.copy_from_host(wire.data() + me * count, table.data() + me * count, count * sizeof(std::int64_t));
+      const auto l = ctx_.label("reduce summary", parts[0].unit);
+      ctx_.protocol.all_gather(wire.data() + me * count, wire.data(), count);
+      ctx_.sys.copy_to_host(table.data(), wire.data(), table.size() * sizeof(std::int64_t));
+    }
+    in_flight f;
+    std::size_t shard_sum = 0;
+    for (const auto& p : parts) shard_sum += lay.unit(p.unit).shard;
+    f.block = K * shard_sum;
+    ctx_.make_room(f.block * ranks * sizeof(std::int64_t));
+    f.wire = buffer<std::int64_t, system>(f.block * ranks, mem_category::transient, ctx_.acct, uninitialized);
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      unit_part<Ctx>& p = parts[i];
+      binned::summary agreed;
+      for (std::size_t r = 0; r < ranks; ++r) agreed = binned::merge(agreed, binned::unpack(table[r * count + i]));
+      const std::size_t shard = lay.unit(p.unit).shard;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        std::int64_t* w = f.wire.data() + r * f.block + off;
+        if (agreed.finite() && agreed.bin >= 0)
+          ctx_.sys.for_each(shard, elementwise::to_bins_rule{agreed.bin}, elementwise::in(p.bucket.data() + r * shard),
+                            elementwise::out(w), elementwise::out(w + shard), elementwise::out(w + 2 * shard));
+        else  // all zeros, or a non-finite value: zeros (the flag, which every rank has, skips the step)
+          ctx_.sys.fill_zero(w, K * shard * sizeof(std::int64_t));
+      }
+      f.parts.push_back({p.unit, p.first, off});
+      f.summaries.push_back(agreed);
+      off += K * shard;
+      p.bucket.reset();  // converted: freed before the collective starts
+    }
+    // A unit's first reduce of the step, on its own, receives straight into its (empty) binned store:
+    // no merge pass. Nothing else touches that part of the store until the collective completes.
+    f.direct = count == 1 && parts[0].first;
+    const auto l = ctx_.label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
+    std::int64_t* store = f.direct ? bins_.data() + K * base(lay.unit(parts[0].unit)) : nullptr;
+    if constexpr (updates_every_element<P>)
+      f.pending =
+          ctx_.protocol.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks, reduce_op::sum);
+    else
+      f.pending = ctx_.protocol.start_reduce_scatter(f.wire.data(), f.direct ? store : f.wire.data() + me * f.block,
+                                                     f.block, reduce_op::sum);
+    return f;
+  }
+
+  void complete(in_flight& f) {
+    ctx_.protocol.wait(f.pending);
+    for (std::size_t i = 0; i < f.parts.size(); ++i) merge(f, f.parts[i], f.summaries[i]);
+  }
+
+  // Each unit's binned sum rounded once into the fp32 gradient the norm and the optimizer read. A unit
+  // whose sum is empty keeps its zeros; one with a non-finite value is left alone (the norm reports it
+  // and every rank skips the update).
+  void settle() {
+    const zero::layout& lay = ctx_.layout;
+    for (std::size_t u = 0; u < sums_.size(); ++u) {
+      const binned::summary s = sums_[u];
+      if (!s.finite() || s.bin < 0) continue;
+      const unit_layout& ul = lay.unit(unit_id{u});
+      for (std::size_t b = 0; b < kept_blocks(); ++b) {
+        const std::int64_t* w = bins_.data() + K * base(ul) + b * K * ul.shard;
+        ctx_.sys.for_each(ul.shard, elementwise::round_bins_rule{s.bin},
+                          elementwise::out(grads32_.data() + base(ul) + b * ul.shard), elementwise::in(w),
+                          elementwise::in(w + ul.shard), elementwise::in(w + 2 * ul.shard));
+      }
+    }
+  }
+
+  // The sum of squares of the averaged gradient (fp32 rounded sum / divisor, each square exact in
+  // double) over the real elements, exact before one rounding, so it does not depend on how the
+  // elements are split over ranks: the ranks agree on the squares' top bin (an all-gather of one
+  // summary per rank, with the optimizer's hash), sum their squares into binned words, and all-gather
+  // the words (stages 1-3, on the control counter; stage 0 holds every element and needs no
+  // collective). A non-finite gradient gives +inf (NaN where a NaN was among the values), the same on
+  // every rank.
+  norm_result sum_of_squares(float divisor, const agreement_terms& a) {
+    constexpr std::size_t KS = binned::words + 1;
+    const zero::layout& lay = ctx_.layout;
+    auto non_finite = [](binned::summary s) {
+      return (s.flags & binned::summary::not_a_number) ? std::numeric_limits<double>::quiet_NaN()
+                                                       : std::numeric_limits<double>::infinity();
+    };
+    binned::summary flagged;
+    for (const auto& s : sums_) flagged.flags |= s.flags;
+    if (!flagged.finite()) return {non_finite(flagged), true};
+    std::vector<const float*> segments;
+    std::vector<std::size_t> sizes;
+    for (std::size_t u = 0; u < sums_.size(); ++u) {
+      const unit_layout& ul = lay.unit(unit_id{u});
+      const range o = P::shards_optimizer_states ? lay.owned_real(unit_id{u}, ctx_.rank) : range{0, ul.numel};
+      if (o.empty()) continue;
+      segments.push_back(grads32_.data() + element_index(ul, o.begin, sharded(), ctx_.rank));
+      sizes.push_back(o.size());
+    }
+    binned::summary s = binned::unpack(square_summary(segments, sizes, divisor));
+    if constexpr (P::shards_optimizer_states) {
+      // With the optimizer's hash (agreement.hpp): every rank sees every rank's.
+      const std::int64_t mine[2] = {binned::pack(s), static_cast<std::int64_t>(a.optimizer_hash)};
+      const std::vector<std::int64_t> all = all_gather_control(mine, 2);
+      bool agree = true;
+      for (std::size_t r = 0; r < all.size(); r += 2) {
+        s = binned::merge(s, binned::unpack(all[r]));
+        if (all[r + 1] != mine[1]) agree = false;
+      }
+      if (!agree) return {0.0, false};
+    }
+    if (!s.finite()) return {non_finite(s), true};
+    if (s.bin < 0) return {0.0, true};
+    const int top = s.bin + 1;  // one bin above every square's: it takes the carries
+    std::int64_t w[KS] = {};
+    sum_of_squares_words(segments, sizes, divisor, top, w);
+    if constexpr (P::shards_optimizer_states) {
+      const std::vector<std::int64_t> all = all_gather_control(w, KS);
+      for (std::size_t k = 0; k < KS; ++k) w[k] = 0;
+      for (std::size_t r = 0; r < all.size() / KS; ++r)
+        for (std::size_t k = 0; k < KS; ++k) w[k] += all[r * KS + k];
+    }
+    return {binned::round<double>(w, top), true};
+  }
+  // The global number of micro-batches N x M (the trainer does not divide by M here).
+  std::size_t averaging_count() const {
+    return static_cast<std::size_t>(ctx_.ranks()) * static_cast<std::size_t>(ctx_.reduces_per_step());
+  }
+  bool sharded() const { return store_sharded; }
+  template <class F>
+  void with_gradients(F&& f) const {
+    f(static_cast<const float*>(grads32_.data()));
+  }
+  void clear() {
+    ctx_.sys.fill_zero(grads32_.data(), grads32_.size() * sizeof(float));
+    ctx_.sys.fill_zero(bins_.data(), bins_.size() * sizeof(std::int64_t));
+    for (auto& s : sums_) s = binned::summary{};
+  }
+
+ private:
+  // Where unit u's words start in bins_ (three planes of what the rank updates: the shard, or in stage
+  // 0 every rank's slice, each as three planes, [rank][plane][shard]) and its fp32 rounding in grads32_.
+  std::size_t base(const unit_layout& ul) const { return sharded() ? ul.shard_offset : ul.offset; }
+  // Slices of a unit the rank keeps gradients of: all N in stage 0, its own elsewhere.
+  std::size_t kept_blocks() const { return updates_every_element<P> ? static_cast<std::size_t>(ctx_.ranks()) : 1; }
+
+  // Adds a completed reduce's words of one unit into the unit's binned sum: both are re-expressed for
+  // the larger of their top bins (whole low words drop), then added as integers.
+  void merge(const in_flight& f, const typename in_flight::part& part, binned::summary in) {
+    const binned::summary before = sums_[part.unit.index];
+    binned::summary& sum = sums_[part.unit.index];
+    sum = binned::merge(before, in);
+    if (f.direct) return;  // already in the store, which was empty (the summary is now the reduce's)
+    if (!sum.finite() || in.bin < 0) return;  // nothing to add: zeros, or a step that will be skipped
+    const unit_layout& ul = ctx_.layout.unit(part.unit);
+    const elementwise::merge_bins_rule rule{before.bin, in.bin, sum.bin};
+    for (std::size_t b = 0; b < kept_blocks(); ++b) {
+      std::int64_t* st = bins_.data() + K * base(ul) + b * K * ul.shard;
+      const std::int64_t* w = f.wire.data() +
+                              (updates_every_element<P> ? b * f.block : static_cast<std::size_t>(ctx_.rank) * f.block) +
+                              part.at;
+      ctx_.sys.for_each(ul.shard, rule, elementwise::inout(st), elementwise::inout(st + ul.shard),
+                        elementwise::inout(st + 2 * ul.shard), elementwise::in(w), elementwise::in(w + ul.shard),
+                        elementwise::in(w + 2 * ul.shard));
+    }
+  }
+
+  // Every rank's `n` values, in rank order, through the system's memory (a device backend cannot read
+  // host memory in a collective), on the control counter.
+  std::vector<std::int64_t> all_gather_control(const std::int64_t* mine, std::size_t n) {
+    const auto ranks = static_cast<std::size_t>(ctx_.ranks()), me = static_cast<std::size_t>(ctx_.rank);
+    std::vector<std::int64_t> all(n * ranks);
+    buffer<std::int64_t, system> wire(n * ranks, mem_category::transient, ctx_.acct);
+    ctx_.sys.copy_from_host(wire.data() + me * n, mine, n * sizeof(std::int64_t));
+    const comm::scoped_label<typename Ctx::comm_backend> l(ctx_.protocol.inner(), "grad norm");
+    ctx_.control.all_gather(wire.data() + me * n, wire.data(), n);
+    ctx_.sys.copy_to_host(all.data(), wire.data(), all.size() * sizeof(std::int64_t));
+    return all;
+  }
+
+  // The system's binned reductions. The catalog leaves this reducer out of an engine whose system has
+  // none, so these are only compiled where they exist.
+  std::int64_t summary_of(const grad_type* g, std::size_t n) const { return ctx_.sys.binned_summary(g, n); }
+  std::int64_t square_summary(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
+                              float divisor) const {
+    return ctx_.sys.binned_square_summary(segments.data(), sizes.data(), segments.size(), divisor);
+  }
+  void sum_of_squares_words(const std::vector<const float*>& segments, const std::vector<std::size_t>& sizes,
+                            float divisor, int top, std::int64_t* words) const {
+    ctx_.sys.binned_sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor, top, words);
+  }
+
+  Ctx& ctx_;
+  buffer<std::int64_t, system> bins_;  // the binned sums (binned::words planes per unit)
+  buffer<float, system> grads32_;      // their fp32 rounding, what the norm and the optimizer read
+  // Each unit's summary of every gradient value reduced into its binned sum in this step (its top bin;
+  // -1 while the sum is empty), the same on every rank.
+  std::vector<binned::summary> sums_;
+};
+
+template <class Ctx>
+using binned_reducer = reducer<Ctx, binned_method<Ctx>>;
+
+}  // namespace zero::reduce

@@ -1,0 +1,71 @@
+// What a gradient reducer works with: the engine's system, memory account, layout, options and links.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "zero/comm/call_label.hpp"
+#include "zero/comm/counted.hpp"
+#include "zero/concepts/partitioner.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/memory.hpp"
+#include "zero/core/model_spec.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/error.hpp"
+
+namespace zero::reduce {
+
+// The engine's services, by reference: a reducer owns its own state (gradient store, buckets, words,
+// what is in flight) and reaches everything else through this. The engine builds one context and
+// keeps it alive for as long as the reducer.
+template <class P, class Comm, class Prec>
+struct context {
+  using partitioner = P;
+  using comm_backend = Comm;
+  using precision = Prec;
+  using system = typename Comm::system;
+  using grad_type = typename Prec::grad_type;
+  using comm_type = typename Prec::comm_type;
+  using link = comm::counted<Comm>;
+  using request = typename link::request;
+
+  system& sys;
+  memory_accounting& acct;
+  const zero::layout& layout;
+  const model_spec& spec;
+  const engine_options& options;
+  int rank;
+  link& protocol;  // the protocol's traffic (the formulas count it)
+  link& control;   // the norm's all-reduce and the optimizer's fingerprint
+  overlap_report& overlap;
+  // ZeRO++'s node links (engine_options::zeropp): the node's ranks and the ranks of this rank's
+  // position in every node; null where the options need none.
+  Comm* node_backend = nullptr;
+  link* node = nullptr;
+  Comm* cross_backend = nullptr;
+  link* cross = nullptr;
+  // Frees room for `bytes` more under memory_limit_bytes (completes reduces in flight, drops
+  // prefetches): the engine's schedule, which a reducer calls before each transient allocation.
+  std::function<void(std::size_t)> make_room{};
+
+  int ranks() const { return layout.ranks(); }
+  int reduces_per_step() const {
+    return options.accumulate == accumulation::reduce_each_micro_batch ? options.micro_batches : 1;
+  }
+  int node_size() const { return options.zeropp.node_size == 0 ? layout.ranks() : options.zeropp.node_size; }
+  // qgZ in two hops: nodes of more than one rank, more than one node.
+  bool hierarchical() const { return options.zeropp.qgz && node_size() > 1 && node_size() < layout.ranks(); }
+  bool overlapping() const { return options.overlap && link::overlaps; }
+  // Names the collectives issued while the guard lives ("reduce unit 'fc2'").
+  comm::scoped_label<Comm> label(const char* phase, unit_id u) const { return label_on(protocol.inner(), phase, u); }
+  comm::scoped_label<Comm> label_on(Comm& c, const char* phase, unit_id u) const {
+    return comm::scoped_label<Comm>(c, phase, spec.units()[u.index].name);
+  }
+  std::string where(unit_id u) const {
+    return detail::concat("rank ", rank, ", unit '", spec.units()[u.index].name, "': ");
+  }
+};
+
+}  // namespace zero::reduce

@@ -1,0 +1,218 @@
+// The summing reducers' method: reduced gradients summed into a persistent store, over a wire (exact or qgZ).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zero/concepts/gradient_reducer.hpp"
+#include "zero/concepts/partitioner.hpp"
+#include "zero/core/elementwise.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/memory.hpp"
+#include "zero/core/reduce_op.hpp"
+#include "zero/engine/agreement.hpp"
+#include "zero/engine/reduce/context.hpp"
+#include "zero/engine/reduce/reducer.hpp"
+
+namespace zero::reduce {
+
+// Gradients summed over the ranks by a collective (Wire: the rank-ordered reduce-scatter, or qgZ's
+// quantized exchange; stage 0 all-reduces whatever the wire) into a persistent store of the
+// precision's gradient type, or fp32 under fp32_grad_accumulation: the whole model in stages 0-1,
+// this rank's slices in 2-3. The micro-batches of a step are added in fp32 and rounded once.
+//
+// Wire requirements: name, available, chosen(options), accept(ctx) as for a reducer, and
+// extra_state_bytes(options, padded) (what it keeps between steps, in the gradient category); built
+// from the context once (Wire w(ctx): state it keeps across steps, such as an error buffer, is its
+// own); `state`, what a reduce in flight carries besides its bucket; w.start(state, units, g, count)
+// -> request (g's N slices of `count` elements, slice k for rank k, into this rank's slice in place;
+// each slice holds the units' shards side by side, in the order of `units`); w.wait(state, request&);
+// w.finish(state) (the wire's work after the collective, e.g. dequantize and sum).
+template <class Ctx, class Wire>
+class summing {
+ public:
+  using P = typename Ctx::partitioner;
+  using system = typename Ctx::system;
+  using grad_type = typename Ctx::grad_type;
+  using request = typename Ctx::request;
+  static constexpr const char* name = Wire::name;
+  static constexpr bool available = Wire::available;
+  static constexpr bool store_sharded = P::shards_gradients;
+  static bool chosen(const engine_options& o) { return Wire::chosen(o); }
+  static void accept(const Ctx& c) { Wire::accept(c); }
+  static std::uint64_t extra_state_bytes(const engine_options& o, std::uint64_t padded) {
+    return Wire::extra_state_bytes(o, padded);
+  }
+  static std::size_t grad_bytes(const engine_options& o) {
+    return o.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type);
+  }
+  // Kernels write a transient bucket per micro-batch instead of the persistent store where gradients
+  // are sharded, and where several reduced micro-batches must be added up.
+  static bool uses_bucket(const Ctx& c) { return P::shards_gradients || c.reduces_per_step() > 1; }
+
+  // A reduce whose collective may still be in flight. The request is declared last: destroyed, and so
+  // waited for, before the buffers it writes.
+  struct in_flight {
+    struct part {
+      unit_id unit{};
+      bool first = false;  // the step's first reduce of the unit: stored, not added
+      std::size_t at = 0;  // where the unit's reduced elements (whole unit or this rank's slice) start in the bucket
+    };
+    std::vector<part> parts;           // the units the bucket carries, in reduce order
+    buffer<grad_type, system> bucket;  // empty (and no parts): the persistent store was reduced in place
+    typename Wire::state wire;
+    request pending{};
+  };
+
+  explicit summing(Ctx& c) : ctx_(c), grads_(store<grad_type>(c, false)), grads32_(store<float>(c, true)), wire_(c) {}
+
+  grad_type* persistent_gradient(unit_id u) { return grads_.data() + ctx_.layout.unit(u).offset; }
+
+  // One unit reduces from its bucket, or in place in the persistent store. Several (a fused bucket)
+  // are interleaved into one buffer, rank r's slices of every unit side by side at [r S, (r+1) S)
+  // (S = the sum of their shards), so each rank receives its slices together; each element is summed
+  // over the ranks in rank order as in a unit's own collective: the same bits.
+  in_flight start(std::vector<unit_part<Ctx>> parts) {
+    const zero::layout& lay = ctx_.layout;
+    in_flight f;
+    if (parts.size() == 1) {
+      unit_part<Ctx>& p = parts[0];
+      const unit_layout& ul = lay.unit(p.unit);
+      f.bucket = std::move(p.bucket);
+      if (!f.bucket.empty())
+        f.parts.push_back({p.unit, p.first, updates_every_element<P> ? 0 : lay.owned(p.unit, ctx_.rank).begin});
+      grad_type* g = uses_bucket(ctx_) ? f.bucket.data() : grads_.data() + ul.offset;
+      const auto l = ctx_.label("reduce", p.unit);
+      if constexpr (updates_every_element<P>)
+        f.pending = ctx_.protocol.start_all_reduce(g, g, ul.padded, reduce_op::sum);
+      else
+        f.pending = wire_.start(f.wire, {p.unit}, g, ul.shard);
+      return f;
+    }
+    std::size_t shard_sum = 0;
+    std::vector<unit_id> units;
+    for (const auto& p : parts) {
+      shard_sum += lay.unit(p.unit).shard;
+      units.push_back(p.unit);
+    }
+    const auto ranks = static_cast<std::size_t>(lay.ranks());
+    ctx_.make_room(shard_sum * ranks * sizeof(grad_type));
+    f.bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, ctx_.acct);
+    std::size_t off = 0;
+    for (auto& p : parts) {
+      const std::size_t shard = lay.unit(p.unit).shard;
+      for (std::size_t r = 0; r < ranks; ++r)
+        ctx_.sys.copy(f.bucket.data() + r * shard_sum + off, p.bucket.data() + r * shard, shard * sizeof(grad_type));
+      f.parts.push_back({p.unit, p.first, static_cast<std::size_t>(ctx_.rank) * shard_sum + off});
+      off += shard;
+      p.bucket.reset();  // copied: freed before the collective starts
+    }
+    const auto l = ctx_.label("reduce bucket", parts[0].unit);
+    f.pending = wire_.start(f.wire, units, f.bucket.data(), shard_sum);
+    return f;
+  }
+
+  // Waits for the collective and adds each unit's reduced elements into the store.
+  void complete(in_flight& f) {
+    wire_.wait(f.wire, f.pending);
+    wire_.finish(f.wire);
+    for (const auto& part : f.parts) {
+      const unit_layout& ul = ctx_.layout.unit(part.unit);
+      const std::size_t from = updates_every_element<P> ? 0 : ctx_.layout.owned(part.unit, ctx_.rank).begin;
+      const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
+      with_store([&](auto& store) { store_reduced(store, ul, from, f.bucket.data() + part.at, count, part.first); });
+    }
+  }
+  void settle() {}
+
+  // Sum of squares of the averaged, unscaled gradient over real elements, identical on every rank
+  // and in every stage: each rank sums its owned slice unit by unit, and the partial sums are added in
+  // rank order (by the all-reduce, or locally over the N slices where gradients are replicated).
+  norm_result sum_of_squares(float divisor, const agreement_terms& a) {
+    const zero::layout& lay = ctx_.layout;
+    // Rank r's slices of every unit, summed by one call of the system (a device system waits once).
+    auto partial = [&](int r) {
+      double acc = 0.0;
+      with_store([&](const auto& store) {
+        using T = std::remove_pointer_t<decltype(store.data())>;
+        std::vector<const T*> segments;
+        std::vector<std::size_t> sizes;
+        for (std::size_t u = 0; u < lay.num_units(); ++u) {
+          const unit_layout& ul = lay.unit(unit_id{u});
+          const range o = lay.owned_real(unit_id{u}, r);
+          if (o.empty()) continue;
+          segments.push_back(store.data() + element_index(ul, o.begin, P::shards_gradients, r));
+          sizes.push_back(o.size());
+        }
+        acc = ctx_.sys.sum_of_squares(segments.data(), sizes.data(), segments.size(), divisor);
+      });
+      return acc;
+    };
+    if constexpr (P::shards_optimizer_states) {
+      // The partial sum and the optimizer's fingerprint (agreement.hpp) in one all-reduce, through the
+      // system's memory: a device backend cannot read a host variable in a collective.
+      std::array<double, 1 + detail::fingerprint_words> v{partial(ctx_.rank)};
+      std::copy(a.fingerprint, a.fingerprint + detail::fingerprint_words, v.begin() + 1);
+      buffer<double, system> wire(v.size(), mem_category::transient, ctx_.acct);
+      ctx_.sys.copy_from_host(wire.data(), v.data(), sizeof v);
+      {
+        const comm::scoped_label<typename Ctx::comm_backend> l(ctx_.protocol.inner(), "grad norm");
+        ctx_.control.all_reduce(wire.data(), wire.data(), v.size(), reduce_op::sum);
+      }
+      ctx_.sys.copy_to_host(v.data(), wire.data(), sizeof v);
+      return {v[0], detail::fingerprints_agree(a.fingerprint, v.data() + 1, lay.ranks())};
+    } else {
+      // Replicated gradients: the same N partial sums the sharded stages compute, added the same way.
+      double total = partial(0);
+      for (int r = 1; r < lay.ranks(); ++r) total += partial(r);
+      return {total, true};
+    }
+  }
+  std::size_t averaging_count() const { return static_cast<std::size_t>(ctx_.layout.ranks()); }
+  // Calls f with the store's base: fp32 or the precision's gradient type.
+  template <class F>
+  void with_gradients(F&& f) const {
+    if (ctx_.options.fp32_grad_accumulation) f(static_cast<const float*>(grads32_.data()));
+    else f(static_cast<const grad_type*>(grads_.data()));
+  }
+  void clear() {
+    with_store([&](auto& store) { ctx_.sys.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
+  }
+
+ private:
+  // The persistent store: of type T where the options choose it (fp32 under fp32_grad_accumulation).
+  template <class T>
+  static buffer<T, system> store(Ctx& c, bool fp32) {
+    if (c.options.fp32_grad_accumulation != fp32) return {};
+    return buffer<T, system>(P::shards_gradients ? c.layout.shard_total() : c.layout.padded(), mem_category::grads,
+                             c.acct);
+  }
+  template <class F>
+  void with_store(F f) {
+    if (ctx_.options.fp32_grad_accumulation) f(grads32_);
+    else f(grads_);
+  }
+  // Stores (first micro-batch) or adds (later ones, in fp32, rounded once) `count` reduced elements
+  // starting at unit-local element `from` into the store. A copy, not an add into zeros, for the
+  // first: 0 + (-0) would turn a negative zero positive.
+  template <class S>
+  void store_reduced(S& store, const unit_layout& ul, std::size_t from, const grad_type* src, std::size_t count,
+                     bool first) {
+    using T = std::remove_pointer_t<decltype(store.data())>;
+    T* dst = store.data() + element_index(ul, from, P::shards_gradients, ctx_.rank);
+    ctx_.sys.for_each(count, elementwise::accumulate_rule{first}, elementwise::operand<T>{dst, !first, true},
+                      elementwise::in(src));
+  }
+
+  Ctx& ctx_;
+  buffer<grad_type, system> grads_;
+  buffer<float, system> grads32_;  // instead of grads_ under fp32_grad_accumulation
+  Wire wire_;
+};
+
+}  // namespace zero::reduce
