@@ -1,10 +1,26 @@
-// The collective conformance suite, written once over any CommBackend and run on each rank of a launch.
+// The collective conformance suite for backend authors: every collective checked on each rank of a launch, over any CommBackend.
 #pragma once
 
-// Every check runs inside one rank and throws std::runtime_error naming the rank, the collective,
-// the element and both values, so the launcher (comm::threads::launch rethrows, comm::mpi::run
-// aborts the job with the message) reports it. Each function runs the same collectives on every
-// rank whatever the outcome of a check, up to the first throw, so a failure never strands a peer.
+// Use: call zero::conformance::all(comm) (or one collective's function) on every rank of a launch of
+// the backend, with 1, 2, 3 and more ranks (odd counts and counts no N divides are in the cases):
+//
+//   zero::comm::threads::launch(3, [](zero::comm::threads& c) { zero::conformance::all(c); });
+//
+// It checks each collective out of place and in place (NCCL's in-place rules), for float and double,
+// at counts from 0 to a few thousand, against a reference computed on every rank: sums bit for bit
+// in rank order (acc = x0; acc += x1; ...; options::rank_ordered = false for a backend documented
+// otherwise), max, that nothing is written outside the receive buffer or into the send buffer, that
+// a broadcast reads only the root, that a barrier waits for the last rank, that the inputs do depend
+// on the summation order (so the checks have teeth), and canonical NaNs (and bf16 and fp16 where the
+// backend moves them). engine_types(c) checks the other types the engine moves (std::int64_t and
+// std::uint8_t, all_to_all where the backend has it). Buffers live in the backend's system memory
+// (System::allocate, System::copy), so a device backend is tested as it runs.
+//
+// Every check runs inside one rank and throws zero::error (kind comm) naming the rank, the
+// collective, the element and both values, so the launcher (comm::threads::launch rethrows,
+// comm::mpi::run aborts the job with the message) reports it. Each function runs the same collectives
+// on every rank whatever the outcome of a check, up to the first throw, so a failure never strands a
+// peer. Header-only, no test framework: call it from any test runner.
 
 #include <algorithm>
 #include <chrono>
@@ -14,18 +30,20 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
-#include "zero/core/reduce_op.hpp"
+#include "zero/comm/all_to_all.hpp"
+#include "zero/comm/fingerprint.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/half_types.hpp"
+#include "zero/core/reduce_op.hpp"
+#include "zero/error.hpp"
 
-namespace conformance {
+namespace zero::conformance {
 
 struct options {
   // Sums must equal acc = x0; acc += x1; ... acc += x{N-1} bit for bit. False for a documented
@@ -42,7 +60,7 @@ inline const char* to_string(placement p) { return p == placement::in_place ? "i
 
 template <class T>
 const char* type_name() {
-  return sizeof(T) == sizeof(float) ? "float" : "double";
+  return comm::to_string(comm::wire_type_of<T>());
 }
 
 // splitmix64, so every rank can compute every other rank's input without communicating.
@@ -102,7 +120,7 @@ template <class... Args>
 [[noreturn]] void fail(int rank, int size, const std::string& where, const Args&... what) {
   std::string msg = "conformance: rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " + where + ": ";
   ((msg += what), ...);
-  throw std::runtime_error(msg);
+  throw zero::error(zero::error_kind::comm, msg);
 }
 
 // A buffer in the backend's memory space with guard zones on both sides, so a collective that
@@ -548,4 +566,4 @@ void all(Comm& c, options o = {}) {
   if (o.rank_ordered) nan_canonical(c, o);
 }
 
-}  // namespace conformance
+}  // namespace zero::conformance
