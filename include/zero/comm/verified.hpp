@@ -27,14 +27,17 @@
 //     of every reduction is recomputed.
 //
 // Cost, per collective, in two extra all-gathers on the wrapped backend (of doubles, each 32 bits of
-// a word: what every CommBackend moves exactly), sent by each rank before the bus-volume factor:
-//   agreement        13 words (the fingerprint, 104 bytes) = 208 bytes
-//   all_reduce       2k words = 32k bytes        (k = min(samples, count); samples 64: 2 KiB)
-//   reduce_scatter   (N + 1) k words = 16 (N + 1) k bytes
-//   all_gather       N words (block checksums); broadcast 2 words; all_to_all 2N words
-// plus, on each rank, one pass over its result to checksum it. Both collectives are blocking and
-// latency-bound, and they are not the caller's traffic: a comm::counted over the verified backend
-// (the engine's counters) sees only the calls it makes; stats() gives verification's own.
+// a word: what every CommBackend moves exactly), each rank contributing, with k = min(samples, count):
+//   agreement        13 words (the fingerprint's 104 bytes)            208 bytes
+//   all_reduce       2k + 1 words (inputs, checksum, results)           16 (2k + 1) bytes: 2,064 at k = 64
+//   reduce_scatter   (N + 1) k + 1 words (every slice's sampled inputs)  16 ((N + 1) k + 1) bytes
+//   all_gather       N + 1 words, broadcast 2, all_to_all 2N (checksums)
+//   barrier, split   agreement only
+// (by comm::counted's rule, each all-gather of W words per rank sends 16 W (N - 1) bytes per rank),
+// plus, on each rank, one pass over its result to checksum it and k N sampled reductions. Both
+// all-gathers are blocking and latency-bound. They are not the caller's traffic: a comm::counted
+// over the verified backend (the engine's counters) sees only the calls it makes; stats() counts
+// verification's own.
 //
 // Memory: the checks read the caller's buffers directly, so the wrapped backend's system must be
 // host memory (system::host_addressable: sys::host); a device backend is refused at compile time and
@@ -44,7 +47,8 @@
 // them. A started collective is agreed on at start and its data checked at wait, with a blocking
 // all-gather: over a nonblocking backend the ranks must wait for their requests in the same order
 // relative to their other calls (the engine does: its order is the program's), or the checks of
-// different calls meet and fail naming both.
+// different calls meet and fail naming both. A request dropped without wait is not checked (on any
+// rank: the engine drops the same ones everywhere).
 
 #include <cstddef>
 #include <cstdint>
@@ -336,7 +340,7 @@ class verified : public detail::verified_requests<C> {
     std::memcpy(mine.data(), &f, sizeof f);
     const std::vector<std::uint64_t> all = gather(mine);
     std::vector<fingerprint> calls(ranks());
-    for (std::size_t r = 0; r < ranks(); ++r) std::memcpy(&calls[r], all.data() + r * words, sizeof(fingerprint));
+    for (std::size_t r = 0; r < ranks(); ++r) std::memcpy(static_cast<void*>(&calls[r]), all.data() + r * words, sizeof(fingerprint));
     unsigned diff = 0;
     for (const fingerprint& c : calls) diff |= c.differences(calls[0]);
     if (diff == 0) return;
