@@ -95,6 +95,9 @@ TEST_CASE_TEMPLATE("conformance: determinism", W, ZERO_WORLDS) {
 TEST_CASE_TEMPLATE("conformance: canonical NaNs", W, ZERO_WORLDS) {
   W::launch([](auto& c) { zero::conformance::nan_canonical(c); });
 }
+TEST_CASE_TEMPLATE("conformance: the engine's other types (int64, bytes, all_to_all)", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { zero::conformance::engine_types(c); });
+}
 
 // ---- the suite catches broken backends ---------------------------------------------------------
 
@@ -214,6 +217,7 @@ TEST_CASE("verified: comm::threads passes the conformance suite under it, with a
   threads::launch(3, [](threads& t) {
     zero::comm::verified<threads> v(t);
     zero::conformance::all(v);
+    zero::conformance::engine_types(v);
     auto half = v.split(t.rank() == 2 ? 1 : 0);
     zero::conformance::all_reduce(*half);
     // One more call costs one agreement all-gather (13 words) and one data all-gather: for an

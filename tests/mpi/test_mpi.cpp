@@ -121,6 +121,9 @@ TEST_CASE("conformance: barrier") {
 TEST_CASE("conformance: determinism") {
   in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::determinism(c, o); });
 }
+TEST_CASE("conformance: the engine's other types (int64, bytes, all_to_all)") {
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::engine_types(c, o); });
+}
 TEST_CASE("conformance: canonical NaNs (deterministic modes; the fast mode's NaNs are MPI's)") {
   in_every_mode([](mpi& c, zero::conformance::options o) {
     if (o.rank_ordered) zero::conformance::nan_canonical(c, o);

@@ -74,14 +74,21 @@ inline std::uint64_t mix(std::uint64_t x) {
 // Element i of rank r's input: a random sign and mantissa times 2^e with e in [-20, 20]. Addends
 // that far apart in magnitude lose different low bits in each summation order, so a backend that
 // sums out of rank order gives a different float (checked by order_sensitivity below).
+// Integers: uniform over 40 bits (signed) or the type's range, so sums over any N in use stay exact.
 template <class T>
 T value(int rank, std::size_t i, std::uint64_t salt) {
   const std::uint64_t h = mix(salt ^ mix(static_cast<std::uint64_t>(rank) ^ mix(i)));
-  constexpr int bits = std::numeric_limits<T>::digits - 1;
-  const double mantissa = 1.0 + std::ldexp(static_cast<double>(h & ((1ull << bits) - 1)), -bits);
-  const int exponent = static_cast<int>((h >> 53) % 41) - 20;
-  const double v = std::ldexp(mantissa, exponent);
-  return static_cast<T>((h >> 63) ? -v : v);  // exact: the mantissa has T's digits
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) >= 8) {
+    return static_cast<T>(static_cast<std::int64_t>(h >> 24) - (std::int64_t{1} << 39));
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(h);
+  } else {
+    constexpr int bits = std::numeric_limits<T>::digits - 1;
+    const double mantissa = 1.0 + std::ldexp(static_cast<double>(h & ((1ull << bits) - 1)), -bits);
+    const int exponent = static_cast<int>((h >> 53) % 41) - 20;
+    const double v = std::ldexp(mantissa, exponent);
+    return static_cast<T>((h >> 63) ? -v : v);  // exact: the mantissa has T's digits
+  }
 }
 
 template <class T>
@@ -318,6 +325,27 @@ class checker {
     expect_guards(send, where, "send");
   }
 
+  // Block k of each rank's send goes to rank k: recv[k * count + i] = rank k's send[rank * count + i].
+  template <class T>
+  void all_to_all_case(std::size_t count) {
+    const std::string where = std::string("all_to_all(") + type_name<T>() + ", count " + std::to_string(count) + ")";
+    const std::size_t total = count * static_cast<std::size_t>(size_);
+    const auto xs = inputs<T>(total, 0x600 + count);
+    const std::vector<T>& mine = xs[static_cast<std::size_t>(rank_)];
+    std::vector<T> expected;
+    for (const auto& x : xs)
+      expected.insert(expected.end(), x.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(rank_)),
+                      x.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(rank_ + 1)));
+    buffer<T> send(total), recv(total);
+    send.write(mine);
+    recv.write(input<T>(-1, total, 7));
+    c_.all_to_all(send.data(), recv.data(), count);
+    expect_equal(recv.read(), expected, where, true);
+    expect_equal(send.read(), mine, where + " [send buffer changed]", true);
+    expect_guards(recv, where, "receive");
+    expect_guards(send, where, "send");
+  }
+
   // Rank k arrives k * step late; nobody may leave before the last one arrived, so every rank
   // spends about (N-1) * step between its start and its exit. Measured on each rank's own clock
   // (which also holds across hosts), from its own exit of a first barrier: ranks leave that one at
@@ -551,6 +579,25 @@ void nan_canonical(Comm& c, options o = {}) {
   if constexpr (requires(zero::bf16* p) { c.all_reduce(p, p, std::size_t{1}, zero::reduce_op::sum); }) {
     nan_canonical_typed<zero::bf16>(ck, "bf16");
     nan_canonical_typed<zero::fp16>(ck, "fp16");
+  }
+}
+
+// The other element types the engine moves (concepts/comm_backend.hpp, CommBackendForEngine): the
+// settings check's and the reproducible mode's std::int64_t all_gather, all_reduce and reduce_scatter
+// (sums exact in any order: checked bit for bit whatever options::rank_ordered says), and where the
+// backend has them, qwZ's std::uint8_t all_gather and qgZ's std::uint8_t all_to_all.
+template <zero::CommBackend Comm>
+void engine_types(Comm& c, options o = {}) {
+  o.rank_ordered = true;  // integer sums are exact in every order
+  checker<Comm> ck(c, o);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{129}, std::size_t{1000}}) {
+    for (auto p : {placement::out_of_place, placement::in_place}) {
+      ck.template all_gather_case<std::int64_t>(n, p);
+      ck.template all_reduce_case<std::int64_t>(n, zero::reduce_op::sum, p);
+      ck.template reduce_scatter_case<std::int64_t>(n, zero::reduce_op::sum, p);
+      if constexpr (comm::moves_bytes<Comm>) ck.template all_gather_case<std::uint8_t>(n, p);
+    }
+    if constexpr (comm::has_all_to_all<Comm>) ck.template all_to_all_case<std::uint8_t>(n);
   }
 }
 
