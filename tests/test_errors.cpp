@@ -314,4 +314,14 @@ TEST_CASE_TEMPLATE("verified<comm::threads> trains bit-identically to comm::thre
     CHECK(same(plain.comm[r].control, checked.comm[r].control));
     CHECK(plain.comm[r].protocol.total_bytes() > 0);
   }
+  if constexpr (std::is_same_v<Stage, zero::stage3>) {
+    // ZeRO++ through it: byte all-gathers, all_to_all and split communicators, each checked.
+    zero::engine_options o;
+    o.zeropp.qwz = o.zeropp.qgz = o.zeropp.hpz = true;
+    o.zeropp.node_size = 2;
+    const auto quantized = toy::run<Stage, adamw>(4, 3, adamw{}, o);
+    const auto quantized_checked = toy::run<Stage, adamw, zero::precision::fp32, over_verified>(4, 3, adamw{}, o);
+    CHECK(quantized.params == quantized_checked.params);
+    CHECK(quantized.params != toy::run<Stage, adamw>(4, 3, adamw{}).params);  // quantization did happen
+  }
 }
