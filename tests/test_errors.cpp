@@ -245,7 +245,8 @@ class planted {
     for (std::size_t i = 0; i < len; ++i) {
       const auto x = [&](std::size_t k) { return static_cast<A>(all[(reversed ? n - 1 - k : k) * count + from + i]); };
       A acc = x(0);
-      for (std::size_t k = 1; k < used; ++k) acc = op == zero::reduce_op::sum ? static_cast<A>(acc + x(k)) : std::max(acc, x(k));
+      for (std::size_t k = 1; k < used; ++k)
+        acc = op == zero::reduce_op::sum ? static_cast<A>(acc + x(k)) : std::max(acc, x(k));
       recv[i] = zero::store_as<T>(acc);
     }
   }
@@ -297,8 +298,8 @@ TEST_CASE("a backend that reduces out of rank order, or drops a rank, trains a d
   }
 }
 
-TEST_CASE_TEMPLATE("verified<comm::threads> trains bit-identically to comm::threads, with the same byte counters", Stage,
-                   zero::stage1, zero::stage3) {
+TEST_CASE_TEMPLATE("verified<comm::threads> trains bit-identically to comm::threads, with the same byte counters",
+                   Stage, zero::stage1, zero::stage3) {
   const auto plain = toy::run<Stage, adamw>(3, 3, adamw{});
   const auto checked = toy::run<Stage, adamw, zero::precision::fp32, over_verified>(3, 3, adamw{});
   CHECK(plain.params == checked.params);

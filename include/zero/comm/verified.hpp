@@ -1,4 +1,4 @@
-// comm::verified<C>: a CommBackend decorator that checks every collective: the ranks make the same call, and its results are right.
+// comm::verified<C>: a CommBackend decorator checking that the ranks make the same call and its results are right.
 #pragma once
 
 // What it checks, call by call, before handing the call to the wrapped backend and after it:
@@ -192,7 +192,8 @@ class verified : public detail::verified_requests<C> {
   // Nonblocking, where the wrapped backend is: agreed on at start, the data checked at wait.
   template <class T>
   auto start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op op)
-    requires nonblocking<C> && requires(C& c, const T* s, T* r, std::size_t n, reduce_op o) { c.start_all_reduce(s, r, n, o); }
+    requires nonblocking<C> &&
+             requires(C& c, const T* s, T* r, std::size_t n, reduce_op o) { c.start_all_reduce(s, r, n, o); }
   {
     auto check = before_reduce<T>(coll_kind::all_reduce, send, count, op);
     return started(inner_->start_all_reduce(send, recv, count, op),
@@ -200,7 +201,8 @@ class verified : public detail::verified_requests<C> {
   }
   template <class T>
   auto start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op)
-    requires nonblocking<C> && requires(C& c, const T* s, T* r, std::size_t n, reduce_op o) { c.start_reduce_scatter(s, r, n, o); }
+    requires nonblocking<C> &&
+             requires(C& c, const T* s, T* r, std::size_t n, reduce_op o) { c.start_reduce_scatter(s, r, n, o); }
   {
     auto check = before_reduce<T>(coll_kind::reduce_scatter, send, count, op);
     return started(inner_->start_reduce_scatter(send, recv, count, op),
@@ -216,7 +218,8 @@ class verified : public detail::verified_requests<C> {
   }
   template <class T>
   auto start_all_to_all(const T* send, T* recv, std::size_t count)
-    requires nonblocking<C> && nonblocking_all_to_all<C> && requires(C& c, const T* s, T* r, std::size_t n) { c.start_all_to_all(s, r, n); }
+    requires nonblocking<C> && nonblocking_all_to_all<C> &&
+             requires(C& c, const T* s, T* r, std::size_t n) { c.start_all_to_all(s, r, n); }
   {
     auto check = before_copy<T>(coll_kind::all_to_all, send, count, 0);
     return started(inner_->start_all_to_all(send, recv, count),
@@ -340,7 +343,8 @@ class verified : public detail::verified_requests<C> {
     std::memcpy(mine.data(), &f, sizeof f);
     const std::vector<std::uint64_t> all = gather(mine);
     std::vector<fingerprint> calls(ranks());
-    for (std::size_t r = 0; r < ranks(); ++r) std::memcpy(static_cast<void*>(&calls[r]), all.data() + r * words, sizeof(fingerprint));
+    for (std::size_t r = 0; r < ranks(); ++r)
+      std::memcpy(static_cast<void*>(&calls[r]), all.data() + r * words, sizeof(fingerprint));
     unsigned diff = 0;
     for (const fingerprint& c : calls) diff |= c.differences(calls[0]);
     if (diff == 0) return;
