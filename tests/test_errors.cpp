@@ -326,3 +326,47 @@ TEST_CASE_TEMPLATE("verified<comm::threads> trains bit-identically to comm::thre
     CHECK(quantized.params != toy::run<Stage, adamw>(4, 3, adamw{}).params);  // quantization did happen
   }
 }
+
+TEST_CASE("ranks that reduce units in different orders: silent over a backend without labels, named under verified") {
+  // planted takes no call labels, so comm::threads under it sees unlabelled calls of equal shape and
+  // lets them through; verified keeps the engine's labels in its own fingerprints.
+  static_assert(!zero::comm::labels_calls<planted> && zero::comm::labels_calls<verified_planted>);
+  zero::model_spec spec;
+  spec.unit("a").tensor("w", {64});
+  spec.unit("b").tensor("w", {64});
+  const auto train = [&](auto& comm, std::vector<std::string>& seen) {
+    zero::engine<zero::stage3, std::remove_reference_t<decltype(comm)>, adamw> e(comm, spec);
+    e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, std::span<float> v) {
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i);
+    });
+    for (std::size_t u : {0, 1}) e.gather(zero::unit_id{u}).release();
+    const std::size_t order[2][2] = {{1, 0}, {0, 1}};  // rank 1 goes backwards in the other order
+    try {
+      for (std::size_t u : order[comm.rank() == 1 ? 1 : 0]) {
+        auto g = e.grads(zero::unit_id{u});
+        for (std::size_t i = 0; i < 64; ++i) g["w"].data()[i] = static_cast<float>(comm.rank() + 1);
+        e.reduce(zero::unit_id{u});
+      }
+      e.step();
+    } catch (const zero::error& err) {
+      CHECK(err.kind() == zero::error_kind::comm);
+      seen[static_cast<std::size_t>(comm.rank())] = err.what();
+    }
+  };
+  std::vector<std::string> silent(3), named(3);
+  zero::comm::threads::launch(3, [&](zero::comm::threads& base) {
+    planted comm(base);
+    train(comm, silent);
+  });
+  for (const std::string& w : silent) CHECK(w.empty());
+  zero::comm::threads::launch(3, [&](zero::comm::threads& base) {
+    verified_planted comm(base);
+    train(comm, named);
+  });
+  for (const std::string& w : named) {
+    CAPTURE(w);
+    CHECK(w.find("the ranks' calls differ (in the label): rank(s) 0, 2 call #") != std::string::npos);
+    CHECK(w.find(" for reduce unit 'b'; rank(s) 1 call #") != std::string::npos);
+    CHECK(w.find(" for reduce unit 'a'; every rank must issue the same collectives") != std::string::npos);
+  }
+}
