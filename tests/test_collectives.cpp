@@ -16,11 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "collective_conformance.hpp"
+#include "zero/comm/conformance.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/detail/streaming_copy.hpp"
 #include "zero/comm/threads.hpp"
+#include "zero/comm/verified.hpp"
 #include "zero/core/half_types.hpp"
 #include "zero/core/numeric.hpp"
 #include "zero/error.hpp"
@@ -74,25 +75,28 @@ TYPE_TO_STRING_AS("counted<threads> x8", counted_world<8>);
       counted_world<1>, counted_world<2>, counted_world<3>, counted_world<4>, counted_world<7>, counted_world<8>
 
 TEST_CASE_TEMPLATE("conformance: all_reduce", W, ZERO_WORLDS) {
-  W::launch([](auto& c) { conformance::all_reduce(c); });
+  W::launch([](auto& c) { zero::conformance::all_reduce(c); });
 }
 TEST_CASE_TEMPLATE("conformance: reduce_scatter", W, ZERO_WORLDS) {
-  W::launch([](auto& c) { conformance::reduce_scatter(c); });
+  W::launch([](auto& c) { zero::conformance::reduce_scatter(c); });
 }
 TEST_CASE_TEMPLATE("conformance: all_gather", W, ZERO_WORLDS) {
-  W::launch([](auto& c) { conformance::all_gather(c); });
+  W::launch([](auto& c) { zero::conformance::all_gather(c); });
 }
 TEST_CASE_TEMPLATE("conformance: broadcast", W, ZERO_WORLDS) {
-  W::launch([](auto& c) { conformance::broadcast(c); });
+  W::launch([](auto& c) { zero::conformance::broadcast(c); });
 }
 TEST_CASE_TEMPLATE("conformance: barrier", W, ZERO_WORLDS) {
-  W::launch([](auto& c) { conformance::barrier(c); });
+  W::launch([](auto& c) { zero::conformance::barrier(c); });
 }
 TEST_CASE_TEMPLATE("conformance: determinism", W, ZERO_WORLDS) {
-  W::launch([](auto& c) { conformance::determinism(c); });
+  W::launch([](auto& c) { zero::conformance::determinism(c); });
 }
 TEST_CASE_TEMPLATE("conformance: canonical NaNs", W, ZERO_WORLDS) {
-  W::launch([](auto& c) { conformance::nan_canonical(c); });
+  W::launch([](auto& c) { zero::conformance::nan_canonical(c); });
+}
+TEST_CASE_TEMPLATE("conformance: the engine's other types (int64, bytes, all_to_all)", W, ZERO_WORLDS) {
+  W::launch([](auto& c) { zero::conformance::engine_types(c); });
 }
 
 // ---- the suite catches broken backends ---------------------------------------------------------
@@ -163,17 +167,131 @@ std::string failure_of(int n, Suite suite) {
 }  // namespace
 
 TEST_CASE("conformance: the suite rejects a backend that sums out of rank order") {
-  const std::string what = failure_of<defect::reversed_sum>(3, [](auto& c) { conformance::all_reduce(c); });
+  const std::string what = failure_of<defect::reversed_sum>(3, [](auto& c) { zero::conformance::all_reduce(c); });
   CHECK(what.find("all_reduce(sum, float") != std::string::npos);
   CHECK(what.find("bit-exact") != std::string::npos);
 }
 TEST_CASE("conformance: the suite rejects a broadcast that ignores the root") {
-  const std::string what = failure_of<defect::broadcast_from_rank0>(2, [](auto& c) { conformance::broadcast(c); });
+  const std::string what = failure_of<defect::broadcast_from_rank0>(2, [](auto& c) { zero::conformance::broadcast(c); });
   CHECK(what.find("root 1") != std::string::npos);
 }
 TEST_CASE("conformance: the suite rejects a collective that writes past the receive buffer") {
-  const std::string what = failure_of<defect::writes_past_end>(2, [](auto& c) { conformance::reduce_scatter(c); });
+  const std::string what = failure_of<defect::writes_past_end>(2, [](auto& c) { zero::conformance::reduce_scatter(c); });
   CHECK(what.find("wrote outside the receive buffer") != std::string::npos);
+}
+
+// ---- verified: call agreement and data checks over any backend ---------------------------------
+
+namespace {
+
+// A verified backend over a mutant, built from the rank's threads communicator.
+template <defect D>
+struct verified_mutant {
+  explicit verified_mutant(threads& t) : m(t), v(m) {}
+  mutant<D> m;
+  zero::comm::verified<mutant<D>> v;
+};
+
+// What every rank threw, by rank ("(no failure)" where it did not).
+template <class F>
+std::vector<std::string> failures(int n, F f) {
+  std::vector<std::string> seen(static_cast<std::size_t>(n), "(no failure)");
+  try {
+    threads::launch(n, [&](threads& t) {
+      try {
+        f(t);
+      } catch (const zero::error& e) {
+        CHECK(e.kind() == zero::error_kind::comm);
+        seen[static_cast<std::size_t>(t.rank())] = e.what();
+        throw;
+      }
+    });
+  } catch (const zero::error&) {
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("verified: comm::threads passes the conformance suite under it, with and without counted, and in a split") {
+  threads::launch(3, [](threads& t) {
+    zero::comm::verified<threads> v(t);
+    zero::conformance::all(v);
+    zero::conformance::engine_types(v);
+    auto half = v.split(t.rank() == 2 ? 1 : 0);
+    zero::conformance::all_reduce(*half);
+    // One more call costs one agreement all-gather (13 words) and one data all-gather: for an
+    // all_reduce of 100 elements, 64 sampled inputs, the checksum and 64 sampled results (129 words),
+    // each word as two doubles, (N - 1)/N of N ranks' words by the bus-volume rule.
+    const zero::comm::verified_stats before = v.stats();
+    std::vector<float> x(100, 1.0f);
+    v.all_reduce(x.data(), x.data(), 100, zero::reduce_op::sum);
+    CHECK(v.stats().calls == before.calls + 1);
+    CHECK(v.stats().collectives == before.collectives + 2);
+    CHECK(v.stats().bytes - before.bytes == (13 + 129) * 16 * 2);
+  });
+  threads::launch(2, [](threads& t) {
+    // Over a nonblocking backend (counted offers the interface), started calls are checked at wait.
+    counted<threads> c(t);
+    zero::comm::verified<counted<threads>> v(c);
+    static_assert(zero::comm::check_nonblocking<zero::comm::verified<counted<threads>>>());
+    std::vector<std::int64_t> s{1, 2, 3, 4}, r(2);
+    auto q = v.start_reduce_scatter(s.data(), r.data(), 2, zero::reduce_op::sum);
+    v.wait(q);
+    CHECK(r[0] == 2 * (1 + 2 * t.rank()));
+    // The wrapped counter sees the call and the two all-gathers of its checks; an engine's counters
+    // sit above the verified backend (counted<verified<C>>) and see only the call.
+    CHECK(c.stats().calls[static_cast<int>(zero::comm::collective::reduce_scatter)] == 1);
+    CHECK(c.stats().calls[static_cast<int>(zero::comm::collective::all_gather)] == 2);
+    CHECK(c.stats()[zero::comm::collective::all_gather] == v.stats().bytes);
+  });
+}
+
+TEST_CASE("verified: a backend that sums out of rank order fails at its first all_reduce, naming the call and ranks") {
+  for (int n : {3, 4}) {
+    CAPTURE(n);
+    const auto seen = failures(n, [](threads& t) {
+      verified_mutant<defect::reversed_sum> b(t);
+      std::vector<float> x = zero::conformance::input<float>(t.rank(), 1000, 5), y(1000);
+      b.v.broadcast(x.data(), y.data(), 10, 0);  // a correct call first: it passes
+      const zero::comm::scoped_label l(b.v, "reduce", "fc2");
+      b.v.all_reduce(x.data(), y.data(), 1000, zero::reduce_op::sum);
+    });
+    for (const std::string& w : seen) {
+      CAPTURE(w);
+      CHECK(w.find("comm::verified rank ") == 0);
+      CHECK(w.find("call #1 all_reduce(float x 1000, sum) for reduce unit 'fc2'") != std::string::npos);
+      CHECK(w.find("is not the rank-ordered reduction of the ranks' inputs") != std::string::npos);
+      CHECK(w.find(n == 3 ? "rank(s) 0, 1, 2" : "rank(s) 0, 1, 2, 3") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("verified: ranks that make different calls, or receive wrong blocks, fail on every rank naming them") {
+  SUBCASE("different counts and labels") {
+    const auto seen = failures(3, [](threads& t) {
+      zero::comm::verified<threads> v(t);
+      std::vector<float> x(8, 1.0f);
+      const zero::comm::scoped_label l(v, "reduce", t.rank() == 1 ? "b" : "a");
+      v.all_reduce(x.data(), x.data(), t.rank() == 2 ? 7 : 8, zero::reduce_op::sum);
+    });
+    for (const std::string& w : seen) {
+      CAPTURE(w);
+      CHECK(w.find("call #0: the ranks' calls differ (in the count and the label): rank(s) 0 call #0 all_reduce(float "
+                   "x 8, sum) for reduce unit 'a'; rank(s) 1 call #0 all_reduce(float x 8, sum) for reduce unit 'b'; "
+                   "rank(s) 2 call #0 all_reduce(float x 7, sum) for reduce unit 'a'") != std::string::npos);
+    }
+  }
+  SUBCASE("a broadcast from the wrong root") {
+    const auto seen = failures(3, [](threads& t) {
+      verified_mutant<defect::broadcast_from_rank0> b(t);
+      std::vector<double> x(5, t.rank() + 1.0), y(5);
+      b.v.broadcast(x.data(), y.data(), 5, 2);
+    });
+    for (const std::string& w : seen)
+      CHECK(w.find("call #0 broadcast(double x 5, root 2): rank(s) 0, 1, 2 received wrong data (checksums): on rank "
+                   "0, the result is not the root's send buffer") != std::string::npos);
+  }
 }
 
 // ---- counted: bus bytes -----------------------------------------------------------------------
@@ -628,7 +746,7 @@ namespace {
 template <class T>
 T mixed_value(int rank, std::size_t i, std::uint64_t call) {
   const std::uint64_t h =
-      conformance::mix(call * 0x10001 ^ conformance::mix(static_cast<std::uint64_t>(rank) ^ (i << 8)));
+      zero::conformance::mix(call * 0x10001 ^ zero::conformance::mix(static_cast<std::uint64_t>(rank) ^ (i << 8)));
   if constexpr (std::is_integral_v<T>) {
     return static_cast<T>(static_cast<std::int64_t>(h % 2001) - 1000);
   } else {
@@ -771,7 +889,7 @@ void run_mixed(int n, int calls, std::chrono::microseconds late, threads::option
       [&](threads& c) {
         for (int i = 0; i < calls; ++i) {
           const auto call = static_cast<std::uint64_t>(i);
-          const std::uint64_t h = conformance::mix(call ^ 0xc0ffee);
+          const std::uint64_t h = zero::conformance::mix(call ^ 0xc0ffee);
           if (late.count() > 0 && i % 7 == 3 && static_cast<int>(h % static_cast<std::uint64_t>(n)) == c.rank())
             std::this_thread::sleep_for(late);
           switch (h % 6) {

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "collective_conformance.hpp"
+#include "zero/comm/conformance.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/modeled.hpp"
 #include "zero/comm/threads.hpp"
@@ -31,7 +31,7 @@ double since(clock_type::time_point t0) { return std::chrono::duration<double>(c
 
 // Rank r's element i, the same on every run.
 float value(int r, std::size_t i) {
-  return static_cast<float>(conformance::mix(static_cast<std::uint64_t>(r) * 1000003u + i) % 2001) * 0.001f - 1.0f;
+  return static_cast<float>(zero::conformance::mix(static_cast<std::uint64_t>(r) * 1000003u + i) % 2001) * 0.001f - 1.0f;
 }
 
 }  // namespace
@@ -119,7 +119,7 @@ TEST_CASE("modeled: results are the inner backend's, bit for bit") {
   // And the whole conformance suite through a modeled link of 1 us per call.
   threads::launch(3, [](threads& t) {
     modeled<threads> m(t, link_model::of(1.0, 100.0));
-    conformance::all(m);
+    zero::conformance::all(m);
   });
 }
 

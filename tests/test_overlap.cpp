@@ -7,12 +7,14 @@
 
 #include "deferred_comm.hpp"
 #include "zero/comm/modeled.hpp"
+#include "zero/comm/verified.hpp"
 #include "toy_model.hpp"
 
 namespace {
 
 static_assert(zero::comm::nonblocking<testing::deferred<zero::comm::threads>>);
 static_assert(!zero::comm::nonblocking<zero::comm::threads>);
+static_assert(zero::comm::check_nonblocking<testing::deferred<zero::comm::threads>>());
 
 template <class C>
 using deferred = testing::deferred<C>;
@@ -476,4 +478,31 @@ TEST_CASE("stage 3 persistent units and ZeRO++ are refused together, naming both
   });
   CHECK(m.find("rank 0: engine_options: persist_below_elements") == 0);
   CHECK(m.find("ZeRO++") != std::string::npos);
+}
+
+namespace {
+// comm::verified over the deferred backend, built from the rank's threads communicator.
+struct deferred_member {
+  explicit deferred_member(zero::comm::threads& t) : backend(t) {}
+  deferred<zero::comm::threads> backend;
+};
+class verified_deferred : private deferred_member, public zero::comm::verified<deferred<zero::comm::threads>> {
+ public:
+  explicit verified_deferred(zero::comm::threads& t)
+      : deferred_member(t), zero::comm::verified<deferred<zero::comm::threads>>(backend) {}
+};
+static_assert(zero::comm::check_nonblocking<verified_deferred>());
+template <class>
+using over_verified_deferred = verified_deferred;
+}  // namespace
+
+TEST_CASE("comm::verified over a nonblocking backend: stage 3 with reduces and prefetches in flight, the same bits") {
+  const auto ref = toy::run<zero::stage3, zero::optim::adamw>(3, steps, {});
+  const auto r = toy::run<zero::stage3, zero::optim::adamw, zero::precision::fp32, over_verified_deferred>(
+      3, steps, {}, overlap(true));
+  CHECK(bit_equal(r.params, ref.params));
+  for (std::size_t k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    CHECK(r.comm[k].protocol.bytes == ref.comm[k].protocol.bytes);  // verification's own traffic is not counted
+  }
 }

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "../collective_conformance.hpp"
+#include "zero/comm/conformance.hpp"
 #include "zero/zero_cuda.cuh"
 
 namespace {
@@ -38,7 +38,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // splitmix64 values spread over magnitudes, so the summation order shows in the low bits.
-float spread(int rank, std::size_t i) { return conformance::value<float>(rank, i, 0x77); }
+float spread(int rank, std::size_t i) { return zero::conformance::value<float>(rank, i, 0x77); }
 
 // all_reduce and reduce_scatter of a 2-byte type on N ranks of a backend, rank `me`'s results on the host.
 template <class T, class Comm>
@@ -81,22 +81,22 @@ TYPE_TO_STRING_AS("counted<cuda_threads> x3", counted_cuda_world<3>);
   cuda_threads_world<1>, cuda_threads_world<2>, cuda_threads_world<3>, cuda_threads_world<4>, counted_cuda_world<3>
 
 TEST_CASE_TEMPLATE("GPU conformance: all_reduce", W, ZERO_CUDA_WORLDS) {
-  W::launch([](auto& c) { conformance::all_reduce(c); });
+  W::launch([](auto& c) { zero::conformance::all_reduce(c); });
 }
 TEST_CASE_TEMPLATE("GPU conformance: reduce_scatter", W, ZERO_CUDA_WORLDS) {
-  W::launch([](auto& c) { conformance::reduce_scatter(c); });
+  W::launch([](auto& c) { zero::conformance::reduce_scatter(c); });
 }
 TEST_CASE_TEMPLATE("GPU conformance: all_gather", W, ZERO_CUDA_WORLDS) {
-  W::launch([](auto& c) { conformance::all_gather(c); });
+  W::launch([](auto& c) { zero::conformance::all_gather(c); });
 }
 TEST_CASE_TEMPLATE("GPU conformance: broadcast", W, ZERO_CUDA_WORLDS) {
-  W::launch([](auto& c) { conformance::broadcast(c); });
+  W::launch([](auto& c) { zero::conformance::broadcast(c); });
 }
 TEST_CASE_TEMPLATE("GPU conformance: barrier", W, ZERO_CUDA_WORLDS) {
-  W::launch([](auto& c) { conformance::barrier(c); });
+  W::launch([](auto& c) { zero::conformance::barrier(c); });
 }
 TEST_CASE_TEMPLATE("GPU conformance: determinism", W, ZERO_CUDA_WORLDS) {
-  W::launch([](auto& c) { conformance::determinism(c); });
+  W::launch([](auto& c) { zero::conformance::determinism(c); });
 }
 
 TEST_CASE_TEMPLATE("GPU: 2-byte sums equal comm::threads' (fp32 accumulation in rank order, one rounding)", T,
@@ -178,7 +178,7 @@ TEST_CASE("GPU conformance: nccl, one rank, both ways of creating in-process com
     CAPTURE(nonblocking);
     zero::comm::nccl_options o;
     o.nonblocking = nonblocking;
-    zero::comm::nccl::launch({0}, [](zero::comm::nccl& c) { conformance::all(c); }, o);
+    zero::comm::nccl::launch({0}, [](zero::comm::nccl& c) { zero::conformance::all(c); }, o);
   }
 }
 
@@ -188,10 +188,10 @@ TEST_CASE("GPU conformance: nccl over every device of this machine, deterministi
     MESSAGE("one device: the multi-GPU NCCL conformance needs two or more");
     return;
   }
-  zero::comm::nccl::launch(devices, [](zero::comm::nccl& c) { conformance::all(c); });
+  zero::comm::nccl::launch(devices, [](zero::comm::nccl& c) { zero::conformance::all(c); });
   zero::comm::nccl_options fast;
   fast.deterministic = false;
-  zero::comm::nccl::launch(devices, [](zero::comm::nccl& c) { conformance::all(c, {.rank_ordered = false}); }, fast);
+  zero::comm::nccl::launch(devices, [](zero::comm::nccl& c) { zero::conformance::all(c, {.rank_ordered = false}); }, fast);
 }
 
 TEST_CASE("GPU nccl: a unique id and an explicit rank make a communicator; 2-byte sums are exact on one rank") {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../../examples/mlp.hpp"
-#include "../collective_conformance.hpp"
+#include "zero/comm/conformance.hpp"
 #include "zero/comm/mpi.hpp"
 #include "zero/comm/threads.hpp"
 #include "zero/core/hash.hpp"
@@ -50,7 +50,7 @@ bool all_ranks(bool v) {
 struct mode_case {
   const char* name;
   zero::comm::mpi_options backend;
-  conformance::options checks;
+  zero::conformance::options checks;
 };
 // The fast mode leaves the summation order to MPI, so it is held to the rounding bound only. A zero
 // timeout selects MPI's blocking collectives, a positive one the nonblocking ones.
@@ -104,26 +104,29 @@ TEST_CASE("comm::mpi: a duplicate communicator with MPI_ERRORS_RETURN, the calle
 }
 
 TEST_CASE("conformance: all_reduce") {
-  in_every_mode([](mpi& c, conformance::options o) { conformance::all_reduce(c, o); });
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::all_reduce(c, o); });
 }
 TEST_CASE("conformance: reduce_scatter") {
-  in_every_mode([](mpi& c, conformance::options o) { conformance::reduce_scatter(c, o); });
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::reduce_scatter(c, o); });
 }
 TEST_CASE("conformance: all_gather") {
-  in_every_mode([](mpi& c, conformance::options o) { conformance::all_gather(c, o); });
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::all_gather(c, o); });
 }
 TEST_CASE("conformance: broadcast") {
-  in_every_mode([](mpi& c, conformance::options o) { conformance::broadcast(c, o); });
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::broadcast(c, o); });
 }
 TEST_CASE("conformance: barrier") {
-  in_every_mode([](mpi& c, conformance::options o) { conformance::barrier(c, o); });
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::barrier(c, o); });
 }
 TEST_CASE("conformance: determinism") {
-  in_every_mode([](mpi& c, conformance::options o) { conformance::determinism(c, o); });
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::determinism(c, o); });
+}
+TEST_CASE("conformance: the engine's other types (int64, bytes, all_to_all)") {
+  in_every_mode([](mpi& c, zero::conformance::options o) { zero::conformance::engine_types(c, o); });
 }
 TEST_CASE("conformance: canonical NaNs (deterministic modes; the fast mode's NaNs are MPI's)") {
-  in_every_mode([](mpi& c, conformance::options o) {
-    if (o.rank_ordered) conformance::nan_canonical(c, o);
+  in_every_mode([](mpi& c, zero::conformance::options o) {
+    if (o.rank_ordered) zero::conformance::nan_canonical(c, o);
   });
 }
 
@@ -137,14 +140,14 @@ std::uint64_t collective_fingerprint(Comm& c) {
   std::uint64_t h = zero::fnv1a64(nullptr, 0);
   auto absorb = [&h](const auto& v) { h = zero::fnv1a64(v.data(), v.size() * sizeof(v[0]), h); };
   for (std::size_t count : {std::size_t{1}, std::size_t{1001}, std::size_t{3001}}) {
-    auto f = conformance::input<float>(r, count * n, 11 + count);
-    auto d = conformance::input<double>(r, count, 13 + count);
+    auto f = zero::conformance::input<float>(r, count * n, 11 + count);
+    auto d = zero::conformance::input<double>(r, count, 13 + count);
     std::vector<float> fs(count);
     c.all_reduce(f.data(), f.data(), f.size(), zero::reduce_op::sum);
     absorb(f);
     c.all_reduce(d.data(), d.data(), d.size(), zero::reduce_op::sum);
     absorb(d);
-    f = conformance::input<float>(r, count * n, 17 + count);
+    f = zero::conformance::input<float>(r, count * n, 17 + count);
     c.reduce_scatter(f.data(), fs.data(), count, zero::reduce_op::sum);
     absorb(fs);
     c.reduce_scatter(f.data(), fs.data(), count, zero::reduce_op::max);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "../../examples/mlp.hpp"
-#include "../collective_conformance.hpp"
+#include "zero/comm/conformance.hpp"
 #include "../deferred_comm.hpp"
 #include "zero/comm/mpi.hpp"
 #include "zero/comm/threads.hpp"
@@ -42,7 +42,7 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 std::vector<zero::bf16> bf16_input(int rank, std::size_t n, std::uint64_t salt) {
-  const auto f = conformance::input<float>(rank, n, salt);
+  const auto f = zero::conformance::input<float>(rank, n, salt);
   std::vector<zero::bf16> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = zero::bf16(f[i]);
   return v;
@@ -60,22 +60,22 @@ struct buffers {
   std::vector<float> blocking;
 
   buffers(int r, std::size_t n) {
-    ar1 = conformance::input<float>(r, 1001, 1);
-    ar2_in = conformance::input<float>(r, 7, 2);
+    ar1 = zero::conformance::input<float>(r, 1001, 1);
+    ar2_in = zero::conformance::input<float>(r, 7, 2);
     ar2_out.assign(7, 0.0f);
-    ar3 = conformance::input<float>(r, 4096 + 3, 3);
+    ar3 = zero::conformance::input<float>(r, 4096 + 3, 3);
     arh = bf16_input(r, 999, 4);
-    rs1 = conformance::input<float>(r, 333 * n, 5);
-    rs2_in = conformance::input<double>(r, 129 * n, 6);
+    rs1 = zero::conformance::input<float>(r, 333 * n, 5);
+    rs2_in = zero::conformance::input<double>(r, 129 * n, 6);
     rs2_out.assign(129, 0.0);
     ag1.assign(257 * n, 0.0f);
-    const auto mine = conformance::input<float>(r, 257, 7);
+    const auto mine = zero::conformance::input<float>(r, 257, 7);
     std::memcpy(ag1.data() + 257 * static_cast<std::size_t>(r), mine.data(), 257 * sizeof(float));
-    ag2_in = conformance::input<float>(r, 65, 8);
+    ag2_in = zero::conformance::input<float>(r, 65, 8);
     ag2_out.assign(65 * n, 0.0f);
     agh_in = bf16_input(r, 31, 9);
     agh_out.assign(31 * n, zero::bf16(0.0f));
-    blocking = conformance::input<float>(r, 100, 10);
+    blocking = zero::conformance::input<float>(r, 100, 10);
   }
   bool operator==(const buffers& o) const {
     return same_bits(ar1, o.ar1) && same_bits(ar2_out, o.ar2_out) && same_bits(ar3, o.ar3) && same_bits(arh, o.arh) &&
@@ -217,7 +217,7 @@ TEST_CASE("comm::mpi nonblocking: the flight recorder shows the started collecti
 
 TEST_CASE("comm::mpi nonblocking: a dropped request completes in its destructor; the backend completes what is left") {
   const int n = world_size();
-  std::vector<float> x = conformance::input<float>(0, 500, 21), y = x, z = x;
+  std::vector<float> x = zero::conformance::input<float>(0, 500, 21), y = x, z = x;
   bool ok = false;
   mpi::run([&](mpi& c) {
     {

@@ -32,4 +32,31 @@ concept nonblocking_all_to_all = requires(C& c, const std::uint8_t* s, std::uint
 template <class C>
 concept moves_bytes = requires(C& c, const std::uint8_t* s, std::uint8_t* r, std::size_t n) { c.all_gather(s, r, n); };
 
+// For a backend author: static_assert(zero::comm::check_all_to_all<my_backend>()) after the class; a
+// missing or misspelled member fails naming it, where the engine would only refuse qgZ at run time.
+template <class C>
+consteval bool check_all_to_all() {
+  static_assert(has_all_to_all<C>, "check_all_to_all: no member all_to_all(const std::uint8_t* send, std::uint8_t* "
+                                   "recv, std::size_t count) (qgZ's exchange)");
+  return true;
+}
+// The nonblocking form as well (a backend that has comm/nonblocking.hpp's request and wait).
+template <class C>
+consteval bool check_nonblocking_all_to_all() {
+  static_assert(requires { typename C::request; }, "check_nonblocking_all_to_all: the backend has no member type "
+                                                   "`request` (comm/nonblocking.hpp)");
+  static_assert(nonblocking_all_to_all<C>, "check_nonblocking_all_to_all: no member start_all_to_all(const "
+                                           "std::uint8_t* send, std::uint8_t* recv, std::size_t count) returning "
+                                           "C::request");
+  return true;
+}
+
+// For a backend author: static_assert(zero::comm::check_byte_all_gather<my_backend>()); qwZ's gathers.
+template <class C>
+consteval bool check_byte_all_gather() {
+  static_assert(moves_bytes<C>, "check_byte_all_gather: no all_gather(const std::uint8_t* send, std::uint8_t* recv, "
+                                "std::size_t count) (qwZ's quantized parameter gathers)");
+  return true;
+}
+
 }  // namespace zero::comm

@@ -22,6 +22,15 @@ concept labels_calls = requires(C& c, call_label l) {
   { c.set_call_label(l) } -> std::same_as<call_label>;
 };
 
+// For a backend author: static_assert(zero::comm::check_call_labels<my_backend>()); a misspelled member
+// would otherwise leave the calls unnamed.
+template <class C>
+consteval bool check_call_labels() {
+  static_assert(labels_calls<C>, "check_call_labels: no member call_label set_call_label(call_label next) "
+                                 "returning the previous label");
+  return true;
+}
+
 // Labels the collectives issued on `c` during its lifetime and restores the previous label after, so
 // scopes nest. A no-op for a backend without set_call_label.
 template <class C>

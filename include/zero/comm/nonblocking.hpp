@@ -3,8 +3,11 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/core/reduce_op.hpp"
 
 namespace zero::comm {
@@ -36,6 +39,72 @@ concept nonblocking = requires(C& c, typename C::request& r, const float* s, flo
   { c.start_all_gather(s, d, n) } -> std::same_as<typename C::request>;
   c.wait(r);
 };
+
+// Whether C names any member of the interface above, spelled right: a backend that does means to
+// overlap, so the engine refuses it unless it has all of them (overlap_complete_for), rather than
+// letting a misspelled one turn overlap off without a word.
+template <class C>
+concept names_nonblocking_member =
+    requires { typename C::request; } ||
+    requires(C& c, const float* s, float* d, std::size_t n, reduce_op op) { c.start_all_reduce(s, d, n, op); } ||
+    requires(C& c, const float* s, float* d, std::size_t n, reduce_op op) { c.start_reduce_scatter(s, d, n, op); } ||
+    requires(C& c, const float* s, float* d, std::size_t n) { c.start_all_gather(s, d, n); };
+
+// The three starts for element type T.
+template <class C, class T>
+concept starts_collectives_of = requires(C& c, const T* s, T* d, std::size_t n, reduce_op op) {
+  { c.start_all_reduce(s, d, n, op) } -> std::same_as<typename C::request>;
+  { c.start_reduce_scatter(s, d, n, op) } -> std::same_as<typename C::request>;
+  { c.start_all_gather(s, d, n) } -> std::same_as<typename C::request>;
+};
+
+// What the engine starts on a nonblocking backend (comm::counted forwards every start to it, overlap
+// on or off), for a precision whose comm_type is T: the three collectives in T; the settings
+// fingerprint's all_reduce of doubles; the reproducible mode's all_reduce and reduce_scatter of
+// std::int64_t words; qwZ's all_gather of bytes where the backend moves bytes (moves_bytes). A backend
+// that names none of the interface passes (it runs blocking); one that names part of it does not.
+template <class C, class T>
+concept overlap_complete_for =
+    !names_nonblocking_member<C> ||
+    (nonblocking<C> && starts_collectives_of<C, T> &&
+     requires(C& c, const double* sd, double* dd, const std::int64_t* si, std::int64_t* di, std::size_t n,
+              reduce_op op) {
+       { c.start_all_reduce(sd, dd, n, op) } -> std::same_as<typename C::request>;
+       { c.start_all_reduce(si, di, n, op) } -> std::same_as<typename C::request>;
+       { c.start_reduce_scatter(si, di, n, op) } -> std::same_as<typename C::request>;
+     } &&
+     (!moves_bytes<C> || requires(C& c, const std::uint8_t* s, std::uint8_t* d, std::size_t n) {
+       { c.start_all_gather(s, d, n) } -> std::same_as<typename C::request>;
+     }));
+
+// For a backend author: static_assert(zero::comm::check_nonblocking<my_backend>()) after the class
+// (T: the element type to check the starts for, the precision's comm_type). Each missing or
+// misspelled member fails its own static_assert, named; true when C is nonblocking.
+template <class C, class T = float>
+consteval bool check_nonblocking() {
+  static_assert(requires { typename C::request; },
+                "check_nonblocking: the backend has no member type `request` (what start_* return and wait takes)");
+  static_assert(requires {
+                  requires std::is_default_constructible_v<typename C::request> &&
+                               std::is_move_constructible_v<typename C::request>;
+                },
+                "check_nonblocking: C::request must be default-constructible (a complete request) and movable");
+  static_assert(requires(C& c, const T* s, T* d, std::size_t n, reduce_op op) { c.start_all_reduce(s, d, n, op); },
+                "check_nonblocking: no member start_all_reduce(const T* send, T* recv, std::size_t count, reduce_op)");
+  static_assert(
+      requires(C& c, const T* s, T* d, std::size_t n, reduce_op op) { c.start_reduce_scatter(s, d, n, op); },
+      "check_nonblocking: no member start_reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op)");
+  static_assert(requires(C& c, const T* s, T* d, std::size_t n) { c.start_all_gather(s, d, n); },
+                "check_nonblocking: no member start_all_gather(const T* send, T* recv, std::size_t count)");
+  static_assert(starts_collectives_of<C, T>, "check_nonblocking: start_all_reduce, start_reduce_scatter and "
+                                             "start_all_gather must return C::request");
+  static_assert(requires(C& c, typename C::request& r) { c.wait(r); },
+                "check_nonblocking: no member wait(C::request&)");
+  static_assert(overlap_complete_for<C, T>,
+                "check_nonblocking: the engine also starts all_reduce of double and all_reduce and reduce_scatter "
+                "of std::int64_t (and all_gather of std::uint8_t where the backend has a byte all_gather)");
+  return true;
+}
 
 // The request of a backend without nonblocking collectives: its collectives complete when started.
 struct completed_request {};

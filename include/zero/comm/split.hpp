@@ -23,4 +23,16 @@ concept splittable = requires(C& c, int color) {
   { c.split(color) } -> std::same_as<std::unique_ptr<C>>;
 };
 
+// For a backend author: static_assert(zero::comm::check_split<my_backend>()) after the class; a
+// missing member or one returning another type fails naming it, where the engine would only refuse
+// hpZ at run time. A wrapper splits its inner backend and wraps the result in a new wrapper of its
+// own type (comm::verified::split is an example).
+template <class C>
+consteval bool check_split() {
+  static_assert(requires(C& c, int color) { c.split(color); }, "check_split: no member split(int color)");
+  static_assert(splittable<C>, "check_split: split(int color) must return std::unique_ptr<C>, a communicator of "
+                               "the same type (a wrapper wraps its inner backend's split)");
+  return true;
+}
+
 }  // namespace zero::comm

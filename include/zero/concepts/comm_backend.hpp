@@ -3,12 +3,14 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 
 #include "zero/core/reduce_op.hpp"
 
 namespace zero {
 
-// Requirements (T is float and double; a backend may accept more types):
+// Requirements (T is float and double; a backend may accept more types, and the engine needs more:
+// CommBackendForEngine below):
 //   typename C::system                       the memory space its buffers live in (sys::host, ...)
 //   c.rank(), c.size()                       this rank and the world size
 //   c.all_reduce(send, recv, count, op)      recv[i] = op over ranks of send[i]; send == recv allowed
@@ -55,5 +57,36 @@ concept CommBackendFor = CommBackend<C> && requires(C& c, const T* s, T* r, std:
   c.reduce_scatter(s, r, n, op);
   c.all_gather(s, r, n);
 };
+
+// The element types the engine moves besides the precision's, by the feature that moves them. Each
+// feature is compiled into every engine (the options that turn them on are run-time ones), so the
+// engine static_asserts each of these with a message naming the feature:
+//   the settings agreement check   at construction every rank's engine_options and optimizer settings,
+//                                  as std::int64_t words, all-gathered (also the reproducible mode's
+//                                  summaries and exact gradient norm)
+//   the reproducible mode          engine_options::reproducible: binned std::int64_t words summed by
+//                                  all_reduce (stage 0) or reduce_scatter (stages 1-3), exact in any
+//                                  order
+// The optional capabilities (nonblocking calls, all_to_all, split, a byte all_gather, call labels)
+// are detected by the concepts of their headers in comm/, each with a check_* helper to
+// static_assert after a backend that means to have one (a misspelled member is then a compile error
+// naming it, not a capability silently off).
+template <class C>
+concept CommBackendForSettingsCheck = requires(C& c, const std::int64_t* s, std::int64_t* r, std::size_t n) {
+  c.all_gather(s, r, n);
+};
+
+template <class C>
+concept CommBackendForReproducible =
+    requires(C& c, const std::int64_t* s, std::int64_t* r, std::size_t n, reduce_op op) {
+      c.all_reduce(s, r, n, op);
+      c.reduce_scatter(s, r, n, op);
+      c.all_gather(s, r, n);
+    };
+
+// Everything the engine's blocking calls need of a backend for a precision whose comm_type is T.
+// A backend author's one-line check: static_assert(zero::CommBackendForEngine<my_backend, float>).
+template <class C, class T>
+concept CommBackendForEngine = CommBackendFor<C, T> && CommBackendForSettingsCheck<C> && CommBackendForReproducible<C>;
 
 }  // namespace zero

@@ -66,6 +66,17 @@ class engine {
                 "zero::engine: the comm backend has no all_reduce, reduce_scatter or all_gather for the precision "
                 "policy's comm_type (bf16 and fp16 precisions send 2-byte elements): give the backend those "
                 "collectives for that type, or use a precision whose comm_type it moves");
+  static_assert(CommBackendForSettingsCheck<Comm>,
+                "zero::engine: the settings agreement check at construction all-gathers std::int64_t words: give the "
+                "backend all_gather for std::int64_t (concepts/comm_backend.hpp, CommBackendForEngine)");
+  static_assert(CommBackendForReproducible<Comm>,
+                "zero::engine: the reproducible mode (engine_options::reproducible, a run-time option compiled into "
+                "every engine) all-reduces and reduce-scatters std::int64_t binned words: give the backend "
+                "all_reduce and reduce_scatter for std::int64_t (concepts/comm_backend.hpp, CommBackendForEngine)");
+  static_assert(comm::overlap_complete_for<Comm, typename Prec::comm_type>,
+                "zero::engine: overlap: the backend names part of the nonblocking interface of comm/nonblocking.hpp "
+                "but not all of it for the types the engine starts; a misspelled member would turn overlap off: "
+                "static_assert(zero::comm::check_nonblocking<Backend, comm_type>()) names the missing one");
 
   class gathered;
   class grad_buffers;

@@ -1,10 +1,26 @@
-// The collective conformance suite, written once over any CommBackend and run on each rank of a launch.
+// The collective conformance suite for backend authors: every collective checked on each rank of a launch, over any CommBackend.
 #pragma once
 
-// Every check runs inside one rank and throws std::runtime_error naming the rank, the collective,
-// the element and both values, so the launcher (comm::threads::launch rethrows, comm::mpi::run
-// aborts the job with the message) reports it. Each function runs the same collectives on every
-// rank whatever the outcome of a check, up to the first throw, so a failure never strands a peer.
+// Use: call zero::conformance::all(comm) (or one collective's function) on every rank of a launch of
+// the backend, with 1, 2, 3 and more ranks (odd counts and counts no N divides are in the cases):
+//
+//   zero::comm::threads::launch(3, [](zero::comm::threads& c) { zero::conformance::all(c); });
+//
+// It checks each collective out of place and in place (NCCL's in-place rules), for float and double,
+// at counts from 0 to a few thousand, against a reference computed on every rank: sums bit for bit
+// in rank order (acc = x0; acc += x1; ...; options::rank_ordered = false for a backend documented
+// otherwise), max, that nothing is written outside the receive buffer or into the send buffer, that
+// a broadcast reads only the root, that a barrier waits for the last rank, that the inputs do depend
+// on the summation order (so the checks have teeth), and canonical NaNs (and bf16 and fp16 where the
+// backend moves them). engine_types(c) checks the other types the engine moves (std::int64_t and
+// std::uint8_t, all_to_all where the backend has it). Buffers live in the backend's system memory
+// (System::allocate, System::copy), so a device backend is tested as it runs.
+//
+// Every check runs inside one rank and throws zero::error (kind comm) naming the rank, the
+// collective, the element and both values, so the launcher (comm::threads::launch rethrows,
+// comm::mpi::run aborts the job with the message) reports it. Each function runs the same collectives
+// on every rank whatever the outcome of a check, up to the first throw, so a failure never strands a
+// peer. Header-only, no test framework: call it from any test runner.
 
 #include <algorithm>
 #include <chrono>
@@ -14,18 +30,20 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
-#include "zero/core/reduce_op.hpp"
+#include "zero/comm/all_to_all.hpp"
+#include "zero/comm/fingerprint.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/half_types.hpp"
+#include "zero/core/reduce_op.hpp"
+#include "zero/error.hpp"
 
-namespace conformance {
+namespace zero::conformance {
 
 struct options {
   // Sums must equal acc = x0; acc += x1; ... acc += x{N-1} bit for bit. False for a documented
@@ -42,7 +60,7 @@ inline const char* to_string(placement p) { return p == placement::in_place ? "i
 
 template <class T>
 const char* type_name() {
-  return sizeof(T) == sizeof(float) ? "float" : "double";
+  return comm::to_string(comm::wire_type_of<T>());
 }
 
 // splitmix64, so every rank can compute every other rank's input without communicating.
@@ -56,14 +74,21 @@ inline std::uint64_t mix(std::uint64_t x) {
 // Element i of rank r's input: a random sign and mantissa times 2^e with e in [-20, 20]. Addends
 // that far apart in magnitude lose different low bits in each summation order, so a backend that
 // sums out of rank order gives a different float (checked by order_sensitivity below).
+// Integers: uniform over 40 bits (signed) or the type's range, so sums over any N in use stay exact.
 template <class T>
 T value(int rank, std::size_t i, std::uint64_t salt) {
   const std::uint64_t h = mix(salt ^ mix(static_cast<std::uint64_t>(rank) ^ mix(i)));
-  constexpr int bits = std::numeric_limits<T>::digits - 1;
-  const double mantissa = 1.0 + std::ldexp(static_cast<double>(h & ((1ull << bits) - 1)), -bits);
-  const int exponent = static_cast<int>((h >> 53) % 41) - 20;
-  const double v = std::ldexp(mantissa, exponent);
-  return static_cast<T>((h >> 63) ? -v : v);  // exact: the mantissa has T's digits
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) >= 8) {
+    return static_cast<T>(static_cast<std::int64_t>(h >> 24) - (std::int64_t{1} << 39));
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(h);
+  } else {
+    constexpr int bits = std::numeric_limits<T>::digits - 1;
+    const double mantissa = 1.0 + std::ldexp(static_cast<double>(h & ((1ull << bits) - 1)), -bits);
+    const int exponent = static_cast<int>((h >> 53) % 41) - 20;
+    const double v = std::ldexp(mantissa, exponent);
+    return static_cast<T>((h >> 63) ? -v : v);  // exact: the mantissa has T's digits
+  }
 }
 
 template <class T>
@@ -102,7 +127,7 @@ template <class... Args>
 [[noreturn]] void fail(int rank, int size, const std::string& where, const Args&... what) {
   std::string msg = "conformance: rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " + where + ": ";
   ((msg += what), ...);
-  throw std::runtime_error(msg);
+  throw zero::error(zero::error_kind::comm, msg);
 }
 
 // A buffer in the backend's memory space with guard zones on both sides, so a collective that
@@ -297,6 +322,27 @@ class checker {
       expect_equal(send.read(), mine, where + " [send buffer changed]", true);
       expect_guards(recv, where, "receive");
     }
+    expect_guards(send, where, "send");
+  }
+
+  // Block k of each rank's send goes to rank k: recv[k * count + i] = rank k's send[rank * count + i].
+  template <class T>
+  void all_to_all_case(std::size_t count) {
+    const std::string where = std::string("all_to_all(") + type_name<T>() + ", count " + std::to_string(count) + ")";
+    const std::size_t total = count * static_cast<std::size_t>(size_);
+    const auto xs = inputs<T>(total, 0x600 + count);
+    const std::vector<T>& mine = xs[static_cast<std::size_t>(rank_)];
+    std::vector<T> expected;
+    for (const auto& x : xs)
+      expected.insert(expected.end(), x.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(rank_)),
+                      x.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(rank_ + 1)));
+    buffer<T> send(total), recv(total);
+    send.write(mine);
+    recv.write(input<T>(-1, total, 7));
+    c_.all_to_all(send.data(), recv.data(), count);
+    expect_equal(recv.read(), expected, where, true);
+    expect_equal(send.read(), mine, where + " [send buffer changed]", true);
+    expect_guards(recv, where, "receive");
     expect_guards(send, where, "send");
   }
 
@@ -536,6 +582,25 @@ void nan_canonical(Comm& c, options o = {}) {
   }
 }
 
+// The other element types the engine moves (concepts/comm_backend.hpp, CommBackendForEngine): the
+// settings check's and the reproducible mode's std::int64_t all_gather, all_reduce and reduce_scatter
+// (sums exact in any order: checked bit for bit whatever options::rank_ordered says), and where the
+// backend has them, qwZ's std::uint8_t all_gather and qgZ's std::uint8_t all_to_all.
+template <zero::CommBackend Comm>
+void engine_types(Comm& c, options o = {}) {
+  o.rank_ordered = true;  // integer sums are exact in every order
+  checker<Comm> ck(c, o);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{129}, std::size_t{1000}}) {
+    for (auto p : {placement::out_of_place, placement::in_place}) {
+      ck.template all_gather_case<std::int64_t>(n, p);
+      ck.template all_reduce_case<std::int64_t>(n, zero::reduce_op::sum, p);
+      ck.template reduce_scatter_case<std::int64_t>(n, zero::reduce_op::sum, p);
+      if constexpr (comm::moves_bytes<Comm>) ck.template all_gather_case<std::uint8_t>(n, p);
+    }
+    if constexpr (comm::has_all_to_all<Comm>) ck.template all_to_all_case<std::uint8_t>(n);
+  }
+}
+
 // Everything above, in one call.
 template <zero::CommBackend Comm>
 void all(Comm& c, options o = {}) {
@@ -548,4 +613,4 @@ void all(Comm& c, options o = {}) {
   if (o.rank_ordered) nan_canonical(c, o);
 }
 
-}  // namespace conformance
+}  // namespace zero::conformance
