@@ -1,9 +1,8 @@
 // expect: the settings agreement check at construction all-gathers std::int64_t words
-// expect: the reproducible mode .* all-reduces and reduce-scatters std::int64_t binned words
 #include "zero/zero.hpp"
 
 // A backend that moves float and double only (what CommBackend checks): refused at the engine's
-// instantiation with messages naming the features that need std::int64_t, not deep in comm::counted.
+// instantiation with a message naming the feature that needs std::int64_t, not deep in comm::counted.
 struct float_and_double_only {
   using system = zero::sys::host;
   int rank() const { return 0; }

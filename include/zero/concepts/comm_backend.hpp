@@ -58,15 +58,16 @@ concept CommBackendFor = CommBackend<C> && requires(C& c, const T* s, T* r, std:
   c.all_gather(s, r, n);
 };
 
-// The element types the engine moves besides the precision's, by the feature that moves them. Each
-// feature is compiled into every engine (the options that turn them on are run-time ones), so the
-// engine static_asserts each of these with a message naming the feature:
+// The element types the engine moves besides the precision's, by the feature that moves them:
 //   the settings agreement check   at construction every rank's engine_options and optimizer settings,
 //                                  as std::int64_t words, all-gathered (also the reproducible mode's
-//                                  summaries and exact gradient norm)
+//                                  summaries and exact gradient norm): every engine compiles it, and
+//                                  static_asserts it with a message naming the feature
 //   the reproducible mode          engine_options::reproducible: binned std::int64_t words summed by
 //                                  all_reduce (stage 0) or reduce_scatter (stages 1-3), exact in any
-//                                  order
+//                                  order; its reducer (engine/reduce/binned.hpp) is compiled into an
+//                                  engine only over a backend that has them, and without them the
+//                                  option is refused at construction, naming this concept
 // The optional capabilities (nonblocking calls, all_to_all, split, a byte all_gather, call labels)
 // are detected by the concepts of their headers in comm/, each with a check_* helper to
 // static_assert after a backend that means to have one (a misspelled member is then a compile error
@@ -84,8 +85,9 @@ concept CommBackendForReproducible =
       c.all_gather(s, r, n);
     };
 
-// Everything the engine's blocking calls need of a backend for a precision whose comm_type is T.
-// A backend author's one-line check: static_assert(zero::CommBackendForEngine<my_backend, float>).
+// Everything the engine's blocking calls can use of a backend for a precision whose comm_type is T
+// (every option available). A backend author's one-line check:
+// static_assert(zero::CommBackendForEngine<my_backend, float>).
 template <class C, class T>
 concept CommBackendForEngine = CommBackendFor<C, T> && CommBackendForSettingsCheck<C> && CommBackendForReproducible<C>;
 

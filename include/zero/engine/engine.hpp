@@ -69,10 +69,6 @@ class engine {
   static_assert(CommBackendForSettingsCheck<Comm>,
                 "zero::engine: the settings agreement check at construction all-gathers std::int64_t words: give the "
                 "backend all_gather for std::int64_t (concepts/comm_backend.hpp, CommBackendForEngine)");
-  static_assert(CommBackendForReproducible<Comm>,
-                "zero::engine: the reproducible mode (engine_options::reproducible, a run-time option compiled into "
-                "every engine) all-reduces and reduce-scatters std::int64_t binned words: give the backend "
-                "all_reduce and reduce_scatter for std::int64_t (concepts/comm_backend.hpp, CommBackendForEngine)");
   static_assert(comm::overlap_complete_for<Comm, typename Prec::comm_type>,
                 "zero::engine: overlap: the backend names part of the nonblocking interface of comm/nonblocking.hpp "
                 "but not all of it for the types the engine starts; a misspelled member would turn overlap off: "

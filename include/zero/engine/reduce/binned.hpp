@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero/concepts/comm_backend.hpp"
 #include "zero/concepts/gradient_reducer.hpp"
 #include "zero/concepts/partitioner.hpp"
 #include "zero/core/binned.hpp"
@@ -37,8 +38,11 @@ class binned_method {
   static constexpr const char* name = "binned";
   // Kernels never write the store, so it is sharded wherever the optimizer states are.
   static constexpr bool store_sharded = P::shards_optimizer_states;
-  // The system's binned reductions (sys::host has them; the device system not yet).
+  // The backend's std::int64_t collectives (CommBackendForReproducible) and the system's binned
+  // reductions (sys::host has them; the device system not yet). Without them the engine compiles
+  // without this reducer and refuses the mode at construction.
   static constexpr bool available =
+      CommBackendForReproducible<typename Ctx::comm_backend> &&
       requires(const system& y, const grad_type* g, const float* const* f, const std::size_t* n, std::int64_t* w) {
     { y.binned_summary(g, n[0]) } -> std::same_as<std::int64_t>;
     { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
@@ -52,7 +56,8 @@ class binned_method {
     static_assert(formula::reproducible_wire_bytes == binned::words * sizeof(std::int64_t),
                   "formula::reproducible_wire_bytes counts the binned words");
     ZERO_CHECK(available, invalid_argument, "rank ", c.rank,
-               ": engine_options::reproducible needs the binned reductions of the system (binned_summary, "
+               ": engine_options::reproducible needs a backend with all_reduce and reduce_scatter of std::int64_t "
+               "(CommBackendForReproducible) and the binned reductions of the system (binned_summary, "
                "binned_square_summary, binned_sum_of_squares; sys::host has them, the device system not yet): "
                "run the reproducible mode on a host backend (comm::threads, comm::mpi), or turn it off");
     const std::size_t total = static_cast<std::size_t>(c.ranks()) * static_cast<std::size_t>(c.reduces_per_step());
