@@ -59,28 +59,28 @@ struct gradient_probe {
 // collectives in the same order. The bits of a reducer are its own contract (exact: rank-ordered
 // sums; quantized: ZeRO++'s qgZ; binned: independent of the world size).
 template <class R>
-concept GradientReducer =
-    requires(R& r, const R& cr, typename R::context_type& ctx, const engine_options& o, unit_id u, bool first,
-             float divisor, const agreement_terms& a) {
-      typename R::grad_type;
-      { R::name } -> std::convertible_to<const char*>;
-      { R::available } -> std::convertible_to<bool>;
-      { R::chosen(o) } -> std::same_as<bool>;
-      R::accept(ctx);
-      { R::grad_bytes(o) } -> std::same_as<std::size_t>;
-      { R::extra_state_bytes(o, std::uint64_t{}) } -> std::same_as<std::uint64_t>;
-      r.open(u);
-      { r.unit_gradient(u) } -> std::same_as<typename R::grad_type*>;
-      r.reduce(u, first);
-      r.flush();
-      { cr.in_flight() } -> std::convertible_to<std::size_t>;
-      r.complete_oldest();
-      r.complete_all();
-      { r.sum_of_squares(divisor, a) } -> std::same_as<norm_result>;
-      { cr.averaging_count() } -> std::convertible_to<std::size_t>;
-      { cr.sharded() } -> std::same_as<bool>;
-      cr.with_gradients(detail::gradient_probe{});
-      r.clear();
-    } && std::constructible_from<R, typename R::context_type&>;
+concept GradientReducer = requires(R& r, const R& cr, typename R::context_type& ctx, const engine_options& o, unit_id u,
+                                   bool first, float divisor, const agreement_terms& a) {
+  typename R::grad_type;
+  { R::name } -> std::convertible_to<const char*>;
+  { R::available } -> std::convertible_to<bool>;
+  { R::chosen(o) } -> std::same_as<bool>;
+  R::accept(ctx);
+  { R::grad_bytes(o) } -> std::same_as<std::size_t>;
+  { R::extra_state_bytes(o, std::uint64_t{}) } -> std::same_as<std::uint64_t>;
+  r.open(u);
+  { r.unit_gradient(u) } -> std::same_as<typename R::grad_type*>;
+  r.reduce(u, first);
+  r.flush();
+  { cr.in_flight() } -> std::convertible_to<std::size_t>;
+  r.complete_oldest();
+  r.complete_all();
+  { r.sum_of_squares(divisor, a) } -> std::same_as<norm_result>;
+  { cr.averaging_count() } -> std::convertible_to<std::size_t>;
+  { cr.sharded() } -> std::same_as<bool>;
+  cr.with_gradients(detail::gradient_probe{});
+  r.clear();
+}
+&&std::constructible_from<R, typename R::context_type&>;
 
 }  // namespace zero

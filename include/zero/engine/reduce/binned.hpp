@@ -17,7 +17,7 @@
 #include "zero/core/layout.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/reduce_op.hpp"
-#include "zero/engine/reduce/context.hpp"
+#include "zero/engine/context.hpp"
 #include "zero/engine/reduce/reducer.hpp"
 
 namespace zero::reduce {
@@ -63,7 +63,8 @@ class binned_method {
     const std::size_t total = static_cast<std::size_t>(c.ranks()) * static_cast<std::size_t>(c.reduces_per_step());
     ZERO_CHECK(total <= (std::size_t{1} << 24), invalid_argument, "rank ", c.rank,
                ": engine_options::reproducible averages over N x micro_batches = ", c.ranks(), " x ",
-               c.reduces_per_step(), " = ", total, " micro-batches, more than 2^24 (the divisor must be exact in fp32)");
+               c.reduces_per_step(), " = ", total,
+               " micro-batches, more than 2^24 (the divisor must be exact in fp32)");
   }
 
   // The words on the wire ([rank][unit][plane][shard], a rank's block `block` words long), each unit's
@@ -143,8 +144,8 @@ class binned_method {
     const auto l = ctx_.label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
     std::int64_t* store = f.direct ? bins_.data() + K * base(lay.unit(parts[0].unit)) : nullptr;
     if constexpr (updates_every_element<P>)
-      f.pending =
-          ctx_.protocol.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks, reduce_op::sum);
+      f.pending = ctx_.protocol.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks,
+                                                 reduce_op::sum);
     else
       f.pending = ctx_.protocol.start_reduce_scatter(f.wire.data(), f.direct ? store : f.wire.data() + me * f.block,
                                                      f.block, reduce_op::sum);
@@ -253,7 +254,7 @@ class binned_method {
     const binned::summary before = sums_[part.unit.index];
     binned::summary& sum = sums_[part.unit.index];
     sum = binned::merge(before, in);
-    if (f.direct) return;  // already in the store, which was empty (the summary is now the reduce's)
+    if (f.direct) return;                     // already in the store, which was empty (the summary is now the reduce's)
     if (!sum.finite() || in.bin < 0) return;  // nothing to add: zeros, or a step that will be skipped
     const unit_layout& ul = ctx_.layout.unit(part.unit);
     const elementwise::merge_bins_rule rule{before.bin, in.bin, sum.bin};

@@ -29,9 +29,8 @@ struct available_variant {
 };
 template <class... Vs, class R, class... Rs>
 struct available_variant<std::variant<Vs...>, R, Rs...> {
-  using type = typename available_variant<
-      std::conditional_t<R::available, std::variant<Vs..., R>, std::variant<Vs...>>,
-      Rs...>::type;
+  using type = typename available_variant<std::conditional_t<R::available, std::variant<Vs..., R>, std::variant<Vs...>>,
+                                          Rs...>::type;
 };
 template <class List>
 struct variant_of;
@@ -81,9 +80,11 @@ template <class Ctx>
 void emplace_chosen(reducer_variant<Ctx>& v, Ctx& c) {
   catalog<Ctx>::visit_first([&]<class R>() { return R::chosen(c.options); },
                             [&]<class R>() {
-                              if constexpr (R::available) v.template emplace<R>(c);
-                              else fail(error_kind::invalid_argument, "rank ", c.rank, ": the ", R::name,
-                                        " gradient reducer is not available on this backend and system");
+                              if constexpr (R::available)
+                                v.template emplace<R>(c);
+                              else
+                                fail(error_kind::invalid_argument, "rank ", c.rank, ": the ", R::name,
+                                     " gradient reducer is not available on this backend and system");
                             });
 }
 

@@ -65,12 +65,9 @@ class qgz_feedback_wire : public qgz_wire<Ctx> {
   using system = typename Ctx::system;
   static constexpr const char* name = "qgZ with error feedback";
   static bool chosen(const engine_options& o) { return o.zeropp.qgz && o.zeropp.qgz_error_feedback; }
-  static std::uint64_t extra_state_bytes(const engine_options&, std::uint64_t padded) {
-    return padded * sizeof(float);
-  }
+  static std::uint64_t extra_state_bytes(const engine_options&, std::uint64_t padded) { return padded * sizeof(float); }
 
-  explicit qgz_feedback_wire(Ctx& c)
-      : base(c), ctx_(c), error_(c.layout.padded(), mem_category::grads, c.acct) {}
+  explicit qgz_feedback_wire(Ctx& c) : base(c), ctx_(c), error_(c.layout.padded(), mem_category::grads, c.acct) {}
 
   typename Ctx::request start(state& f, const std::vector<unit_id>& units, typename Ctx::grad_type* g,
                               std::size_t count) {
@@ -98,7 +95,8 @@ class qgz_feedback_wire : public qgz_wire<Ctx> {
       for (unit_id v : units) {
         const unit_layout& ul = ctx_.layout.unit(v);
         ctx_.sys.for_each(ul.shard, detail::subtract_rule{},
-                          elementwise::inout(error_.data() + ul.offset + k * ul.shard), elementwise::in(sent.data() + off));
+                          elementwise::inout(error_.data() + ul.offset + k * ul.shard),
+                          elementwise::in(sent.data() + off));
         off += ul.shard;
       }
     }

@@ -29,8 +29,9 @@ class qgz_wire {
   using P = typename Ctx::partitioner;
   static constexpr const char* name = "qgZ";
   static constexpr bool available =
-      comm::has_all_to_all<Comm> &&
-      requires(const system& s, std::size_t n, quant::scale_rule<float> r) { s.for_each_index(n, r); };
+      comm::has_all_to_all<Comm> && requires(const system& s, std::size_t n, quant::scale_rule<float> r) {
+    s.for_each_index(n, r);
+  };
   static bool chosen(const engine_options& o) { return o.zeropp.qgz; }
   static std::uint64_t extra_state_bytes(const engine_options&, std::uint64_t) { return 0; }
   static void accept(const Ctx& c) {
@@ -85,8 +86,10 @@ class qgz_wire {
     return c.node->start_all_to_all(f.send_wire.data(), f.recv_wire.data(), nodes * wb);
   }
   void wait(state& f, typename Ctx::request& r) {
-    if (f.first_hop) ctx_.node->wait(r);
-    else ctx_.protocol.wait(r);
+    if (f.first_hop)
+      ctx_.node->wait(r);
+    else
+      ctx_.protocol.wait(r);
   }
   // The N received slices summed in fp32 in rank order into this rank's slice. Two hops: the node's
   // G slices of each of the K ranks of this position summed in local order (fp32), quantized once

@@ -10,7 +10,7 @@
 
 #include "zero/concepts/gradient_reducer.hpp"
 #include "zero/core/memory.hpp"
-#include "zero/engine/reduce/context.hpp"
+#include "zero/engine/context.hpp"
 
 namespace zero::reduce {
 
@@ -134,7 +134,7 @@ class reducer {
   }
 
   Ctx& ctx_;
-  Method method_;  // the store, before the buckets and requests that write into it
+  Method method_;                                // the store, before the buckets and requests that write into it
   std::vector<buffer<grad_type, system>> open_;  // each unit's bucket between grads() and reduce()
   std::vector<unit_part<Ctx>> fusing_;           // the open bucket of reduce_bucket_elements, in reduce order
   std::size_t fusing_elements_ = 0;

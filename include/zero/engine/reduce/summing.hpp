@@ -16,7 +16,7 @@
 #include "zero/core/memory.hpp"
 #include "zero/core/reduce_op.hpp"
 #include "zero/engine/agreement.hpp"
-#include "zero/engine/reduce/context.hpp"
+#include "zero/engine/context.hpp"
 #include "zero/engine/reduce/reducer.hpp"
 
 namespace zero::reduce {
@@ -177,8 +177,10 @@ class summing {
   // Calls f with the store's base: fp32 or the precision's gradient type.
   template <class F>
   void with_gradients(F&& f) const {
-    if (ctx_.options.fp32_grad_accumulation) f(static_cast<const float*>(grads32_.data()));
-    else f(static_cast<const grad_type*>(grads_.data()));
+    if (ctx_.options.fp32_grad_accumulation)
+      f(static_cast<const float*>(grads32_.data()));
+    else
+      f(static_cast<const grad_type*>(grads_.data()));
   }
   void clear() {
     with_store([&](auto& store) { ctx_.sys.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
@@ -194,8 +196,10 @@ class summing {
   }
   template <class F>
   void with_store(F f) {
-    if (ctx_.options.fp32_grad_accumulation) f(grads32_);
-    else f(grads_);
+    if (ctx_.options.fp32_grad_accumulation)
+      f(grads32_);
+    else
+      f(grads_);
   }
   // Stores (first micro-batch) or adds (later ones, in fp32, rounded once) `count` reduced elements
   // starting at unit-local element `from` into the store. A copy, not an add into zeros, for the

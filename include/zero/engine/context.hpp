@@ -1,4 +1,4 @@
-// What a gradient reducer works with: the engine's system, memory account, layout, options and links.
+// What the engine's parts work with: the engine's system, memory account, layout, options and links.
 #pragma once
 
 #include <cstddef>
@@ -15,21 +15,25 @@
 #include "zero/engine/reports.hpp"
 #include "zero/error.hpp"
 
-namespace zero::reduce {
+namespace zero {
 
-// The engine's services, by reference: a reducer owns its own state (gradient store, buckets, words,
-// what is in flight) and reaches everything else through this. The engine builds one context and
-// keeps it alive for as long as the reducer.
+// The engine's services, by reference: each part (a gradient reducer, the parameter store, the
+// optimizer sweep, the ranks' agreement) owns its own state and reaches everything else through
+// this. The engine builds one context and keeps it alive for as long as its parts.
 template <class P, class Comm, class Prec>
-struct context {
+struct part_context {
   using partitioner = P;
   using comm_backend = Comm;
   using precision = Prec;
   using system = typename Comm::system;
+  using param_type = typename Prec::param_type;
   using grad_type = typename Prec::grad_type;
   using comm_type = typename Prec::comm_type;
   using link = comm::counted<Comm>;
   using request = typename link::request;
+  // Whether the system's memory is host memory (a device system's is not: its words travel through
+  // copies).
+  static constexpr bool host_memory = requires { requires system::host_addressable; };
 
   system& sys;
   memory_accounting& acct;
@@ -38,7 +42,9 @@ struct context {
   const engine_options& options;
   int rank;
   link& protocol;  // the protocol's traffic (the formulas count it)
+  link& other;     // set-up and consolidation traffic
   link& control;   // the norm's all-reduce and the optimizer's fingerprint
+  link& eval;      // gathers inside evaluation() scopes
   overlap_report& overlap;
   // ZeRO++'s node links (engine_options::zeropp): the node's ranks and the ranks of this rank's
   // position in every node; null where the options need none.
@@ -47,7 +53,7 @@ struct context {
   Comm* cross_backend = nullptr;
   link* cross = nullptr;
   // Frees room for `bytes` more under memory_limit_bytes (completes reduces in flight, drops
-  // prefetches): the engine's schedule, which a reducer calls before each transient allocation.
+  // prefetches): the engine's schedule, which a part calls before each transient allocation.
   std::function<void(std::size_t)> make_room{};
 
   int ranks() const { return layout.ranks(); }
@@ -68,4 +74,4 @@ struct context {
   }
 };
 
-}  // namespace zero::reduce
+}  // namespace zero

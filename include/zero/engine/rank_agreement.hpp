@@ -1,0 +1,191 @@
+// The ranks' agreement: their settings at construction, their optimizers at every step, their initial values.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/comm/call_label.hpp"
+#include "zero/concepts/gradient_reducer.hpp"
+#include "zero/core/model_spec.hpp"
+#include "zero/core/reduce_op.hpp"
+#include "zero/engine/agreement.hpp"
+#include "zero/engine/context.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+// What every rank must share, checked where it can first differ (agreement.hpp has the words and the
+// fingerprint): the engine_options and optimizer hyper-parameters at construction (an all-gather of
+// their words on the backend itself, outside comm() and memory()); the optimizer again at every step
+// (its fingerprint, on the norm's all-reduce where the step makes one, else on an all-reduce of its
+// own started at the step's first reduce); the values of an every_rank initialization (a hash per
+// tensor). A disagreement throws invalid_argument on every rank, naming the fields, tensors and ranks.
+template <class Ctx, class Opt>
+class rank_agreement {
+ public:
+  using system = typename Ctx::system;
+  using Comm = typename Ctx::comm_backend;
+
+  explicit rank_agreement(Ctx& c) : ctx_(c) {}
+  rank_agreement(const rank_agreement&) = delete;
+  rank_agreement& operator=(const rank_agreement&) = delete;
+
+  // At construction, before the model states are allocated: every rank's options and optimizer.
+  void check_settings(const Opt& opt) {
+    ZERO_CHECK(ctx_.ranks() <= detail::max_fingerprint_ranks, invalid_argument, "rank ", ctx_.rank,
+               ": engine: ", ctx_.ranks(),
+               " ranks, more than the 2^21 whose settings fingerprint the step checks exactly");
+    fingerprint(opt);
+    if (ctx_.ranks() == 1) return;
+    detail::settings all = detail::options_settings(ctx_.options);
+    all.append(detail::optimizer_settings(opt));
+    const std::string d = detail::disagreement(all, gather_words(all.words(), "settings check"), ctx_.ranks());
+    ZERO_CHECK(d.empty(), invalid_argument, "rank ", ctx_.rank, ": engine: the ranks' settings differ: ", d,
+               " (every rank must build its engine with the same engine_options and optimizer hyper-parameters)");
+  }
+  // The optimizer's hash and fingerprint terms, after each change of its hyper-parameters.
+  void fingerprint(const Opt& opt) {
+    hash_ = detail::hash_of(detail::optimizer_settings(opt));
+    detail::fingerprint_terms(hash_, fingerprint_.data());
+  }
+  // What a reducer's norm collective carries for the check.
+  agreement_terms terms() const { return {fingerprint_.data(), hash_}; }
+
+  // The step's own all-reduce of the fingerprint (where the norm carries none: `separate`), started at
+  // its first reduce (nonblocking where the backend overlaps) and completed by finish().
+  void start(bool separate) {
+    if (started_ || !separate) return;
+    started_ = true;
+    double* wire = host_.data();  // host memory, or a wire taken from the system once
+    if constexpr (!Ctx::host_memory) {
+      if (!wire_) wire_.reset(static_cast<double*>(system::allocate(sizeof fingerprint_)));
+      wire = wire_.get();
+    }
+    ctx_.sys.copy_from_host(wire, fingerprint_.data(), sizeof fingerprint_);
+    const comm::scoped_label<Comm> l(ctx_.protocol.inner(), "settings check");
+    request_ = ctx_.control.start_all_reduce(wire, wire, fingerprint_.size(), reduce_op::sum);
+  }
+  void finish(const Opt& opt) {
+    if (!started_) return;
+    started_ = false;
+    ctx_.control.wait(request_);
+    std::array<double, detail::fingerprint_words> sums{};
+    ctx_.sys.copy_to_host(sums.data(), Ctx::host_memory ? host_.data() : wire_.get(), sizeof sums);
+    if (!detail::fingerprints_agree(fingerprint_.data(), sums.data(), ctx_.ranks())) optimizers_disagree(opt);
+  }
+  // Reached by every rank of a step whose fingerprints differ (they all see the same sums): gathers
+  // the hyper-parameters to name the fields and ranks, and throws before any rank updates.
+  [[noreturn]] void optimizers_disagree(const Opt& opt) {
+    const detail::settings s = detail::optimizer_settings(opt);
+    const std::string d = detail::disagreement(s, gather_words(s.words(), "settings check"), ctx_.ranks());
+    fail(error_kind::invalid_argument, "rank ", ctx_.rank,
+         ": step(): the ranks' optimizer hyper-parameters differ: ", d,
+         "; set_optimizer() and set_learning_rate() must make the same change on every rank (no rank applied this "
+         "step's update)");
+  }
+
+  // every_rank initialization: all-gathers every rank's per-tensor hashes (run_hash64 of the fp32
+  // values it produced; two doubles of 32 bits each per hash, exact whatever its value) on the set-up
+  // counter, comm().other. Every rank sees the same table and so decides the same: all return, or all
+  // throw invalid_argument naming the first tensor, in declaration order, that some rank produced
+  // differently from rank 0, and those ranks. The wire is taken from the system directly, outside
+  // memory() (as a checkpoint's control collectives are): 16 bytes per tensor per rank, freed before
+  // initialize() returns, so memory() and plan() keep describing the model states and the protocol.
+  void check_init(const std::vector<std::uint64_t>& hashes) {
+    if (hashes.empty()) return;  // no tensors: the same on every rank
+    const std::size_t n = 2 * hashes.size(), ranks = static_cast<std::size_t>(ctx_.ranks());
+    const std::size_t mine = n * static_cast<std::size_t>(ctx_.rank), bytes = n * ranks * sizeof(double);
+    std::vector<double> table(n * ranks);
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+      table[mine + 2 * i] = static_cast<double>(hashes[i] >> 32);
+      table[mine + 2 * i + 1] = static_cast<double>(hashes[i] & 0xffffffffu);
+    }
+    const std::unique_ptr<double, system_free> wire(static_cast<double*>(system::allocate(bytes)), system_free{bytes});
+    ctx_.sys.copy_from_host(wire.get() + mine, table.data() + mine, n * sizeof(double));
+    {
+      const comm::scoped_label<Comm> l(ctx_.protocol.inner(), "init check");
+      ctx_.other.all_gather(wire.get() + mine, wire.get(), n);
+    }
+    ctx_.sys.copy_to_host(table.data(), wire.get(), bytes);
+    const auto hash_of = [&](std::size_t r, std::size_t i) {
+      return (static_cast<std::uint64_t>(table[r * n + 2 * i]) << 32) |
+             static_cast<std::uint64_t>(table[r * n + 2 * i + 1]);
+    };
+    std::size_t i = 0;
+    for (const unit_spec& us : ctx_.spec.units()) {
+      for (const tensor_spec& ts : us.tensors) {
+        std::string differing;
+        std::size_t first = 0;
+        for (std::size_t r = 1; r < ranks; ++r)
+          if (hash_of(r, i) != hash_of(0, i)) {
+            differing += detail::concat(differing.empty() ? "" : ", ", r);
+            if (first == 0) first = r;
+          }
+        ZERO_CHECK(differing.empty(), invalid_argument, "rank ", ctx_.rank,
+                   ": initialize (init_source::every_rank): unit '", us.name, "', tensor '", ts.name, "': rank(s) ",
+                   differing, " produced other values than rank 0 (hash of the values: ", hex(hash_of(0, i)),
+                   " on rank 0, ", hex(hash_of(first, i)), " on rank ", first,
+                   "); every_rank needs an init function that gives every rank the same values (deterministic, not "
+                   "seeded by rank), or use init_source::broadcast_from_rank0. The parameters now disagree across "
+                   "ranks: initialize again or load a checkpoint before training");
+        ++i;
+      }
+    }
+  }
+
+ private:
+  // Frees memory taken from the system directly (outside memory()); system::deallocate takes the size.
+  struct system_free {
+    std::size_t bytes = 0;
+    void operator()(void* p) const { system::deallocate(p, bytes); }
+  };
+
+  // Every rank's words in rank order, all-gathered on the backend itself (through the system's memory
+  // where it is not host memory), outside comm() and memory(): construction and failure paths only.
+  std::vector<std::uint64_t> gather_words(const std::vector<std::uint64_t>& mine, const char* phase) {
+    const std::size_t n = mine.size(), me = static_cast<std::size_t>(ctx_.rank);
+    std::vector<std::uint64_t> all(n * static_cast<std::size_t>(ctx_.ranks()));
+    Comm& backend = ctx_.protocol.inner();
+    if constexpr (Ctx::host_memory) {
+      std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(me * n));
+      auto* words = reinterpret_cast<std::int64_t*>(all.data());  // the signed view of the same words
+      const comm::scoped_label<Comm> l(backend, phase);
+      backend.all_gather(words + me * n, words, n);
+      return all;
+    }
+    const std::size_t bytes = all.size() * sizeof(std::int64_t);
+    const std::unique_ptr<std::int64_t, system_free> wire(static_cast<std::int64_t*>(system::allocate(bytes)),
+                                                          system_free{bytes});
+    ctx_.sys.copy_from_host(wire.get() + me * n, mine.data(), n * sizeof(std::int64_t));
+    {
+      const comm::scoped_label<Comm> l(backend, phase);
+      backend.all_gather(wire.get() + me * n, wire.get(), n);
+    }
+    ctx_.sys.copy_to_host(all.data(), wire.get(), bytes);
+    return all;
+  }
+  static std::string hex(std::uint64_t h) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string s(16, '0');
+    for (int k = 15; k >= 0; --k, h >>= 4) s[static_cast<std::size_t>(k)] = digits[h & 0xf];
+    return s;
+  }
+
+  Ctx& ctx_;
+  // The optimizer's hash and fingerprint terms, and the separate check's wire and request (declared
+  // after the wire: destroyed, and so waited for, first).
+  std::uint64_t hash_ = 0;
+  std::array<double, detail::fingerprint_words> fingerprint_{};
+  std::array<double, detail::fingerprint_words> host_{};
+  std::unique_ptr<double, system_free> wire_{nullptr, system_free{sizeof(fingerprint_)}};
+  typename Ctx::request request_{};
+  bool started_ = false;
+};
+
+}  // namespace zero

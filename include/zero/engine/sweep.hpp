@@ -1,0 +1,278 @@
+// The optimizer sweep: the update over the rank's master weights and optimizer slots, in memory or offloaded.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "zero/concepts/optimizer_state.hpp"
+#include "zero/concepts/partitioner.hpp"
+#include "zero/core/elementwise.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/memory.hpp"
+#include "zero/engine/context.hpp"
+#include "zero/engine/parameters.hpp"
+#include "zero/offload/state_store.hpp"
+
+namespace zero {
+
+// The fp32 state arrays (the master weights where the precision keeps them apart from the parameters,
+// then one per optimizer slot) over what the rank updates (its owned slices where the states are
+// sharded, the whole model otherwise), in the offload tier's memory or the system's own, and the pass
+// that updates them: the offload store streams them slice by slice (offload::state_store), and each
+// unit's segments run the optimizer's element-wise rule on the system (no offload) or the host loop.
+// The same rule whichever memory runs it, so offloading changes no bit.
+template <class Ctx, class Opt>
+class optimizer_sweep {
+ public:
+  using P = typename Ctx::partitioner;
+  using Prec = typename Ctx::precision;
+  using system = typename Ctx::system;
+  using param_type = typename Ctx::param_type;
+  static constexpr int master_arrays = Prec::separate_master ? 1 : 0;
+  static constexpr int state_arrays = master_arrays + Opt::slots;
+  static constexpr int slot_array(int k) { return master_arrays + k; }
+
+  explicit optimizer_sweep(Ctx& c) : ctx_(c) {}
+  optimizer_sweep(const optimizer_sweep&) = delete;
+  optimizer_sweep& operator=(const optimizer_sweep&) = delete;
+
+  // The state elements the rank holds (padded): Psi / N where the states are sharded, Psi otherwise.
+  std::size_t elements() const { return P::shards_optimizer_states ? ctx_.layout.shard_total() : ctx_.layout.padded(); }
+  void allocate() {
+    std::array<mem_category, state_arrays> categories{};
+    for (int a = 0; a < state_arrays; ++a)
+      categories[static_cast<std::size_t>(a)] =
+          a < master_arrays ? mem_category::master : mem_category::optimizer_states;
+    store_ = offload::state_store<system>(ctx_.options.offload, ctx_.rank, state_arrays, elements(), categories.data(),
+                                          ctx_.acct);
+  }
+  const offload::state_store<system>& store() const { return store_; }
+  // n values of state array `array` from element `at` of its index space into host memory.
+  void read_array(int array, std::size_t at, std::size_t n, float* out) const {
+    store_.read(ctx_.sys, array, at, n, out);
+  }
+  bool offloaded() const { return store_.offloaded(); }
+
+  // Where the state arrays keep unit-local element i, which this rank must hold.
+  std::size_t state_index(const unit_layout& ul, std::size_t i) const {
+    return element_index(ul, i, P::shards_optimizer_states, ctx_.rank);
+  }
+  // The unit-local, unpadded elements the rank holds and updates: its owned slice, or the whole unit.
+  range update_range(unit_id u) const {
+    return P::shards_optimizer_states ? ctx_.layout.owned_real(u, ctx_.rank) : range{0, ctx_.layout.unit(u).numel};
+  }
+  std::size_t held_real_elements() const {
+    std::size_t n = 0;
+    for (std::size_t u = 0; u < ctx_.layout.num_units(); ++u) n += update_range(unit_id{u}).size();
+    return n;
+  }
+
+  // Master weights and slots of unit-local range r (held) to host memory; a null pointer skips its
+  // array. Without a separate master the weights are the parameters.
+  void read(const parameter_placement<Ctx>& params, unit_id u, range r, float* master, float* const* slots) const {
+    const unit_layout& ul = ctx_.layout.unit(u);
+    const std::size_t at = state_index(ul, r.begin);
+    if (master) {
+      if constexpr (Prec::separate_master)
+        store_.read(ctx_.sys, 0, at, r.size(), master);
+      else
+        ctx_.sys.copy_to_host(master, params.element(ul, r.begin), r.size() * sizeof(float));
+    }
+    for (int k = 0; k < Opt::slots; ++k)
+      if (slots[k]) store_.read(ctx_.sys, slot_array(k), at, r.size(), slots[k]);
+  }
+  void write(parameter_placement<Ctx>& params, unit_id u, range r, const float* master, const float* const* slots) {
+    const unit_layout& ul = ctx_.layout.unit(u);
+    const std::size_t at = state_index(ul, r.begin);
+    if constexpr (Prec::separate_master)
+      store_.write(ctx_.sys, 0, at, r.size(), master);
+    else
+      ctx_.sys.copy_from_host(params.element(ul, r.begin), master, r.size() * sizeof(float));
+    for (int k = 0; k < Opt::slots; ++k) store_.write(ctx_.sys, slot_array(k), at, r.size(), slots[k]);
+  }
+  // Initial values of unit-local elements r into the master weights the rank holds (a separate master).
+  void store_initial(unit_id u, range r, const float* values) {
+    if constexpr (Prec::separate_master) {
+      const unit_layout& ul = ctx_.layout.unit(u);
+      const range seg = P::shards_optimizer_states ? intersect(r, ctx_.layout.owned(u, ctx_.rank)) : r;
+      if (!seg.empty())
+        store_.write(ctx_.sys, 0, state_index(ul, seg.begin), seg.size(), values + (seg.begin - r.begin));
+    }
+  }
+
+  // The update of every held element: for each segment, the gradient the reducer stores (`gradients`:
+  // calls f(const T* base, bool sharded)) divided by N x loss scale (`divisor`) and multiplied by the
+  // clipping coefficient, then the optimizer's rule. `done(u)` is called once per unit in unit order,
+  // as soon as its last segment is through (the engine starts the unit's parameter all-gather there).
+  template <class Gradients, class Done>
+  void update(parameter_placement<Ctx>& params, const typename Opt::step_constants& c, float divisor, float coef,
+              const Gradients& gradients, Done done) {
+    store_.begin_step();
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          update_segment(params, u, i, n, arrays, c, divisor, coef, gradients);
+        },
+        true, done);
+    store_.end_step();
+  }
+
+  // The master weights into the parameters after a load: in the system's memory, or slice by slice
+  // from the tier, cast on the host, copied into the system's memory (the host loop's cast rule, the
+  // device's bits).
+  void cast_master_into(parameter_placement<Ctx>& params) {
+    if (!store_.offloaded()) {
+      for (std::size_t u = 0; u < ctx_.layout.num_units(); ++u) {
+        const unit_layout& ul = ctx_.layout.unit(unit_id{u});
+        const range r = update_range(unit_id{u});
+        ctx_.sys.for_each(r.size(), elementwise::cast_rule{}, elementwise::out(params.element(ul, r.begin)),
+                          elementwise::in(static_cast<const float*>(store_.data(0) + state_index(ul, r.begin))));
+      }
+      return;
+    }
+    std::vector<param_type> cast;
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          cast.resize(n);
+          offload::host_loop::for_each(n, elementwise::cast_rule{}, elementwise::out(cast.data()),
+                                       elementwise::in(static_cast<const float*>(arrays[0])));
+          ctx_.sys.copy_from_host(params.element(ctx_.layout.unit(u), i), cast.data(), n * sizeof(param_type));
+        },
+        false, [](unit_id) {});
+  }
+
+  // Unit u's master weights, unpadded, into host memory at out: all-gathered (on the set-up link,
+  // comm().other) where they are sharded; the parameters themselves where the precision keeps no
+  // separate master (fp32).
+  void consolidate(const parameter_placement<Ctx>& params, unit_id u, float* out) {
+    const unit_layout& ul = ctx_.layout.unit(u);
+    const std::size_t own = static_cast<std::size_t>(ctx_.rank) * ul.shard;
+    if constexpr (P::shards_optimizer_states) {
+      buffer<float, system> full(ul.padded, mem_category::transient, ctx_.acct);
+      if constexpr (Prec::separate_master) {
+        // This rank's master slice into its place in the buffer (from any tier), then in place.
+        std::vector<float> mine(ul.shard);
+        read_array(0, state_index(ul, own), ul.shard, mine.data());
+        ctx_.sys.copy_from_host(full.data() + own, mine.data(), ul.shard * sizeof(float));
+        const auto l = ctx_.label("full_params", u);
+        ctx_.other.all_gather(full.data() + own, full.data(), ul.shard);
+      } else {
+        const auto l = ctx_.label("full_params", u);
+        ctx_.other.all_gather(params.element(ul, own), full.data(), ul.shard);
+      }
+      ctx_.sys.copy_to_host(out, full.data(), ul.numel * sizeof(float));
+    } else if constexpr (Prec::separate_master) {
+      read_array(0, ul.offset, ul.numel, out);
+    } else {
+      ctx_.sys.copy_to_host(out, params.whole(u), ul.numel * sizeof(float));
+    }
+  }
+
+ private:
+  // The rank's held state per unit in the state arrays' index space: [begin, end) of its owned
+  // (padded) slice, or of the whole unit where states are replicated. Units follow each other.
+  range state_span(unit_id u) const {
+    const unit_layout& ul = ctx_.layout.unit(u);
+    const range held = P::shards_optimizer_states ? ctx_.layout.owned(u, ctx_.rank) : range{0, ul.padded};
+    const std::size_t b = state_index(ul, held.begin);
+    return {b, b + held.size()};
+  }
+
+  // The optimizer over elements [i, i + n) of unit u (within update_range(u)), whose master weights
+  // and slots are at `arrays` (the state arrays' slice that holds them, element i first): in the
+  // system's memory (no offload), or in host memory.
+  template <class Gradients>
+  void update_segment(parameter_placement<Ctx>& params, unit_id u, std::size_t i, std::size_t n, float* const* arrays,
+                      const typename Opt::step_constants& c, float divisor, float coef, const Gradients& gradients) {
+    const unit_layout& ul = ctx_.layout.unit(u);
+    param_type* p = params.element(ul, i);
+    float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
+    for (int k = 0; k < Opt::slots; ++k) st[k] = arrays[slot_array(k)];
+    gradients([&]<class T>(const T* store, bool sharded) {
+      const T* g = store + element_index(ul, i, sharded, ctx_.rank);
+      if (!store_.offloaded()) {
+        float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
+        elementwise::update<Opt>(ctx_.sys, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
+      } else if constexpr (Ctx::host_memory) {
+        // Host memory all of it: the host loop updates in place.
+        float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
+        elementwise::update<Opt>(offload::host_loop{}, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr,
+                                 n);
+      } else {
+        // A device system: the gradients come to host memory, the host loop updates, and the new
+        // parameters (the weights themselves in fp32) go back.
+        staged_update(g, p, n, arrays, st, c, divisor, coef);
+      }
+    });
+  }
+  template <class T>
+  void staged_update(const T* g, param_type* p, std::size_t n, float* const* arrays, float* const* st,
+                     const typename Opt::step_constants& c, float divisor, float coef) {
+    const std::size_t gb = n * sizeof(T), pb = n * sizeof(param_type);
+    if (stage_g_.bytes() < gb) {
+      store_.add_staging(gb - stage_g_.bytes());
+      stage_g_ = offload::host_block<system>(gb);
+    }
+    if (stage_p_.bytes() < pb) {
+      store_.add_staging(pb - stage_p_.bytes());
+      stage_p_ = offload::host_block<system>(pb);
+    }
+    ctx_.sys.copy_to_host(stage_g_.data(), g, gb);
+    auto* hp = static_cast<param_type*>(stage_p_.data());
+    if constexpr (Prec::separate_master) {
+      store_.count_transfer(gb, pb);
+      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
+                               arrays[0], st, hp, n);
+    } else {
+      ctx_.sys.copy_to_host(hp, p, pb);  // the fp32 weights are the parameters
+      store_.count_transfer(gb + pb, pb);
+      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
+                               reinterpret_cast<float*>(hp), st, static_cast<param_type*>(nullptr), n);
+    }
+    ctx_.sys.copy_from_host(p, hp, pb);
+  }
+
+  // Calls f(u, i, n, arrays) for the elements [i, i + n) of unit u that the store's slices hold, in
+  // order: every held element, arrays pointing at element i of each state array. Each unit's segments
+  // end before the next unit's begin; `done(u)` is called once per unit in unit order, as soon as its
+  // last segment is through (with its slice not yet written back).
+  template <class F, class Done>
+  void for_each_held_segment(F f, bool write_back, Done done) {
+    const std::size_t units = ctx_.layout.num_units();
+    std::size_t next = 0;  // the first unit not yet done
+    store_.stream(
+        [&](std::size_t begin, std::size_t end, float* const* arrays) {
+          for (std::size_t u = next; u < units; ++u) {
+            const range span = state_span(unit_id{u});
+            if (span.begin >= end) break;
+            const range r = update_range(unit_id{u});
+            const unit_layout& ul = ctx_.layout.unit(unit_id{u});
+            if (!r.empty()) {
+              const std::size_t s0 = state_index(ul, r.begin);
+              const std::size_t lo = std::max(s0, begin), hi = std::min(s0 + r.size(), end);
+              if (lo < hi) {
+                float* at[offload::state_store<system>::max_arrays] = {};
+                for (int a = 0; a < state_arrays; ++a) at[a] = arrays[a] + (lo - begin);
+                f(unit_id{u}, r.begin + (lo - s0), hi - lo, at);
+              }
+            }
+            if (span.end <= end && next == u) {
+              done(unit_id{u});
+              next = u + 1;
+            }
+          }
+        },
+        write_back);
+    // Units with nothing held (none here: every unit has a span) are done at the end, in order.
+    for (; next < units; ++next) done(unit_id{next});
+  }
+
+  Ctx& ctx_;
+  // Mutable: a read of the disk tier counts its bytes.
+  mutable offload::state_store<system> store_;
+  offload::host_block<system> stage_g_, stage_p_;  // a device system's operands of an offloaded update
+};
+
+}  // namespace zero
