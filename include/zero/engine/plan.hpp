@@ -64,14 +64,19 @@ struct unit_plan {
 };
 
 // An engine's memory per rank and traffic per step. Exact for the engine as built (a test holds every
-// field equal to what the engine then measures), for the loop of the protocol: in each micro-batch
-// every unit is gathered and released in a forward pass, then gathered again, given its gradients
-// and reduced in a backward pass, so at most one unit is gathered at a time and grads(u) follows
-// gather(u); every step() updates (no step skipped for non-finite gradients). A shared unit
-// (unit_spec::gathers > 1) is gathered that many times in each pass and reduced once: its gradient
-// bucket is taken at its first grads() and held to its reduce(), which the plan assumes spans the
-// whole backward pass (the tied embedding's pattern: the output layer first, the embedding last), so
-// its bucket adds to every other unit's gathered parameters and bucket.
+// field equal to what the engine then measures, with and without overlap, with ZeRO++), for the loop
+// of the protocol: in each micro-batch every unit is gathered and released in a forward pass, then
+// gathered again, given its gradients and reduced (before its release) in a backward pass in reverse
+// order; every step() updates (no step skipped for non-finite gradients). Without overlap at most one
+// unit is gathered at a time and grads(u) follows gather(u); with overlap on a backend that overlaps
+// (plan()'s `overlapping`), stage 3 also holds the prefetched units and every stage the reduces left
+// in flight with their buckets and wires, as the engine decides them from the calls alone. A shared
+// unit (unit_spec::gathers > 1) is used once more per extra gather at the end of the forward pass and
+// at the start of the backward pass (the tied embedding's pattern: the output layer last forward,
+// first backward), and reduced once, at its place in the backward pass: its gradient bucket is taken
+// at its first grads() and held to its reduce(), so it adds to every other unit's gathered parameters
+// and bucket. The peaks come from replaying the engine's schedule over this loop (two steps: the first
+// has no prefetch order yet), in time proportional to micro_batches x units.
 struct plan_report {
   int stage = 0, ranks = 1;
   bool overlapping = false;           // options.overlap on a backend that overlaps: collectives left in flight
@@ -101,7 +106,9 @@ struct plan_report {
   // optimizer's fingerprint (8 doubles), or in the reproducible mode the all-gathered words of every
   // rank (8 x 4 x N bytes)
   std::uint64_t norm_bytes = 0;
-  std::uint64_t step_transient_peak = 0;   // = memory().peak_bytes(transient) after steps of the loop above
+  // = memory().peak_bytes(transient) after steps of the loop above: under options.memory_limit_bytes
+  // where set (with overlap the engine then completes reduces and drops prefetches to make room).
+  std::uint64_t step_transient_peak = 0;
   std::uint64_t peak_bytes = 0;            // model states + step_transient_peak: = memory().peak_total
   std::uint64_t consolidation_bytes = 0;   // full_params() in stages 1-3: the largest unit in fp32
   std::uint64_t init_broadcast_bytes = 0;  // initialize(range fn, broadcast_from_rank0): its one chunk buffer
@@ -114,7 +121,9 @@ struct plan_report {
 
   std::uint64_t step_bytes_sent() const { return step_comm.total_bytes(); }
   // Whether every byte the engine holds during training fits `memory_bytes` per rank: the check
-  // engine_options::memory_limit_bytes makes before each allocation passes throughout.
+  // engine_options::memory_limit_bytes makes before each allocation passes throughout. With overlap,
+  // a smaller limit may still train (overlap gives back what it holds): plan with memory_limit_bytes
+  // set to it and ask fits() of that plan.
   bool fits(std::uint64_t memory_bytes) const { return peak_bytes <= memory_bytes; }
 };
 
