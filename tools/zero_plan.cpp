@@ -282,9 +282,13 @@ int main(int argc, char** argv) {
       std::printf("\"offload\": the tier's host memory (the host tier's arrays; the disk tier's slice buffers and "
                   "checksums), counted as the rank's on a CPU system; \"offloaded\": the arrays in the tier\n");
     const bool off = offload != "none";
-    std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s%s\n", "stage", "ranks", "params", "grads", "master",
-                "optimizer", off ? "     offload   offloaded" : "", "model states", "transient", "peak", "sent/step",
-                memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
+    const bool nodes = z.node_size > 0;  // the part of the bytes sent that goes between nodes
+    if (nodes)
+      std::printf("\"between nodes\": the part of sent/step that leaves the rank's node (nodes of %d ranks)\n",
+                  z.node_size);
+    std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", "stage", "ranks", "params", "grads",
+                "master", "optimizer", off ? "     offload   offloaded" : "", "model states", "transient", "peak",
+                "sent/step", nodes ? " between nodes" : "", memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
     int last_stage = -1;
     for (const auto& p : reports) {
       if (p.stage != last_stage && last_stage >= 0 && ranks.size() > 1) std::printf("\n");
@@ -293,11 +297,14 @@ int main(int argc, char** argv) {
       if (off)
         std::snprintf(offload_columns, sizeof offload_columns, " %11s %11s", size_text(p.model_states.offload).c_str(),
                       size_text(p.offloaded_bytes).c_str());
-      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s\n", p.stage, p.ranks,
+      char inter_column[32] = "";
+      if (nodes)
+        std::snprintf(inter_column, sizeof inter_column, " %13s", size_text(p.step_comm.inter_node_bytes()).c_str());
+      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", p.stage, p.ranks,
                   size_text(p.model_states.params).c_str(), size_text(p.model_states.grads).c_str(),
                   size_text(p.model_states.master).c_str(), size_text(p.model_states.optimizer_states).c_str(),
                   offload_columns, size_text(p.model_states.total()).c_str(), size_text(p.step_transient_peak).c_str(),
-                  size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(),
+                  size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(), inter_column,
                   memory > 0 ? (p.fits(memory) ? "  yes" : "  no") : "");
     }
     std::uint64_t consolidation = 0;
