@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <optional>
-#include <type_traits>
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "deferred_comm.hpp"
@@ -38,7 +38,7 @@ zero::init_range_fn init() {
 struct measured {
   std::array<std::size_t, zero::mem_category_count> current{};
   std::size_t transient_peak = 0, peak_total = 0;
-  std::uint64_t offloaded = 0;  // offload(): host and disk bytes
+  std::uint64_t offloaded = 0;               // offload(): host and disk bytes
   std::uint64_t staging = 0, checksums = 0;  // offload(): the disk tier's slice sets and checksums
   zero::comm::comm_stats last_step, control;
   bool skipped = false;
@@ -59,9 +59,11 @@ measured train(int n, const zero::engine_options& options, int steps = 2) {
       using Comm = std::conditional_t<Overlapping, testing::deferred<zero::comm::threads>, zero::comm::threads>;
       std::optional<testing::deferred<zero::comm::threads>> wrapped;
       if constexpr (Overlapping) wrapped.emplace(threads);
-      Comm& comm = [&]() -> Comm& {
-        if constexpr (Overlapping) return *wrapped;
-        else return threads;
+      Comm& comm = *[&] {
+        if constexpr (Overlapping)
+          return &*wrapped;
+        else
+          return &threads;
       }();
       zero::engine<Stage, Comm, Opt, Prec> e(comm, s, Opt{}, options);
       e.initialize(init());
@@ -154,9 +156,9 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
     CHECK(p.step_bytes_sent() == b.total);
     CHECK(p.step_comm.inter_node_bytes() == b.inter);
   } else if (options.reproducible)
-    CHECK(p.step_bytes_sent() == zero::formula::reproducible_comm_bytes_per_step(
-                                     Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
-                                     options.micro_batches, s.num_units(), 0, p.persistent));
+    CHECK(p.step_bytes_sent() ==
+          zero::formula::reproducible_comm_bytes_per_step(Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
+                                                          options.micro_batches, s.num_units(), 0, p.persistent));
   else
     CHECK(p.step_bytes_sent() ==
           zero::formula::comm_bytes_per_step(
@@ -179,8 +181,8 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   // flight, drop prefetches) before it allocates: the plan under that limit is the engine's too,
   // down to the blocking protocol's peak, below which it is refused.
   const zero::plan_report blocking = zero::plan_for<Stage, Opt, Prec>(s, n, options);
-  for (const std::uint64_t limit : {p.peak_bytes - 1, (p.peak_bytes + blocking.peak_bytes) / 2, blocking.peak_bytes,
-                                    blocking.peak_bytes - 1}) {
+  for (const std::uint64_t limit :
+       {p.peak_bytes - 1, (p.peak_bytes + blocking.peak_bytes) / 2, blocking.peak_bytes, blocking.peak_bytes - 1}) {
     CAPTURE(limit);
     tight.memory_limit_bytes = limit;
     const zero::plan_report q = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, tight);
@@ -359,10 +361,18 @@ TEST_CASE("plan equals the engine's measurements: stage 0") { check_stage<zero::
 TEST_CASE("plan equals the engine's measurements: stage 1") { check_stage<zero::stage1>(); }
 TEST_CASE("plan equals the engine's measurements: stage 2") { check_stage<zero::stage2>(); }
 TEST_CASE("plan equals the engine's measurements: stage 3") { check_stage<zero::stage3>(); }
-TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 0") { check_overlap_stage<zero::stage0>(); }
-TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 1") { check_overlap_stage<zero::stage1>(); }
-TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 2") { check_overlap_stage<zero::stage2>(); }
-TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 3") { check_overlap_stage<zero::stage3>(); }
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 0") {
+  check_overlap_stage<zero::stage0>();
+}
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 1") {
+  check_overlap_stage<zero::stage1>();
+}
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 2") {
+  check_overlap_stage<zero::stage2>();
+}
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 3") {
+  check_overlap_stage<zero::stage3>();
+}
 TEST_CASE("plan equals the engine under ZeRO++: stage 1") { check_zeropp_stage<zero::stage1>(); }
 TEST_CASE("plan equals the engine under ZeRO++: stage 2") { check_zeropp_stage<zero::stage2>(); }
 TEST_CASE("plan equals the engine under ZeRO++: stage 3") { check_zeropp_stage<zero::stage3>(); }

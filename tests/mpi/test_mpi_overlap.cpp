@@ -285,8 +285,12 @@ trained train(Comm& comm, bool overlap) {
   e.initialize(mlp::initializer(cfg));
   for (std::uint64_t t = 0; t < steps; ++t) mlp::train_step(e, cfg, t, comm.rank(), comm.size());
   // Read before full_params(), whose consolidation buffers are not the loop's.
-  trained r{{}, e.overlap(), e.memory().current, e.memory().peak_bytes(zero::mem_category::transient),
-            e.memory().peak_total, e.comm().last_step};
+  trained r;
+  r.overlap = e.overlap();
+  r.current = e.memory().current;
+  r.transient_peak = e.memory().peak_bytes(zero::mem_category::transient);
+  r.peak_total = e.memory().peak_total;
+  r.last_step = e.comm().last_step;
   r.params = e.full_params();
   return r;
 }

@@ -57,8 +57,8 @@ std::vector<float> trained(Comm& comm, const zero::engine_options& o) {
   CHECK(e.comm().last_step.total_bytes() == e.comm_formula_bytes());
   CHECK(e.comm().last_step.inter_node_bytes() == e.comm_formula_by_level().inter);
   // zero::plan for this engine (over Comm, which says whether it overlaps): its bytes and traffic.
-  const auto p = zero::plan_for<Stage, Comm, zero::optim::adamw, zero::precision::fp32>(mlp::make_spec(cfg),
-                                                                                       comm.size(), o);
+  const auto p =
+      zero::plan_for<Stage, Comm, zero::optim::adamw, zero::precision::fp32>(mlp::make_spec(cfg), comm.size(), o);
   const auto& m = e.memory();
   CHECK(p.model_states.params == m.current[static_cast<int>(zero::mem_category::params)]);
   CHECK(p.model_states.grads == m.current[static_cast<int>(zero::mem_category::grads)]);

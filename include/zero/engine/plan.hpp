@@ -2,9 +2,9 @@
 #pragma once
 
 #include <algorithm>
-#include <deque>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,10 +98,10 @@ struct plan_report {
   std::uint64_t offload_checksum_bytes = 0;  // the disk tier's slice checksums: = offload().checksum_bytes
 
   // Transient buffers, allocated and freed inside the protocol's calls.
-  std::uint64_t bucket_bytes = 0;    // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
+  std::uint64_t bucket_bytes = 0;  // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
   std::uint64_t shared_bucket_bytes = 0;  // the buckets of the shared units, held through the backward pass
-  std::uint64_t gathered_bytes = 0;  // the largest unit gathered (stage 3)
-  std::uint64_t wire_bytes = 0;      // reproducible: the largest unit's binned words, beside its bucket in reduce(u)
+  std::uint64_t gathered_bytes = 0;       // the largest unit gathered (stage 3)
+  std::uint64_t wire_bytes = 0;  // reproducible: the largest unit's binned words, beside its bucket in reduce(u)
   // step()'s buffer of the norm's collective (stages 1-3, when a norm is computed): one double and the
   // optimizer's fingerprint (8 doubles), or in the reproducible mode the all-gathered words of every
   // rank (8 x 4 x N bytes)
@@ -169,7 +169,8 @@ class loop_replay {
     const engine_options* options = nullptr;
   };
 
-  loop_replay(setup s, std::vector<unit> units) : s_(s), o_(*s.options), units_(std::move(units)), live_(units_.size()) {}
+  loop_replay(setup s, std::vector<unit> units)
+      : s_(s), o_(*s.options), units_(std::move(units)), live_(units_.size()) {}
 
   // Trains `steps` steps of the loop; returns the transient peak; last_step() is the last one's traffic.
   std::uint64_t run(int steps) {
@@ -200,9 +201,9 @@ class loop_replay {
   };
   struct unit_state {
     bool gathered = false, prefetching = false, secondary_ready = false;
-    std::uint64_t held = 0;                             // the gathered unit's buffer
-    std::uint64_t prefetched = 0, prefetch_wire = 0;    // a prefetch's buffer and qwZ wire
-    std::uint64_t bucket = 0;                           // grads(u)'s bucket until reduce(u)
+    std::uint64_t held = 0;                           // the gathered unit's buffer
+    std::uint64_t prefetched = 0, prefetch_wire = 0;  // a prefetch's buffer and qwZ wire
+    std::uint64_t bucket = 0;                         // grads(u)'s bucket until reduce(u)
   };
 
   bool qgz() const { return o_.zeropp.qgz; }
@@ -253,9 +254,8 @@ class loop_replay {
 
   std::uint64_t gather_bytes(std::size_t u, bool secondary) const {
     const unit& ul = units_[u];
-    const std::uint64_t wire = o_.zeropp.qwz && !secondary
-                                   ? formula::qwz_gather_wire_bytes(ul.shard, s_.ranks, o_.zeropp.weights)
-                                   : 0;
+    const std::uint64_t wire =
+        o_.zeropp.qwz && !secondary ? formula::qwz_gather_wire_bytes(ul.shard, s_.ranks, o_.zeropp.weights) : 0;
     return ul.padded * s_.param_bytes + wire;
   }
   // Starts a gather of u into a buffer of its own; returns its wire (qwZ), held until it completes.
@@ -554,7 +554,8 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   if (z.qgz) quant::validate(z.gradients, "plan: zeropp.gradients");
   ZERO_CHECK(options.persist_below_elements == 0 || !zeropp, invalid_argument,
              "plan: persist_below_elements and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
-  ZERO_CHECK(!repro || !zeropp, invalid_argument, "plan: reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
+  ZERO_CHECK(!repro || !zeropp, invalid_argument,
+             "plan: reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
   const int node_size = z.node_size == 0 ? ranks : z.node_size;
 
   ZERO_CHECK(options.offload.tier == offload_tier::none ||
@@ -649,8 +650,7 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     // (engine: binned_global_sum_of_squares).
     const auto n = static_cast<std::uint64_t>(ranks);
     r.norm_bytes = 4 * sizeof(std::int64_t) * n;
-    detail::plan_count(r.control_comm, comm::collective::all_gather, 2 * sizeof(std::int64_t) * n, ranks, 1,
-                       node_size);
+    detail::plan_count(r.control_comm, comm::collective::all_gather, 2 * sizeof(std::int64_t) * n, ranks, 1, node_size);
     detail::plan_count(r.control_comm, comm::collective::all_gather, r.norm_bytes, ranks, 1, node_size);
   } else if (norm && shards_states) {
     r.norm_bytes = sizeof(double) + fingerprint;
