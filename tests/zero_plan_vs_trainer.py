@@ -145,6 +145,26 @@ with tempfile.TemporaryDirectory() as tmp:
     if not overlapped["transient_peak_bytes"] > blocking["transient_peak_bytes"]:
         fail(f"stage 3 N=4: --overlap on plans {overlapped['transient_peak_bytes']} transient bytes, off "
              f"{blocking['transient_peak_bytes']}: prefetches and reduces in flight should hold more")
+    # With overlap, --memory plans under that limit, as --memory-limit runs: between the blocking peak and
+    # the overlapped one the engine completes reduces and drops prefetches to make room, and trains with
+    # the peak planned; one byte under the blocking peak it is refused.
+    for memory, fits in [((blocking["peak_bytes"] + overlapped["peak_bytes"]) // 2, True),
+                         (blocking["peak_bytes"] - 1, False)]:
+        what = f"stage 3 N=4 fp32 overlap on, --memory {memory}"
+        p = json.loads(subprocess.run([zero_plan, "--json", *MODEL, "--ranks", "4", "--stage", "3", "--overlap", "on",
+                                       "--memory", str(memory)], check=True, capture_output=True,
+                                      text=True).stdout)["plans"][0]
+        if p["fits"] != fits:
+            fail(f"{what}: zero_plan says fits {p['fits']}, expected {fits}")
+        r = train(3, 4, "fp32", "adamw", 1, "0", log, ["--memory-limit", str(memory)], "on")
+        if (r.returncode == 0) != fits:
+            fail(f"{what}: train_mlp exited {r.returncode}: {r.stderr[-300:]}")
+        elif fits:
+            got = [json.loads(x) for x in open(log) if json.loads(x)["kind"] == "step"][-1]
+            if got["transient_peak_bytes"] != p["transient_peak_bytes"]:
+                fail(f"{what}: transient peak measured {got['transient_peak_bytes']}, planned "
+                     f"{p['transient_peak_bytes']}")
+        print(f"{what}: {'trains' if fits else 'refused'}, as planned")
 
     # The verdict on a memory size: at the plan's peak minus one byte the trainer is refused during
     # training; at the peak that includes its final full-parameter hash it runs to the end.

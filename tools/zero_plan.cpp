@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
       ->default_str("0");
   app.add_option_function<std::string>(
          "--memory", [&memory](const std::string& v) { memory = toolcli::size_value("--memory", v); },
-         "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit)")
+         "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit): planned as the trainers' "
+         "--memory-limit (with --overlap on the engine then gives back what overlap holds before it allocates)")
       ->type_name("BYTES");
   // Offload (engine_options::offload): where the master weights and optimizer slots would live.
   std::string offload = "none";
@@ -228,6 +229,7 @@ int main(int argc, char** argv) {
     flags.clip = clip;
     flags.offload = offload;
     flags.offload_slice = offload_slice;
+    flags.memory_limit = memory;  // the plan under that limit: overlap makes room within it
     const zero::engine_options options = trainer::engine_options_of(flags);
     const bool overlapping = flags.overlap == "on";
     const auto prec = zero::plan_precision_named(precision);
