@@ -426,6 +426,30 @@ TEST_CASE("plan: per-unit sizes, the largest unit, and what the engine refuses")
   o = {};
   o.accumulate = zero::accumulation::local_then_reduce;
   CHECK_THROWS_WITH_AS(zero::plan(s, 2, 2, {}, {}, o), doctest::Contains("local_then_reduce"), zero::error);
+  // ZeRO++: what the engine's constructor refuses.
+  o = {};
+  o.zeropp.qwz = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 2, {}, {}, o), doctest::Contains("qwZ quantizes the parameter all-gathers"),
+                       zero::error);
+  o = {};
+  o.zeropp.qgz = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 0, {}, {}, o), doctest::Contains("ZeRO stage 0 all-reduces"), zero::error);
+  o.zeropp.node_size = 3;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 1, {}, {}, o), doctest::Contains("node_size 3 does not divide"), zero::error);
+  o = {};
+  o.zeropp.qgz_error_feedback = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 1, {}, {}, o), doctest::Contains("needs qgz"), zero::error);
+  o = {};
+  o.zeropp.hpz = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 3, {}, {}, o), doctest::Contains("hpZ needs nodes smaller than the world"),
+                       zero::error);
+  o.zeropp.node_size = 2;
+  o.persist_below_elements = 600;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 3, {}, {}, o), doctest::Contains("cannot be combined"), zero::error);
+  o = {};
+  o.zeropp.qwz = true;
+  o.zeropp.weights = {4, 3};  // int4 packs two codes per byte: an odd block is refused
+  CHECK_THROWS_AS(zero::plan(s, 4, 3, {}, {}, o), zero::error);
 }
 
 TEST_CASE("plan: the disk tier's host memory, counted in the budget; a small state gets no more staging than it has") {
