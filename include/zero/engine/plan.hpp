@@ -163,7 +163,7 @@ class loop_replay {
   struct setup {
     int stage = 0, ranks = 1, node_size = 1;  // node_size: G (N where one node)
     std::size_t param_bytes = 4, grad_bytes = 4;
-    bool overlapping = false, repro = false, uses_bucket = false, norm = false;
+    bool overlapping = false, repro = false, uses_bucket = false;
     std::uint64_t model_states = 0;  // what the account holds besides transients (memory_limit_bytes counts it)
     std::uint64_t norm_bytes = 0;
     const engine_options* options = nullptr;
@@ -172,7 +172,7 @@ class loop_replay {
   loop_replay(setup s, std::vector<unit> units)
       : s_(s), o_(*s.options), units_(std::move(units)), live_(units_.size()) {}
 
-  // Trains `steps` steps of the loop; returns the transient peak; last_step() is the last one's traffic.
+  // Replays `steps` steps of the loop; returns the transient peak; last_step() is the last one's traffic.
   std::uint64_t run(int steps) {
     const int m = o_.micro_batches;
     const bool once = o_.accumulate == accumulation::local_then_reduce;
