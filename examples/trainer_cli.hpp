@@ -381,6 +381,16 @@ inline toolcli::log_mode log_mode_of(const options& o) {
   return o.resume.empty() ? toolcli::log_mode::fresh : toolcli::log_mode::append;
 }
 
+// Why the ZeRO++ flags given do nothing without another one, or "" (the trainers and zero_plan).
+inline std::string zeropp_flags_problem(const CLI::App& app, const options& o) {
+  if (given(app, "--qwz-bits") && !o.qwz) return "--qwz-bits sets qwZ's codes: it needs --qwz";
+  if (given(app, "--qgz-bits") && !o.qgz) return "--qgz-bits sets qgZ's codes: it needs --qgz";
+  if (o.qgz_error_feedback && !o.qgz) return "--qgz-error-feedback compensates qgZ's quantization: it needs --qgz";
+  if (given(app, "--quant-block") && !o.qwz && !o.qgz)
+    return "--quant-block sets the blocks of qwZ's and qgZ's codes: it needs --qwz or --qgz";
+  return "";
+}
+
 // Why the combination of the common flags cannot run, or does something other than it says (a flag
 // that does nothing in the chosen mode), or "": a usage error before anything starts.
 inline std::string options_problem(const CLI::App& app, const options& o) {
@@ -391,11 +401,7 @@ inline std::string options_problem(const CLI::App& app, const options& o) {
     return "--offload disk needs --offload-dir DIR: the directory each rank's state file is created in";
   if (given(app, "--offload-slice") && o.offload == "none")
     return "--offload-slice sets how offloaded state is streamed; --offload none streams nothing";
-  if (given(app, "--qwz-bits") && !o.qwz) return "--qwz-bits sets qwZ's codes: it needs --qwz";
-  if (given(app, "--qgz-bits") && !o.qgz) return "--qgz-bits sets qgZ's codes: it needs --qgz";
-  if (o.qgz_error_feedback && !o.qgz) return "--qgz-error-feedback compensates qgZ's quantization: it needs --qgz";
-  if (given(app, "--quant-block") && !o.qwz && !o.qgz)
-    return "--quant-block sets the blocks of qwZ's and qgZ's codes: it needs --qwz or --qgz";
+  if (std::string p = zeropp_flags_problem(app, o); !p.empty()) return p;
   // The log: a new run never mixes into, nor silently discards, a file that holds another run.
   if (!o.log.empty() && log_mode_of(o) == toolcli::log_mode::fresh) {
     std::error_code ec;

@@ -3,11 +3,14 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "deferred_comm.hpp"
 #include "zero/plan_by_name.hpp"
 #include "zero/zero.hpp"
 
@@ -35,7 +38,7 @@ zero::init_range_fn init() {
 struct measured {
   std::array<std::size_t, zero::mem_category_count> current{};
   std::size_t transient_peak = 0, peak_total = 0;
-  std::uint64_t offloaded = 0;  // offload(): host and disk bytes
+  std::uint64_t offloaded = 0;               // offload(): host and disk bytes
   std::uint64_t staging = 0, checksums = 0;  // offload(): the disk tier's slice sets and checksums
   zero::comm::comm_stats last_step, control;
   bool skipped = false;
@@ -45,14 +48,24 @@ struct measured {
 
 // Trains `steps` steps of the protocol's loop (plan.hpp: each micro-batch gathers and releases every
 // unit forward, then gathers, writes the gradients and reduces backward) on N thread ranks, and
-// returns rank 0's measurements.
-template <class Stage, class Opt, class Prec>
+// returns rank 0's measurements. Overlapping: over testing::deferred, a backend that overlaps (its
+// collectives run only when waited for), so that the engine leaves reduces and gathers in flight.
+template <class Stage, class Opt, class Prec, bool Overlapping = false>
 measured train(int n, const zero::engine_options& options, int steps = 2) {
   const zero::model_spec s = spec();
   std::vector<measured> out(static_cast<std::size_t>(n));
   try {
-    zero::comm::threads::launch(n, [&](zero::comm::threads& comm) {
-      zero::engine<Stage, zero::comm::threads, Opt, Prec> e(comm, s, Opt{}, options);
+    zero::comm::threads::launch(n, [&](zero::comm::threads& threads) {
+      using Comm = std::conditional_t<Overlapping, testing::deferred<zero::comm::threads>, zero::comm::threads>;
+      std::optional<testing::deferred<zero::comm::threads>> wrapped;
+      if constexpr (Overlapping) wrapped.emplace(threads);
+      Comm& comm = *[&] {
+        if constexpr (Overlapping)
+          return &*wrapped;
+        else
+          return &threads;
+      }();
+      zero::engine<Stage, Comm, Opt, Prec> e(comm, s, Opt{}, options);
       e.initialize(init());
       measured& m = out[static_cast<std::size_t>(comm.rank())];
       const bool once = options.accumulate == zero::accumulation::local_then_reduce;
@@ -97,20 +110,24 @@ void check_stats(const zero::comm::comm_stats& planned, const zero::comm::comm_s
     CAPTURE(zero::comm::to_string(static_cast<zero::comm::collective>(c)));
     CHECK(times * planned.bytes[static_cast<std::size_t>(c)] == got.bytes[static_cast<std::size_t>(c)]);
     CHECK(times * planned.calls[static_cast<std::size_t>(c)] == got.calls[static_cast<std::size_t>(c)]);
+    CHECK(times * planned.inter[static_cast<std::size_t>(c)] == got.inter[static_cast<std::size_t>(c)]);
   }
 }
 
-template <class Stage, class Opt, class Prec>
+template <class Stage, class Opt, class Prec, bool Overlapping = false>
 void check_plan(int n, const zero::engine_options& options, const std::string& what) {
   CAPTURE(Stage::stage);
   CAPTURE(Opt::name);
   CAPTURE(Prec::name);
   CAPTURE(n);
   CAPTURE(what);
+  CAPTURE(Overlapping);
   const zero::model_spec s = spec();
-  const zero::plan_report p = zero::plan_for<Stage, Opt, Prec>(s, n, options);
+  using Comm = std::conditional_t<Overlapping, testing::deferred<zero::comm::threads>, zero::comm::threads>;
+  const zero::plan_report p = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, options);
+  CHECK(p.overlapping == (Overlapping && options.overlap));
   const int steps = 2;
-  const measured m = train<Stage, Opt, Prec>(n, options, steps);
+  const measured m = train<Stage, Opt, Prec, Overlapping>(n, options, steps);
   REQUIRE(m.error.empty());
   REQUIRE_FALSE(m.skipped);  // the plan assumes every step updates
   CHECK(p.model_states.params == m.current[static_cast<int>(mem_category::params)]);
@@ -126,11 +143,22 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(p.peak_bytes == m.peak_total);
   check_stats(p.step_comm, m.last_step);
   check_stats(p.control_comm, m.control, steps);
-  // The bytes per step are the paper's formula's (the reproducible mode's, formula::reproducible_*).
-  if (options.reproducible)
-    CHECK(p.step_bytes_sent() == zero::formula::reproducible_comm_bytes_per_step(
-                                     Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
-                                     options.micro_batches, s.num_units(), 0, p.persistent));
+  // The bytes per step are the paper's formula's (the reproducible mode's, formula::reproducible_*;
+  // ZeRO++'s per link level, formula::bytes_per_step).
+  const zero::zeropp_options& z = options.zeropp;
+  if (z.qwz || z.qgz || z.hpz) {
+    std::vector<zero::formula::unit_extent> extents;
+    for (const auto& u : p.units) extents.push_back({u.padded, u.gathers});
+    const auto b = zero::formula::bytes_per_step(
+        Stage::stage, extents, n, sizeof(typename Prec::comm_type),
+        options.accumulate == zero::accumulation::reduce_each_micro_batch ? options.micro_batches : 1,
+        {z.qwz, z.qgz, z.hpz, z.weights, z.gradients, z.node_size});
+    CHECK(p.step_bytes_sent() == b.total);
+    CHECK(p.step_comm.inter_node_bytes() == b.inter);
+  } else if (options.reproducible)
+    CHECK(p.step_bytes_sent() ==
+          zero::formula::reproducible_comm_bytes_per_step(Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
+                                                          options.micro_batches, s.num_units(), 0, p.persistent));
   else
     CHECK(p.step_bytes_sent() ==
           zero::formula::comm_bytes_per_step(
@@ -142,10 +170,34 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   zero::engine_options tight = options;
   tight.memory_limit_bytes = p.peak_bytes;
   CHECK(p.fits(tight.memory_limit_bytes));
-  CHECK(train<Stage, Opt, Prec>(n, tight).error == "");
+  CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight).error == "");
   tight.memory_limit_bytes = p.peak_bytes - 1;
   CHECK_FALSE(p.fits(tight.memory_limit_bytes));
-  CHECK(train<Stage, Opt, Prec>(n, tight).out_of_memory);
+  if (!p.overlapping) {
+    CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight).out_of_memory);
+    return;
+  }
+  // Overlapping, one byte less makes the engine give back what overlap holds (complete reduces in
+  // flight, drop prefetches) before it allocates: the plan under that limit is the engine's too,
+  // down to the blocking protocol's peak, below which it is refused.
+  const zero::plan_report blocking = zero::plan_for<Stage, Opt, Prec>(s, n, options);
+  for (const std::uint64_t limit :
+       {p.peak_bytes - 1, (p.peak_bytes + blocking.peak_bytes) / 2, blocking.peak_bytes, blocking.peak_bytes - 1}) {
+    CAPTURE(limit);
+    tight.memory_limit_bytes = limit;
+    const zero::plan_report q = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, tight);
+    const measured t = train<Stage, Opt, Prec, Overlapping>(n, tight);
+    CHECK(q.fits(limit) == !t.out_of_memory);
+    // Overlap needs no more than the blocking protocol, except qgZ in two hops: a reduce completed to
+    // make room takes its node sums and second-hop wires while it completes, on top of what is held.
+    const bool two_hop = options.zeropp.qgz && options.zeropp.node_size > 1 && options.zeropp.node_size < n;
+    if (!two_hop) CHECK(q.fits(limit) == (limit >= blocking.peak_bytes));
+    if (t.out_of_memory) continue;
+    CHECK(t.error == "");
+    CHECK(q.step_transient_peak == t.transient_peak);
+    CHECK(q.peak_bytes == t.peak_total);
+    check_stats(q.step_comm, t.last_step);
+  }
 }
 
 // A directory for the disk tier's (anonymous) files, for the whole run, removed at exit.
@@ -218,10 +270,112 @@ void check_stage() {
 
 }  // namespace
 
+// With overlap on a backend that overlaps: reduces in flight with their buckets, stage 3's prefetches
+// (bounded by prefetch_units, max_live_parameters and memory_limit_bytes), fused reduce buckets.
+template <class Stage, class Prec>
+void check_overlap(int n) {
+  using adamw = zero::optim::adamw;
+  check_plan<Stage, adamw, Prec, true>(n, {}, "overlap, defaults");
+  zero::engine_options o;
+  o.micro_batches = 2;
+  o.clip_norm = 1.0f;
+  check_plan<Stage, adamw, Prec, true>(n, o, "overlap, 2 micro-batches, clipping");
+  o = {};
+  o.reduces_in_flight = 1;
+  o.prefetch_units = 1;
+  check_plan<Stage, adamw, Prec, true>(n, o, "overlap, one reduce in flight, one prefetch");
+  o = {};
+  o.reduce_bucket_elements = 1500;
+  o.micro_batches = 2;
+  check_plan<Stage, adamw, Prec, true>(n, o, "overlap, fused reduce buckets of 1500 elements");
+  o = {};
+  o.max_live_parameters = 2000;
+  o.prefetch_units = 3;
+  check_plan<Stage, adamw, Prec, true>(n, o, "overlap, at most 2000 live parameters, 3 prefetches");
+  if constexpr (Stage::shards_parameters) {
+    o = {};
+    o.persist_below_elements = 600;
+    check_plan<Stage, adamw, Prec, true>(n, o, "overlap, persistent units");
+  }
+  o = {};
+  o.reproducible = true;
+  check_plan<Stage, adamw, Prec, true>(n, o, "overlap, reproducible");
+  o = {};
+  o.overlap = false;
+  check_plan<Stage, adamw, Prec, true>(n, o, "overlap off on a backend that overlaps");
+}
+
+template <class Stage>
+void check_overlap_stage() {
+  for (int n : {1, 2, 4}) {
+    check_overlap<Stage, zero::precision::fp32>(n);
+    check_overlap<Stage, zero::precision::bf16>(n);
+    check_overlap<Stage, zero::precision::fp16>(n);
+  }
+}
+
+// ZeRO++ on 4 ranks, with and without overlap: qwZ's wires, qgZ flat (one node) and in two hops
+// (nodes of 2), its error feedback, hpZ's secondary partition.
+template <class Stage, class Prec, bool Overlapping>
+void check_zeropp() {
+  using adamw = zero::optim::adamw;
+  const int n = 4;
+  zero::engine_options o;
+  o.zeropp.qgz = true;
+  check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qgZ, one node");
+  o.zeropp.node_size = 2;
+  o.micro_batches = 2;
+  check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qgZ in two hops, 2 micro-batches");
+  o.zeropp.qgz_error_feedback = true;
+  o.zeropp.gradients = {4, 64};
+  check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qgZ in two hops with error feedback, int4");
+  o.zeropp.node_size = 0;
+  o.micro_batches = 1;
+  o.reduce_bucket_elements = 1500;
+  check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qgZ with error feedback, fused buckets");
+  if constexpr (Stage::shards_parameters) {
+    o = {};
+    o.zeropp.qwz = true;
+    check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qwZ");
+    o.zeropp.hpz = true;
+    o.zeropp.node_size = 2;
+    check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qwZ, hpZ on nodes of 2");
+    o.zeropp.qgz = true;
+    o.micro_batches = 2;
+    check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qwZ, qgZ in two hops, hpZ, 2 micro-batches");
+    o.zeropp.qgz_error_feedback = true;
+    o.zeropp.weights = {4, 64};
+    check_plan<Stage, adamw, Prec, Overlapping>(n, o, "qwZ int4, qgZ with error feedback, hpZ");
+  }
+}
+
+template <class Stage>
+void check_zeropp_stage() {
+  check_zeropp<Stage, zero::precision::fp32, false>();
+  check_zeropp<Stage, zero::precision::bf16, false>();
+  check_zeropp<Stage, zero::precision::fp32, true>();
+  check_zeropp<Stage, zero::precision::bf16, true>();
+}
+
 TEST_CASE("plan equals the engine's measurements: stage 0") { check_stage<zero::stage0>(); }
 TEST_CASE("plan equals the engine's measurements: stage 1") { check_stage<zero::stage1>(); }
 TEST_CASE("plan equals the engine's measurements: stage 2") { check_stage<zero::stage2>(); }
 TEST_CASE("plan equals the engine's measurements: stage 3") { check_stage<zero::stage3>(); }
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 0") {
+  check_overlap_stage<zero::stage0>();
+}
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 1") {
+  check_overlap_stage<zero::stage1>();
+}
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 2") {
+  check_overlap_stage<zero::stage2>();
+}
+TEST_CASE("plan equals the engine with overlap on a backend that overlaps: stage 3") {
+  check_overlap_stage<zero::stage3>();
+}
+TEST_CASE("plan equals the engine under ZeRO++: stage 1") { check_zeropp_stage<zero::stage1>(); }
+TEST_CASE("plan equals the engine under ZeRO++: stage 2") { check_zeropp_stage<zero::stage2>(); }
+TEST_CASE("plan equals the engine under ZeRO++: stage 3") { check_zeropp_stage<zero::stage3>(); }
 
 TEST_CASE("plan: the transient buffers of consolidation and broadcast initialization") {
   const zero::model_spec s = spec();
@@ -272,6 +426,30 @@ TEST_CASE("plan: per-unit sizes, the largest unit, and what the engine refuses")
   o = {};
   o.accumulate = zero::accumulation::local_then_reduce;
   CHECK_THROWS_WITH_AS(zero::plan(s, 2, 2, {}, {}, o), doctest::Contains("local_then_reduce"), zero::error);
+  // ZeRO++: what the engine's constructor refuses.
+  o = {};
+  o.zeropp.qwz = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 2, {}, {}, o), doctest::Contains("qwZ quantizes the parameter all-gathers"),
+                       zero::error);
+  o = {};
+  o.zeropp.qgz = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 0, {}, {}, o), doctest::Contains("ZeRO stage 0 all-reduces"), zero::error);
+  o.zeropp.node_size = 3;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 1, {}, {}, o), doctest::Contains("node_size 3 does not divide"), zero::error);
+  o = {};
+  o.zeropp.qgz_error_feedback = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 1, {}, {}, o), doctest::Contains("needs qgz"), zero::error);
+  o = {};
+  o.zeropp.hpz = true;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 3, {}, {}, o), doctest::Contains("hpZ needs nodes smaller than the world"),
+                       zero::error);
+  o.zeropp.node_size = 2;
+  o.persist_below_elements = 600;
+  CHECK_THROWS_WITH_AS(zero::plan(s, 4, 3, {}, {}, o), doctest::Contains("cannot be combined"), zero::error);
+  o = {};
+  o.zeropp.qwz = true;
+  o.zeropp.weights = {4, 3};  // int4 packs two codes per byte: an odd block is refused
+  CHECK_THROWS_AS(zero::plan(s, 4, 3, {}, {}, o), zero::error);
 }
 
 TEST_CASE("plan: the disk tier's host memory, counted in the budget; a small state gets no more staging than it has") {

@@ -51,6 +51,8 @@ numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --he
 numbers "$train_loop" "" --steps --ranks --stage --seed --eval-every --schedule-steps
 numbers "$train_loop" "--save $tmp/l" --save-every
 numbers "$zero_plan" "" --memory --clip --accum --ranks --stage --layers --hidden --in --classes
+numbers "$zero_plan" "--stage 3 --ranks 4" --hpz --node-size
+numbers "$zero_plan" "--stage 3 --qwz --qgz" --quant-block --qwz-bits --qgz-bits
 if [ -n "$train_mlp_cuda" ]; then
   numbers "$train_mlp_cuda" "" --steps --ranks --lr --clip --seed --batch --memory-limit --offload-slice
 fi
@@ -112,6 +114,16 @@ refused -- 'OUTPUT is required' "$zero_export" "$tmp/dir"
 refused -- 'not a byte count' "$zero_plan" --memory 5XB
 refused -- 'more than 2\^64 - 1 bytes' "$zero_plan" --memory 17000000PiB
 refused -- 'Usage|unrecognized|Extras|not expected' "$zero_plan" --no-such-flag
+# zero_plan refuses the ZeRO++ combinations the trainers refuse, with their words.
+refused -- '--qwz.*--stage 2 gathers no parameters' "$zero_plan" --qwz --stage 2
+refused -- '--qgz.*--stage 0 all-reduces' "$zero_plan" --qgz
+refused -- '--node-size 3 does not divide the 4 ranks' "$zero_plan" --node-size 3 --ranks 4
+refused -- '--hpz 4: nodes of all 4 ranks' "$zero_plan" --hpz 4 --ranks 4 --stage 3
+refused -- '--hpz 2 and --node-size 4 disagree' "$zero_plan" --hpz 2 --node-size 4 --ranks 8 --stage 3
+refused -- '--qgz-error-feedback.*needs --qgz' "$zero_plan" --qgz-error-feedback --stage 1
+refused -- '--qwz-bits.*needs --qwz' "$zero_plan" --qwz-bits 4 --stage 3
+refused -- '--reproducible.*drop one of them' "$zero_plan" --reproducible --qgz --stage 1
+refused -- 'overlap' "$zero_plan" --overlap "$esc"
 
 # The corpus of the character model: empty, binary, a FIFO inside a directory's reach, and a 100 GB
 # sparse file (refused from its size at once, not read until memory runs out).

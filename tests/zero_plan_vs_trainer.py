@@ -34,11 +34,11 @@ def plans(precision, optimizer, accum, clip, memory=None):
     return {(p["stage"], p["ranks"]): p for p in json.loads(out)["plans"]}
 
 
-def train(stage, n, precision, optimizer, accum, clip, log, extra=()):
+def train(stage, n, precision, optimizer, accum, clip, log, extra=(), overlap="off"):
     # 8 steps: fp16's dynamic loss scale skips the first few (non-finite gradients) while it falls.
-    # --overlap off: zero::plan's transient peak is that of the blocking protocol (with overlap,
-    # reduces in flight and prefetches hold more, given back under a memory limit).
-    cmd = [train_mlp, *MODEL, "--overlap", "off", "--stage", str(stage), "--ranks", str(n), "--batch", str(12 * n * accum), "--steps",
+    # --overlap off by default: zero_plan's default, every collective completed in its call (with
+    # overlap, reduces in flight and prefetches hold more: zero_plan --overlap on, checked below).
+    cmd = [train_mlp, *MODEL, "--overlap", overlap, "--stage", str(stage), "--ranks", str(n), "--batch", str(12 * n * accum), "--steps",
            "8", "--precision", precision, "--optimizer", optimizer, "--accum", str(accum), "--clip", clip, "--log",
            log, "--log-overwrite", *extra]  # one log file, replaced by each run
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -98,6 +98,73 @@ with tempfile.TemporaryDirectory() as tmp:
         if r.returncode == 0 or "memory" not in r.stderr:
             fail(f"{what}: --memory-limit {p['peak_bytes'] - 1} exited {r.returncode}, expected a refusal")
         print(f"{what}: {p['offload_bytes']} bytes of offload host memory, as planned")
+
+    # Overlap on (train_mlp's backend, comm::modeled over threads, overlaps; --link-gbps 5 also holds
+    # each collective to a 5 GB/s link) and ZeRO++: zero_plan --overlap on and the same ZeRO++ flags
+    # give the measured bytes per category, transient peak and bytes sent, and the inter-node bytes.
+    ZEROPP_RUNS = [  # (stage, N, precision, flags, overlap)
+        (0, 3, "bf16", [], "on"),
+        (1, 4, "fp32", ["--link-gbps", "5"], "on"),
+        (2, 3, "fp16", [], "on"),
+        (3, 4, "bf16", ["--link-gbps", "5"], "on"),
+        (1, 4, "fp32", ["--qgz", "--node-size", "2"], "on"),
+        (2, 4, "bf16", ["--qgz", "--qgz-error-feedback", "--qgz-bits", "4", "--quant-block", "64"], "off"),
+        (3, 4, "fp32", ["--qwz", "--qgz", "--hpz", "2"], "off"),
+        (3, 4, "fp32", ["--qwz", "--qgz", "--hpz", "2", "--qgz-error-feedback", "--link-gbps", "5"], "on"),
+        (3, 4, "bf16", ["--qwz", "--qwz-bits", "4", "--qgz", "--node-size", "2"], "on"),
+    ]
+    for stage, n, precision, flags, overlap in ZEROPP_RUNS:
+        what = f"stage {stage} N={n} {precision} {' '.join(flags)} overlap {overlap}"
+        plan_flags = [f for f in flags if f not in ("--link-gbps", "5")]
+        out = subprocess.run([zero_plan, "--json", *MODEL, "--ranks", str(n), "--stage", str(stage), "--precision",
+                              precision, "--overlap", overlap, *plan_flags],
+                             check=True, capture_output=True, text=True, timeout=60).stdout
+        p = json.loads(out)["plans"][0]
+        r = train(stage, n, precision, "adamw", 1, "0", log, [*flags, "--json"], overlap)
+        if r.returncode != 0:
+            fail(f"{what}: train_mlp exited {r.returncode}: {r.stderr[-500:]}")
+            continue
+        got = [json.loads(x) for x in open(log) if json.loads(x)["kind"] == "step" and not json.loads(x)["skipped"]][-1]
+        for key in ["params_bytes", "grads_bytes", "master_bytes", "optimizer_states_bytes", "model_state_bytes"]:
+            if got[key] != p[key]:
+                fail(f"{what}: {key} measured {got[key]}, planned {p[key]}")
+        if got["transient_peak_bytes"] != p["transient_peak_bytes"]:
+            fail(f"{what}: transient peak measured {got['transient_peak_bytes']}, planned {p['transient_peak_bytes']}")
+        if got["bytes_sent"] != p["bytes_sent_per_step"]:
+            fail(f"{what}: bytes sent measured {got['bytes_sent']}, planned {p['bytes_sent_per_step']}")
+        inter = json.loads(r.stdout.strip().splitlines()[-1])["comm_inter_node_bytes_per_rank_per_step"]
+        if inter != p["inter_node_bytes_per_step"]:
+            fail(f"{what}: inter-node bytes measured {inter}, planned {p['inter_node_bytes_per_step']}")
+        print(f"{what}: transient peak {p['transient_peak_bytes']}, {p['bytes_sent_per_step']} bytes sent "
+              f"({p['inter_node_bytes_per_step']} between nodes), as planned")
+    # The blocking plan is not the overlapped engine's: stage 3 with overlap holds more than it says.
+    blocking = json.loads(subprocess.run([zero_plan, "--json", *MODEL, "--ranks", "4", "--stage", "3"], check=True,
+                                         capture_output=True, text=True).stdout)["plans"][0]
+    overlapped = json.loads(subprocess.run([zero_plan, "--json", *MODEL, "--ranks", "4", "--stage", "3", "--overlap",
+                                            "on"], check=True, capture_output=True, text=True).stdout)["plans"][0]
+    if not overlapped["transient_peak_bytes"] > blocking["transient_peak_bytes"]:
+        fail(f"stage 3 N=4: --overlap on plans {overlapped['transient_peak_bytes']} transient bytes, off "
+             f"{blocking['transient_peak_bytes']}: prefetches and reduces in flight should hold more")
+    # With overlap, --memory plans under that limit, as --memory-limit runs: between the blocking peak and
+    # the overlapped one the engine completes reduces and drops prefetches to make room, and trains with
+    # the peak planned; one byte under the blocking peak it is refused.
+    for memory, fits in [((blocking["peak_bytes"] + overlapped["peak_bytes"]) // 2, True),
+                         (blocking["peak_bytes"] - 1, False)]:
+        what = f"stage 3 N=4 fp32 overlap on, --memory {memory}"
+        p = json.loads(subprocess.run([zero_plan, "--json", *MODEL, "--ranks", "4", "--stage", "3", "--overlap", "on",
+                                       "--memory", str(memory)], check=True, capture_output=True,
+                                      text=True).stdout)["plans"][0]
+        if p["fits"] != fits:
+            fail(f"{what}: zero_plan says fits {p['fits']}, expected {fits}")
+        r = train(3, 4, "fp32", "adamw", 1, "0", log, ["--memory-limit", str(memory)], "on")
+        if (r.returncode == 0) != fits:
+            fail(f"{what}: train_mlp exited {r.returncode}: {r.stderr[-300:]}")
+        elif fits:
+            got = [json.loads(x) for x in open(log) if json.loads(x)["kind"] == "step"][-1]
+            if got["transient_peak_bytes"] != p["transient_peak_bytes"]:
+                fail(f"{what}: transient peak measured {got['transient_peak_bytes']}, planned "
+                     f"{p['transient_peak_bytes']}")
+        print(f"{what}: {'trains' if fits else 'refused'}, as planned")
 
     # The verdict on a memory size: at the plan's peak minus one byte the trainer is refused during
     # training; at the peak that includes its final full-parameter hash it runs to the end.

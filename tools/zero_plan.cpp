@@ -12,6 +12,7 @@
 
 #include "mlp.hpp"  // the trainers' model, for their --layers/--hidden/--in/--classes flags
 #include "tool_cli.hpp"
+#include "trainer_cli.hpp"  // the trainers' ZeRO++ flags and their refusals
 #include "zero/plan_by_name.hpp"
 #include "zero/zero.hpp"
 
@@ -119,6 +120,7 @@ nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
       {"consolidation_bytes", p.consolidation_bytes},
       {"full_params_peak_bytes", full_params_peak},
       {"bytes_sent_per_step", p.step_bytes_sent()},
+      {"inter_node_bytes_per_step", p.step_comm.inter_node_bytes()},
       {"control_bytes_per_step", p.control_comm.total_bytes()},
   };
   if (memory > 0) j["fits"] = p.fits(memory);
@@ -168,7 +170,8 @@ int main(int argc, char** argv) {
       ->default_str("0");
   app.add_option_function<std::string>(
          "--memory", [&memory](const std::string& v) { memory = toolcli::size_value("--memory", v); },
-         "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit)")
+         "memory per rank to fit into, e.g. 80GB or 16GiB (bytes without a unit): planned as the trainers' "
+         "--memory-limit (with --overlap on the engine then gives back what overlap holds before it allocates)")
       ->type_name("BYTES");
   // Offload (engine_options::offload): where the master weights and optimizer slots would live.
   std::string offload = "none";
@@ -196,26 +199,52 @@ int main(int argc, char** argv) {
   app.add_flag("--reproducible", reproducible,
                "the reproducible reduction (engine_options::reproducible): binned gradient sums, 24 bytes per "
                "element on the wire and 28 held per gradient element a rank updates");
+  // ZeRO++ (engine_options::zeropp) as the trainers name it, and overlap.
+  trainer::options flags;
+  trainer::add_zeropp_flags(app, flags);
+  flags.overlap = "off";
+  app.add_option("--overlap", flags.overlap,
+                 "on: the engine overlaps communication with computation (engine_options::overlap on a backend "
+                 "that overlaps: comm::mpi, a modeled link; the trainers' default): reduces in flight with their "
+                 "buckets, stage 3 prefetches, a larger transient peak; off: every collective completes in its "
+                 "call (comm::threads, or overlap off)")
+      ->check(toolcli::one_of({"on", "off"}))
+      ->capture_default_str();
   app.add_flag("--json", json, "print a JSON object instead of the table");
   if (const auto code = toolcli::parse(app, argc, argv)) return *code;
   if (slice_flag->count() > 0 && offload != "disk")
     return toolcli::usage_error(app, "--offload-slice sets the disk tier's slices; it needs --offload disk");
+  if (const std::string p = trainer::zeropp_flags_problem(app, flags); !p.empty()) return toolcli::usage_error(app, p);
+  flags.reproducible = reproducible;
+  for (int stage : stages)
+    for (int n : ranks) {
+      flags.stage = stage;
+      if (const std::string p = trainer::zeropp_problem(flags, n); !p.empty()) return toolcli::usage_error(app, p);
+    }
 
   try {
     const zero::model_spec spec = model_file.empty() ? mlp::make_spec(model) : read_model(model_file);
-    zero::engine_options options;
-    options.micro_batches = accum;
-    options.clip_norm = clip;
-    options.reproducible = reproducible;
-    options.offload.tier = offload == "host"   ? zero::offload_tier::host
-                           : offload == "disk" ? zero::offload_tier::disk
-                                               : zero::offload_tier::none;
-    options.offload.slice_elements = offload_slice;
+    // The engine options exactly as the trainers set them from the same flags.
+    flags.accum = accum;
+    flags.clip = clip;
+    flags.offload = offload;
+    flags.offload_slice = offload_slice;
+    flags.memory_limit = memory;  // the plan under that limit: overlap makes room within it
+    const zero::engine_options options = trainer::engine_options_of(flags);
+    const bool overlapping = flags.overlap == "on";
     const auto prec = zero::plan_precision_named(precision);
     const auto opt = zero::plan_optimizer_named(optimizer);
     std::vector<zero::plan_report> reports;
     for (int stage : stages)
-      for (int n : ranks) reports.push_back(zero::plan(spec, n, stage, prec, opt, options));
+      for (int n : ranks) reports.push_back(zero::plan(spec, n, stage, prec, opt, options, overlapping));
+    const zero::zeropp_options& z = options.zeropp;
+    std::string zeropp_text;  // ", qwZ int8/256, qgZ int8/256, hpZ, nodes of 2"
+    if (z.qwz) zeropp_text += ", qwZ int" + std::to_string(z.weights.bits) + "/" + std::to_string(z.weights.block);
+    if (z.qgz) zeropp_text += ", qgZ int" + std::to_string(z.gradients.bits) + "/" + std::to_string(z.gradients.block);
+    if (z.qgz_error_feedback) zeropp_text += " with error feedback";
+    if (z.hpz) zeropp_text += ", hpZ";
+    if (z.node_size > 0) zeropp_text += ", nodes of " + std::to_string(z.node_size);
+    if (overlapping) zeropp_text += ", overlap";
 
     const zero::plan_report& first = reports.front();
     if (json) {
@@ -228,6 +257,15 @@ int main(int argc, char** argv) {
                           {"clip", clip},
                           {"reproducible", reproducible},
                           {"offload", offload},
+                          {"qwz", z.qwz},
+                          {"qgz", z.qgz},
+                          {"qgz_error_feedback", z.qgz_error_feedback},
+                          {"hpz", z.hpz},
+                          {"node_size", z.node_size},
+                          {"quant_block", flags.quant_block},
+                          {"qwz_bits", flags.qwz_bits},
+                          {"qgz_bits", flags.qgz_bits},
+                          {"overlap", overlapping},
                           {"plans", nlohmann::json::array()}};
       if (memory > 0) j["memory_bytes"] = memory;
       for (const auto& p : reports) j["plans"].push_back(report_json(p, memory));
@@ -235,19 +273,24 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s%s%s\n",
+    std::printf("%s: %zu units, %zu parameters; %s, %s, %d micro-batch%s%s%s%s%s\n",
                 model_file.empty() ? "MLP" : toolcli::quote(model_file).c_str(), spec.num_units(), first.numel,
                 precision.c_str(), optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "",
-                reproducible ? ", reproducible" : "", offload == "none" ? "" : (", offload " + offload).c_str());
+                reproducible ? ", reproducible" : "", offload == "none" ? "" : (", offload " + offload).c_str(),
+                zeropp_text.c_str());
     std::printf("bytes per rank; \"transient\" is the most held at once by a step's buffers, \"peak\" adds it to the "
                 "model states\n\n");
     if (offload != "none")
       std::printf("\"offload\": the tier's host memory (the host tier's arrays; the disk tier's slice buffers and "
                   "checksums), counted as the rank's on a CPU system; \"offloaded\": the arrays in the tier\n");
     const bool off = offload != "none";
-    std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s%s\n", "stage", "ranks", "params", "grads", "master",
-                "optimizer", off ? "     offload   offloaded" : "", "model states", "transient", "peak", "sent/step",
-                memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
+    const bool nodes = z.node_size > 0;  // the part of the bytes sent that goes between nodes
+    if (nodes)
+      std::printf("\"between nodes\": the part of sent/step that leaves the rank's node (nodes of %d ranks)\n",
+                  z.node_size);
+    std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", "stage", "ranks", "params", "grads",
+                "master", "optimizer", off ? "     offload   offloaded" : "", "model states", "transient", "peak",
+                "sent/step", nodes ? " between nodes" : "", memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
     int last_stage = -1;
     for (const auto& p : reports) {
       if (p.stage != last_stage && last_stage >= 0 && ranks.size() > 1) std::printf("\n");
@@ -256,11 +299,14 @@ int main(int argc, char** argv) {
       if (off)
         std::snprintf(offload_columns, sizeof offload_columns, " %11s %11s", size_text(p.model_states.offload).c_str(),
                       size_text(p.offloaded_bytes).c_str());
-      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s\n", p.stage, p.ranks,
+      char inter_column[32] = "";
+      if (nodes)
+        std::snprintf(inter_column, sizeof inter_column, " %13s", size_text(p.step_comm.inter_node_bytes()).c_str());
+      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", p.stage, p.ranks,
                   size_text(p.model_states.params).c_str(), size_text(p.model_states.grads).c_str(),
                   size_text(p.model_states.master).c_str(), size_text(p.model_states.optimizer_states).c_str(),
                   offload_columns, size_text(p.model_states.total()).c_str(), size_text(p.step_transient_peak).c_str(),
-                  size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(),
+                  size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(), inter_column,
                   memory > 0 ? (p.fits(memory) ? "  yes" : "  no") : "");
     }
     std::uint64_t consolidation = 0;

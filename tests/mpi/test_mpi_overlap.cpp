@@ -1,6 +1,7 @@
 // comm::mpi's nonblocking collectives under mpirun: the blocking calls' bits in any wait order, the recorder, and the engine overlapping on MPI.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -268,6 +269,9 @@ mlp::config small_mlp() {
 struct trained {
   std::vector<float> params;
   zero::overlap_report overlap;
+  std::array<std::size_t, zero::mem_category_count> current{};  // memory() after the steps
+  std::size_t transient_peak = 0, peak_total = 0;
+  zero::comm::comm_stats last_step;
 };
 
 template <class Stage, class Prec, class Comm>
@@ -280,7 +284,34 @@ trained train(Comm& comm, bool overlap) {
   zero::engine<Stage, Comm, zero::optim::adamw, Prec> e(comm, mlp::make_spec(cfg), opt, o);
   e.initialize(mlp::initializer(cfg));
   for (std::uint64_t t = 0; t < steps; ++t) mlp::train_step(e, cfg, t, comm.rank(), comm.size());
-  return {e.full_params(), e.overlap()};
+  // Read before full_params(), whose consolidation buffers are not the loop's.
+  trained r;
+  r.overlap = e.overlap();
+  r.current = e.memory().current;
+  r.transient_peak = e.memory().peak_bytes(zero::mem_category::transient);
+  r.peak_total = e.memory().peak_total;
+  r.last_step = e.comm().last_step;
+  r.params = e.full_params();
+  return r;
+}
+
+// zero::plan for the engine over Comm (which says whether it overlaps) equals what it measured.
+template <class Stage, class Prec, class Comm>
+void check_plan(const trained& t, int n, bool overlap) {
+  zero::engine_options o;
+  o.overlap = overlap;
+  const auto p = zero::plan_for<Stage, Comm, zero::optim::adamw, Prec>(mlp::make_spec(small_mlp()), n, o);
+  CHECK(p.overlapping == overlap);
+  CHECK(p.model_states.params == t.current[static_cast<int>(zero::mem_category::params)]);
+  CHECK(p.model_states.grads == t.current[static_cast<int>(zero::mem_category::grads)]);
+  CHECK(p.model_states.master == t.current[static_cast<int>(zero::mem_category::master)]);
+  CHECK(p.model_states.optimizer_states == t.current[static_cast<int>(zero::mem_category::optimizer_states)]);
+  CHECK(p.step_transient_peak == t.transient_peak);
+  CHECK(p.peak_bytes == t.peak_total);
+  for (int c = 0; c < zero::comm::collective_count; ++c) {
+    CHECK(p.step_comm.bytes[static_cast<std::size_t>(c)] == t.last_step.bytes[static_cast<std::size_t>(c)]);
+    CHECK(p.step_comm.calls[static_cast<std::size_t>(c)] == t.last_step.calls[static_cast<std::size_t>(c)]);
+  }
 }
 
 bool same_report(const zero::overlap_report& a, const zero::overlap_report& b) {
@@ -307,6 +338,9 @@ TEST_CASE("engine over comm::mpi: overlap on gives the bits of overlap off, ever
       CHECK(same_bits(on.params, off.params));
       CHECK(on.overlap.active);
       CHECK(!off.overlap.active);
+      // zero::plan with overlap on comm::mpi (prefetches, reduces in flight) and off: the engine's bytes.
+      check_plan<Stage, Prec, mpi>(on, n, true);
+      check_plan<Stage, Prec, mpi>(off, n, false);
       CHECK(on.overlap.reduces_started == steps * units);
       if constexpr (Stage::stage == 3) {
         // The gathers after the first step's follow the recorded order: prefetched (how many, the

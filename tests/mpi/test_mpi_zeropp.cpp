@@ -56,6 +56,16 @@ std::vector<float> trained(Comm& comm, const zero::engine_options& o) {
   for (std::uint64_t t = 0; t < 4; ++t) mlp::train_step(e, cfg, t, comm.rank(), comm.size());
   CHECK(e.comm().last_step.total_bytes() == e.comm_formula_bytes());
   CHECK(e.comm().last_step.inter_node_bytes() == e.comm_formula_by_level().inter);
+  // zero::plan for this engine (over Comm, which says whether it overlaps): its bytes and traffic.
+  const auto p =
+      zero::plan_for<Stage, Comm, zero::optim::adamw, zero::precision::fp32>(mlp::make_spec(cfg), comm.size(), o);
+  const auto& m = e.memory();
+  CHECK(p.model_states.params == m.current[static_cast<int>(zero::mem_category::params)]);
+  CHECK(p.model_states.grads == m.current[static_cast<int>(zero::mem_category::grads)]);
+  CHECK(p.step_transient_peak == m.peak_bytes(zero::mem_category::transient));
+  CHECK(p.peak_bytes == m.peak_total);
+  CHECK(p.step_comm.total_bytes() == e.comm().last_step.total_bytes());
+  CHECK(p.step_comm.inter_node_bytes() == e.comm().last_step.inter_node_bytes());
   return e.full_params();
 }
 

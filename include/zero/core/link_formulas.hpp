@@ -148,4 +148,33 @@ inline std::uint64_t hpz_secondary_bytes(std::uint64_t psi, int n, int node_size
   return psi / G * param_bytes;
 }
 
+// ZeRO++'s transient buffers and state, as the engine allocates them (zero::plan reads these too).
+// qwZ: a primary gather of a unit holds the N ranks' quantized shards beside the gathered unit until
+// it completes (an hpZ secondary gather moves exact parameters and holds no wire).
+inline std::uint64_t qwz_gather_wire_bytes(std::uint64_t shard, int n, const quant::format& f) {
+  return static_cast<std::uint64_t>(n) * quant::wire_bytes(shard, f);
+}
+// qgZ: one slice of a reduce (the shards of its units side by side, each quantized in blocks of its
+// own), in bytes on the wire.
+inline std::uint64_t qgz_slice_wire_bytes(const std::vector<std::uint64_t>& shards, const quant::format& f) {
+  std::uint64_t w = 0;
+  for (std::uint64_t s : shards) w += quant::wire_bytes(s, f);
+  return w;
+}
+// qgZ: a reduce in flight holds N slices sent and N received until it completes.
+inline std::uint64_t qgz_exchange_bytes(std::uint64_t slice_wire, int n) {
+  return 2 * static_cast<std::uint64_t>(n) * slice_wire;
+}
+// qgZ in two hops, at completion: the K node sums of a slice in fp32 (K x slice elements x 4), then
+// K slices sent and K received across nodes.
+inline std::uint64_t qgz_node_sums_bytes(std::uint64_t slice_elements, std::uint64_t nodes) {
+  return nodes * slice_elements * sizeof(float);
+}
+// qgZ with error feedback: the fp32 error of every padded element, kept between steps (gradient
+// category), and, while a reduce starts, one slice's codes dequantized (slice elements x 4).
+inline std::uint64_t qgz_error_state_bytes(std::uint64_t padded) { return padded * sizeof(float); }
+inline std::uint64_t qgz_feedback_transient_bytes(std::uint64_t slice_elements) {
+  return slice_elements * sizeof(float);
+}
+
 }  // namespace zero::formula

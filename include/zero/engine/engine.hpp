@@ -111,14 +111,14 @@ class engine {
     reduce::accept_chosen(ctx_);  // the gradient reducer the options choose (engine/reduce/catalog.hpp)
     detail::check_zeropp<P>(options_, layout_.ranks(), rank_, can_qwz, can_split);
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
-    const std::size_t grad_elems = reduce::chosen_store_sharded<reduce_context>(options_) ? shard : full;
-    const std::size_t grad_bytes = reduce::chosen_grad_bytes<reduce_context>(options_);
+    const std::size_t grad_elems = reduce::chosen_store_sharded<context>(options_) ? shard : full;
+    const std::size_t grad_bytes = reduce::chosen_grad_bytes<context>(options_);
     // Offloaded master weights and slots are not in the system's memory; what the tier holds in host
     // memory is, where host memory is the system's (offload::state_store::counted_host_bytes).
     const std::size_t in_system = options_.offload.tier == offload_tier::none ? sweep_.elements() : 0;
     check_memory(model_state_plan{
         placement_.elements() * sizeof(param_type),
-        grad_elems * grad_bytes + reduce::chosen_extra_state_bytes<reduce_context>(options_, full),
+        grad_elems * grad_bytes + reduce::chosen_extra_state_bytes<context>(options_, full),
         Prec::separate_master ? in_system * sizeof(float) : 0,
         static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
         offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays, sweep_.elements())});
@@ -467,7 +467,7 @@ class engine {
   // The per-parameter sizes the paper's equations need for this engine's policies.
   // (Reproducible: grad_bytes is the binned store's formula::reproducible_grad_bytes per element it holds.)
   formula::state_sizes state_sizes() const {
-    const std::size_t g = reduce::chosen_grad_bytes<reduce_context>(options_);
+    const std::size_t g = reduce::chosen_grad_bytes<context>(options_);
     return {sizeof(param_type), g,
             (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
   }
@@ -481,7 +481,7 @@ class engine {
                                                                         placement_.persistent_elements())
                               : formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z,
                                                            placement_.persistent_elements());
-    return states + reduce::chosen_extra_state_bytes<reduce_context>(options_, layout_.padded()) +
+    return states + reduce::chosen_extra_state_bytes<context>(options_, layout_.padded()) +
            (zpp().hpz ? formula::hpz_secondary_bytes(layout_.padded(), layout_.ranks(), node_size(), sizeof(param_type))
                       : 0);
   }
@@ -562,12 +562,12 @@ class engine {
   friend gathered;
   friend grad_buffers;
   using request = typename comm::counted<Comm>::request;
-  using reduce_context = part_context<P, Comm, Prec>;
+  using context = part_context<P, Comm, Prec>;
 
   // Calls f with the engine's reducer (whichever the options chose) and returns what it returns.
   template <class F>
   decltype(auto) with_reducer(F&& f) {
-    using R = decltype(f(std::declval<reduce::exact_reducer<reduce_context>&>()));
+    using R = decltype(f(std::declval<reduce::exact_reducer<context>&>()));
     return std::visit(
         [&](auto& r) -> R {
           if constexpr (std::is_same_v<std::decay_t<decltype(r)>, std::monostate>)
@@ -579,7 +579,7 @@ class engine {
   }
   template <class F>
   decltype(auto) with_reducer(F&& f) const {
-    using R = decltype(f(std::declval<const reduce::exact_reducer<reduce_context>&>()));
+    using R = decltype(f(std::declval<const reduce::exact_reducer<context>&>()));
     return std::visit(
         [&](const auto& r) -> R {
           if constexpr (std::is_same_v<std::decay_t<decltype(r)>, std::monostate>)
@@ -688,7 +688,7 @@ class engine {
 
   // What the backend and the system must offer for each technique (checked at construction, so an
   // engine on a backend without them compiles and refuses only the options it cannot serve).
-  static constexpr bool can_qwz = gather::quantized<reduce_context>::usable;
+  static constexpr bool can_qwz = gather::quantized<context>::usable;
   static constexpr bool can_split = comm::splittable<Comm>;
 
   const zeropp_options& zpp() const { return options_.zeropp; }
@@ -883,17 +883,17 @@ class engine {
   overlap_report overlap_;
   // The parts (engine/context.hpp): where the parameters live and how gathers travel, the optimizer
   // sweep over the state arrays, the ranks' agreement, the gradient reducer the options chose.
-  reduce_context ctx_{sys_,  acct_,       layout_,       spec_,      options_, rank_,
+  context ctx_{sys_,  acct_,       layout_,       spec_,      options_, rank_,
                       comm_, other_comm_, control_comm_, eval_comm_, overlap_};
-  parameter_placement<reduce_context> placement_{ctx_};
-  optimizer_sweep<reduce_context, Opt> sweep_{ctx_};
-  rank_agreement<reduce_context, Opt> agreement_{ctx_};
-  initializer<reduce_context, Opt> initializer_{ctx_, placement_, sweep_, agreement_};
-  static constexpr int state_arrays = optimizer_sweep<reduce_context, Opt>::state_arrays;
-  static constexpr bool host_memory_system = reduce_context::host_memory;
+  parameter_placement<context> placement_{ctx_};
+  optimizer_sweep<context, Opt> sweep_{ctx_};
+  rank_agreement<context, Opt> agreement_{ctx_};
+  initializer<context, Opt> initializer_{ctx_, placement_, sweep_, agreement_};
+  static constexpr int state_arrays = optimizer_sweep<context, Opt>::state_arrays;
+  static constexpr bool host_memory_system = context::host_memory;
   std::vector<unit_state> units_;  // after the parameters: its requests wait before the buffers are freed
-  gather_schedule<reduce_context> schedule_{ctx_, placement_, [this](unit_id u) { return units_[u.index].gathered; }};
-  reduce::reducer_variant<reduce_context> reducer_;
+  gather_schedule<context> schedule_{ctx_, placement_, [this](unit_id u) { return units_[u.index].gathered; }};
+  reduce::reducer_variant<context> reducer_;
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
   bool evaluating_ = false;    // inside an evaluation() scope

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "zero/core/checked.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/layout.hpp"
+#include "zero/core/link_formulas.hpp"
 #include "zero/core/model_spec.hpp"
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/memory_check.hpp"
@@ -56,20 +58,28 @@ struct unit_plan {
   std::uint64_t gathered_bytes = 0;              // stage 3: gather(u)'s all-gathered parameters, padded
   std::uint64_t bucket_bytes = 0;                // grads(u)'s transient bucket, padded, where one is used
   std::uint64_t wire_bytes = 0;                  // reproducible: reduce(u)'s binned words, 24 per padded element
+  std::uint64_t gather_wire_bytes = 0;           // qwZ: a primary gather's N quantized shards, beside the unit
+  std::uint64_t reduce_wire_bytes = 0;           // qgZ: reduce(u)'s N slices sent and N received, beside its bucket
   std::uint64_t consolidation_bytes = 0;         // full_params(u) in stages 1-3: the unit's padded fp32 gather
 };
 
 // An engine's memory per rank and traffic per step. Exact for the engine as built (a test holds every
-// field equal to what the engine then measures), for the loop of the protocol: in each micro-batch
-// every unit is gathered and released in a forward pass, then gathered again, given its gradients
-// and reduced in a backward pass, so at most one unit is gathered at a time and grads(u) follows
-// gather(u); every step() updates (no step skipped for non-finite gradients). A shared unit
-// (unit_spec::gathers > 1) is gathered that many times in each pass and reduced once: its gradient
-// bucket is taken at its first grads() and held to its reduce(), which the plan assumes spans the
-// whole backward pass (the tied embedding's pattern: the output layer first, the embedding last), so
-// its bucket adds to every other unit's gathered parameters and bucket.
+// field equal to what the engine then measures, with and without overlap, with ZeRO++), for the loop
+// of the protocol: in each micro-batch every unit is gathered and released in a forward pass, then
+// gathered again, given its gradients and reduced (before its release) in a backward pass in reverse
+// order; every step() updates (no step skipped for non-finite gradients). Without overlap at most one
+// unit is gathered at a time and grads(u) follows gather(u); with overlap on a backend that overlaps
+// (plan()'s `overlapping`), stage 3 also holds the prefetched units and every stage the reduces left
+// in flight with their buckets and wires, as the engine decides them from the calls alone. A shared
+// unit (unit_spec::gathers > 1) is used once more per extra gather at the end of the forward pass and
+// at the start of the backward pass (the tied embedding's pattern: the output layer last forward,
+// first backward), and reduced once, at its place in the backward pass: its gradient bucket is taken
+// at its first grads() and held to its reduce(), so it adds to every other unit's gathered parameters
+// and bucket. The peaks come from replaying the engine's schedule over this loop (two steps: the first
+// has no prefetch order yet), in time proportional to micro_batches x units.
 struct plan_report {
   int stage = 0, ranks = 1;
+  bool overlapping = false;           // options.overlap on a backend that overlaps: collectives left in flight
   std::size_t numel = 0, padded = 0;  // parameters, unpadded and padded (Psi)
   std::size_t persistent = 0;         // stage 3: padded elements of the persistent units (Psi_p)
   std::vector<unit_plan> units;
@@ -88,15 +98,17 @@ struct plan_report {
   std::uint64_t offload_checksum_bytes = 0;  // the disk tier's slice checksums: = offload().checksum_bytes
 
   // Transient buffers, allocated and freed inside the protocol's calls.
-  std::uint64_t bucket_bytes = 0;    // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
+  std::uint64_t bucket_bytes = 0;  // the largest unit's gradient bucket (stages 2-3, or M > 1 reduced micro-batches)
   std::uint64_t shared_bucket_bytes = 0;  // the buckets of the shared units, held through the backward pass
-  std::uint64_t gathered_bytes = 0;  // the largest unit gathered (stage 3)
-  std::uint64_t wire_bytes = 0;      // reproducible: the largest unit's binned words, beside its bucket in reduce(u)
+  std::uint64_t gathered_bytes = 0;       // the largest unit gathered (stage 3)
+  std::uint64_t wire_bytes = 0;  // reproducible: the largest unit's binned words, beside its bucket in reduce(u)
   // step()'s buffer of the norm's collective (stages 1-3, when a norm is computed): one double and the
   // optimizer's fingerprint (8 doubles), or in the reproducible mode the all-gathered words of every
   // rank (8 x 4 x N bytes)
   std::uint64_t norm_bytes = 0;
-  std::uint64_t step_transient_peak = 0;   // = memory().peak_bytes(transient) after steps of the loop above
+  // = memory().peak_bytes(transient) after steps of the loop above: under options.memory_limit_bytes
+  // where set (with overlap the engine then completes reduces and drops prefetches to make room).
+  std::uint64_t step_transient_peak = 0;
   std::uint64_t peak_bytes = 0;            // model states + step_transient_peak: = memory().peak_total
   std::uint64_t consolidation_bytes = 0;   // full_params() in stages 1-3: the largest unit in fp32
   std::uint64_t init_broadcast_bytes = 0;  // initialize(range fn, broadcast_from_rank0): its one chunk buffer
@@ -109,38 +121,404 @@ struct plan_report {
 
   std::uint64_t step_bytes_sent() const { return step_comm.total_bytes(); }
   // Whether every byte the engine holds during training fits `memory_bytes` per rank: the check
-  // engine_options::memory_limit_bytes makes before each allocation passes throughout.
+  // engine_options::memory_limit_bytes makes before each allocation passes throughout. With overlap,
+  // a smaller limit may still train (overlap gives back what it holds): plan with memory_limit_bytes
+  // set to it and ask fits() of that plan.
   bool fits(std::uint64_t memory_bytes) const { return peak_bytes <= memory_bytes; }
 };
 
 namespace detail {
 
+// Counts one collective as comm::counted does (bus bytes, the inter-node part, one call), checked:
+// a shape or micro_batches from a model file must not wrap the bytes per step.
 inline void plan_count(comm::comm_stats& s, comm::collective c, std::uint64_t buffer_bytes, int ranks,
-                       std::uint64_t times = 1) {
-  // The counted decorator's rule, call by call: (N-1)/N of the buffer (2(N-1)/N for all_reduce).
-  // Checked: a shape or micro_batches from a model file must not wrap the bytes per step.
+                       std::uint64_t times = 1, int node_size = 0) {
   const auto n = static_cast<std::uint64_t>(ranks);
-  std::uint64_t bytes = 0;
-  if (n > 1)
-    bytes = mul_or_fail((c == comm::collective::all_reduce ? 2 : 1) * (n - 1), buffer_bytes, "plan: bytes") / n;
-  auto& total = s.bytes[static_cast<int>(c)];
-  total = add_or_fail(total, mul_or_fail(times, bytes, "plan: bytes per step"), "plan: bytes per step");
-  s.calls[static_cast<int>(c)] += times;
+  const auto g = static_cast<std::uint64_t>(node_size == 0 ? ranks : node_size);
+  std::uint64_t bytes = 0, inter = 0;
+  if (n > 1) {
+    const std::uint64_t factor = c == comm::collective::all_reduce ? 2 : 1;
+    bytes = mul_or_fail(factor * (n - 1), buffer_bytes, "plan: bytes") / n;
+    if (g < n) inter = mul_or_fail(factor * (n - g), buffer_bytes, "plan: bytes") / n;
+  }
+  const auto i = static_cast<std::size_t>(c);
+  s.bytes[i] = add_or_fail(s.bytes[i], mul_or_fail(times, bytes, "plan: bytes per step"), "plan: bytes per step");
+  s.inter[i] = add_or_fail(s.inter[i], mul_or_fail(times, inter, "plan: bytes per step"), "plan: bytes per step");
+  s.calls[i] += times;
 }
+
+// The engine's schedule replayed over the plan's loop, allocation by allocation: what each call of
+// the protocol allocates and frees (gathers, prefetches, gradient buckets, the reduces in flight and
+// their wires, the norm's buffer), with the decisions the engine makes from the calls alone (the
+// prefetch order, reduces_in_flight, max_live_parameters, and memory_limit_bytes's make_room), and
+// the protocol's collectives as comm::counted counts them. Nothing here depends on timing: the
+// engine decides from the calls, never from whether a collective has completed.
+class loop_replay {
+ public:
+  struct unit {
+    std::uint64_t padded = 0, shard = 0;
+    int gathers = 1;
+    bool persistent = false;
+  };
+  struct setup {
+    int stage = 0, ranks = 1, node_size = 1;  // node_size: G (N where one node)
+    std::size_t param_bytes = 4, grad_bytes = 4;
+    bool overlapping = false, repro = false, uses_bucket = false;
+    std::uint64_t model_states = 0;  // what the account holds besides transients (memory_limit_bytes counts it)
+    std::uint64_t norm_bytes = 0;
+    const engine_options* options = nullptr;
+  };
+
+  loop_replay(setup s, std::vector<unit> units)
+      : s_(s), o_(*s.options), units_(std::move(units)), live_(units_.size()) {}
+
+  // Replays `steps` steps of the loop; returns the transient peak; last_step() is the last one's traffic.
+  std::uint64_t run(int steps) {
+    const int m = o_.micro_batches;
+    const bool once = o_.accumulate == accumulation::local_then_reduce;
+    const std::size_t n = units_.size();
+    for (int t = 0; t < steps; ++t) {
+      step_comm_ = {};
+      for (int k = 0; k < m; ++k) {
+        for (std::size_t u = 0; u < n; ++u) use(u, false, false);
+        for (std::size_t u = 0; u < n; ++u)  // a shared unit's further uses: the output layer of a tied embedding
+          for (int g = 1; g < units_[u].gathers; ++g) use(u, false, false);
+        for (std::size_t u = n; u-- > 0;)  // backward: those uses first, their gradients held in the bucket
+          for (int g = 1; g < units_[u].gathers; ++g) use(u, true, false);
+        for (std::size_t u = n; u-- > 0;) use(u, true, !once || k + 1 == m);
+      }
+      step();
+    }
+    return peak_;
+  }
+  const comm::comm_stats& last_step() const { return step_comm_; }
+
+ private:
+  struct in_flight {
+    std::vector<std::size_t> units;
+    std::uint64_t bucket = 0, wire = 0;  // held until it completes
+    std::uint64_t slice_elements = 0, slice_wire = 0;
+  };
+  struct unit_state {
+    bool gathered = false, prefetching = false, secondary_ready = false;
+    std::uint64_t held = 0;                           // the gathered unit's buffer
+    std::uint64_t prefetched = 0, prefetch_wire = 0;  // a prefetch's buffer and qwZ wire
+    std::uint64_t bucket = 0;                         // grads(u)'s bucket until reduce(u)
+  };
+
+  bool qgz() const { return o_.zeropp.qgz; }
+  bool hierarchical() const { return qgz() && s_.node_size > 1 && s_.node_size < s_.ranks; }
+  std::uint64_t nodes() const { return static_cast<std::uint64_t>(s_.ranks / s_.node_size); }
+  bool sharded_params(std::size_t u) const { return s_.stage == 3 && !units_[u].persistent; }
+  bool prefetching() const { return s_.stage == 3 && s_.overlapping && o_.prefetch_units > 0 && order_holds_; }
+
+  void alloc(std::uint64_t b) {
+    cur_ = add_or_fail(cur_, b, "plan: transient bytes");
+    peak_ = std::max(peak_, cur_);
+  }
+  void release(std::uint64_t& b) {
+    cur_ -= b;
+    b = 0;
+  }
+  std::uint64_t total() const { return s_.model_states + cur_; }
+  bool over(std::uint64_t b) const { return o_.memory_limit_bytes > 0 && total() + b > o_.memory_limit_bytes; }
+  void count(comm::collective c, std::uint64_t buffer, int ranks, int node_size = 0) {
+    plan_count(step_comm_, c, buffer, ranks, 1, node_size);
+  }
+
+  // engine::make_room: completes reduces in flight, oldest first, then drops the prefetches.
+  void make_room(std::uint64_t b) {
+    if (o_.memory_limit_bytes == 0) return;
+    while (!pending_.empty() && over(b)) complete_oldest();
+    if (over(b)) {
+      bool any = false;
+      for (const auto& t : live_) any = any || t.prefetching;
+      if (any) {
+        drop_prefetches();
+        order_holds_ = false;
+      }
+    }
+  }
+
+  // A gather, grads and reduce (or a gather alone) of unit u, then its release.
+  void use(std::size_t u, bool backward, bool reduces) {
+    gather(u);
+    if (backward) {
+      open(u);
+      if (reduces) reduce(u);
+    }
+    unit_state& t = live_[u];
+    t.gathered = false;
+    release(t.held);
+  }
+
+  std::uint64_t gather_bytes(std::size_t u, bool secondary) const {
+    const unit& ul = units_[u];
+    const std::uint64_t wire =
+        o_.zeropp.qwz && !secondary ? formula::qwz_gather_wire_bytes(ul.shard, s_.ranks, o_.zeropp.weights) : 0;
+    return ul.padded * s_.param_bytes + wire;
+  }
+  // Starts a gather of u into a buffer of its own; returns its wire (qwZ), held until it completes.
+  std::uint64_t start_gather(std::size_t u, bool secondary, std::uint64_t& buffer) {
+    const unit& ul = units_[u];
+    buffer = ul.padded * s_.param_bytes;
+    alloc(buffer);
+    if (secondary) {
+      count(comm::collective::all_gather, buffer, s_.node_size);  // the node's link: one node
+      return 0;
+    }
+    if (!o_.zeropp.qwz) {
+      count(comm::collective::all_gather, buffer, s_.ranks, s_.node_size);
+      return 0;
+    }
+    const std::uint64_t wire = formula::qwz_gather_wire_bytes(ul.shard, s_.ranks, o_.zeropp.weights);
+    alloc(wire);
+    count(comm::collective::all_gather, wire, s_.ranks, s_.node_size);
+    return wire;
+  }
+
+  // engine::gather_in_step, stage 3's gathered units only (elsewhere a gather is a view).
+  void gather(std::size_t u) {
+    unit_state& t = live_[u];
+    if (!sharded_params(u)) {
+      t.gathered = true;
+      return;
+    }
+    const std::size_t position = step_order_.size();
+    if (order_holds_ && (position >= gather_order_.size() || gather_order_[position] != u)) {
+      order_holds_ = false;
+      drop_prefetches();
+    }
+    const bool secondary = o_.zeropp.hpz && t.secondary_ready;
+    std::uint64_t wire = 0;
+    if (t.prefetching) {
+      t.held = t.prefetched;
+      wire = t.prefetch_wire;
+      t.prefetched = t.prefetch_wire = 0;
+      t.prefetching = false;
+    } else {
+      make_room(gather_bytes(u, secondary));
+      wire = start_gather(u, secondary, t.held);
+    }
+    step_order_.push_back(u);
+    if (order_holds_ && next_prefetch_ <= position) next_prefetch_ = position + 1;
+    t.gathered = true;
+    if (prefetching()) prefetch_ahead();
+    release(wire);  // finish_gather: dequantized, the wire freed
+    if (o_.zeropp.hpz) t.secondary_ready = true;
+    if (o_.zeropp.hpz && prefetching()) prefetch_ahead();
+  }
+
+  // engine::prefetch_ahead.
+  void prefetch_ahead() {
+    if (step_order_.empty()) return;
+    const std::size_t last = step_order_.size() - 1;
+    const std::size_t end = std::min(gather_order_.size(), last + 1 + static_cast<std::size_t>(o_.prefetch_units));
+    for (; next_prefetch_ < end; ++next_prefetch_) {
+      const std::size_t v = gather_order_[next_prefetch_];
+      unit_state& t = live_[v];
+      if (t.prefetching) return;
+      const bool secondary = o_.zeropp.hpz && first_position_[v] < next_prefetch_;
+      if (secondary && !t.secondary_ready) return;
+      if (o_.max_live_parameters > 0 && live_parameters() + units_[v].padded > o_.max_live_parameters) return;
+      if (over(gather_bytes(v, secondary))) return;
+      t.prefetch_wire = start_gather(v, secondary, t.prefetched);
+      t.prefetching = true;
+    }
+  }
+  std::uint64_t live_parameters() const {
+    std::uint64_t n = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      if (!units_[u].persistent)
+        n += (std::uint64_t{live_[u].gathered} + std::uint64_t{live_[u].prefetching}) * units_[u].padded;
+    return n;
+  }
+  void drop_prefetches() {
+    for (auto& t : live_)
+      if (t.prefetching) {
+        release(t.prefetched);
+        release(t.prefetch_wire);
+        t.prefetching = false;
+      }
+  }
+
+  // The reducer's open(u): the unit's bucket, zero, where the method writes one.
+  void open(std::size_t u) {
+    unit_state& t = live_[u];
+    if (!s_.uses_bucket || t.bucket != 0) return;
+    const std::uint64_t b = units_[u].padded * s_.grad_bytes;
+    make_room(b);
+    t.bucket = b;
+    alloc(b);
+  }
+  // The reducer's reduce(u): fused into an open bucket of reduce_bucket_elements, or started alone.
+  void reduce(std::size_t u) {
+    open(u);
+    const bool fuses = o_.reduce_bucket_elements > 0 && s_.uses_bucket && s_.stage >= 1;
+    if (!fuses) {
+      launched(start({u}));
+      return;
+    }
+    const std::uint64_t padded = units_[u].padded;
+    if (!fusing_.empty() && fusing_elements_ + padded > o_.reduce_bucket_elements) flush();
+    fusing_elements_ += padded;
+    fusing_.push_back(u);
+    if (fusing_elements_ >= o_.reduce_bucket_elements) flush();
+  }
+  void flush() {
+    std::vector<std::size_t> parts = std::move(fusing_);
+    fusing_.clear();
+    fusing_elements_ = 0;
+    if (!parts.empty()) launched(start(parts));
+  }
+  void launched(in_flight f) {
+    pending_.push_back(std::move(f));
+    const std::size_t limit = s_.overlapping ? static_cast<std::size_t>(o_.reduces_in_flight) : 0;
+    while (pending_.size() > limit) complete_oldest();
+  }
+
+  // The method's start: the binned words, or a summing reduce over the exact or quantized wire.
+  in_flight start(const std::vector<std::size_t>& parts) {
+    const auto n = static_cast<std::uint64_t>(s_.ranks);
+    in_flight f;
+    f.units = parts;
+    std::uint64_t shard_sum = 0;
+    std::vector<std::uint64_t> shards;
+    for (std::size_t u : parts) {
+      shard_sum += units_[u].shard;
+      shards.push_back(units_[u].shard);
+    }
+    if (s_.repro) {
+      // One summary per unit and rank, all-gathered; then the words (three planes of the shards).
+      std::uint64_t summaries = parts.size() * n * formula::reproducible_summary_bytes;
+      make_room(summaries);
+      alloc(summaries);
+      count(comm::collective::all_gather, summaries, s_.ranks, s_.node_size);
+      release(summaries);
+      f.wire = shard_sum * n * formula::reproducible_wire_bytes;
+      make_room(f.wire);
+      alloc(f.wire);
+      for (std::size_t u : parts) release(live_[u].bucket);
+      count(s_.stage == 0 ? comm::collective::all_reduce : comm::collective::reduce_scatter, f.wire, s_.ranks,
+            s_.node_size);
+      return f;
+    }
+    if (parts.size() == 1) {
+      f.bucket = live_[parts[0]].bucket;
+      live_[parts[0]].bucket = 0;
+    } else {
+      f.bucket = shard_sum * n * s_.grad_bytes;
+      make_room(f.bucket);
+      alloc(f.bucket);
+      for (std::size_t u : parts) release(live_[u].bucket);
+    }
+    if (s_.stage == 0) {
+      count(comm::collective::all_reduce, units_[parts[0]].padded * s_.grad_bytes, s_.ranks, s_.node_size);
+      return f;
+    }
+    if (!qgz()) {
+      count(comm::collective::reduce_scatter, shard_sum * n * s_.grad_bytes, s_.ranks, s_.node_size);
+      return f;
+    }
+    f.slice_elements = shard_sum;
+    f.slice_wire = formula::qgz_slice_wire_bytes(shards, o_.zeropp.gradients);
+    f.wire = formula::qgz_exchange_bytes(f.slice_wire, s_.ranks);
+    make_room(f.wire);
+    alloc(f.wire);
+    if (hierarchical())  // the first hop, on the node's link (one node)
+      count(comm::collective::all_to_all, f.slice_wire * n, s_.node_size);
+    else
+      count(comm::collective::all_to_all, f.slice_wire * n, s_.ranks, s_.node_size);
+    if (o_.zeropp.qgz_error_feedback) {  // the codes sent, dequantized slice by slice
+      std::uint64_t sent = formula::qgz_feedback_transient_bytes(shard_sum);
+      make_room(sent);
+      alloc(sent);
+      release(sent);
+    }
+    return f;
+  }
+
+  // The oldest reduce in flight completed: qgZ's second hop, then its wires and bucket freed.
+  void complete_oldest() {
+    in_flight f = std::move(pending_.front());
+    pending_.pop_front();
+    if (hierarchical() && !s_.repro) {
+      const std::uint64_t k = nodes();
+      std::uint64_t partial = formula::qgz_node_sums_bytes(f.slice_elements, k);
+      alloc(partial);
+      release(f.wire);
+      std::uint64_t send = k * f.slice_wire;
+      alloc(send);
+      release(partial);
+      std::uint64_t recv = k * f.slice_wire;
+      alloc(recv);
+      count(comm::collective::all_to_all, k * f.slice_wire, static_cast<int>(k), 1);  // across nodes: all of it
+      release(send);
+      release(recv);
+    }
+    release(f.wire);
+    release(f.bucket);
+  }
+
+  // step(): every reduce completed, the prefetches dropped, the norm's buffer, the parameters' all-gathers.
+  void step() {
+    flush();
+    while (!pending_.empty()) complete_oldest();
+    drop_prefetches();
+    gather_order_ = std::move(step_order_);
+    step_order_.clear();
+    first_position_.assign(units_.size(), gather_order_.size());
+    for (std::size_t i = gather_order_.size(); i-- > 0;) first_position_[gather_order_[i]] = i;
+    next_prefetch_ = 0;
+    order_holds_ = true;
+    if (s_.norm_bytes > 0) {
+      std::uint64_t b = s_.norm_bytes;
+      alloc(b);
+      release(b);
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      live_[u].secondary_ready = false;
+      // Stages 1-2, and stage 3's persistent units: the updated slices to every rank, in place.
+      if ((s_.stage == 1 || s_.stage == 2) || (s_.stage == 3 && units_[u].persistent))
+        count(comm::collective::all_gather, units_[u].padded * s_.param_bytes, s_.ranks, s_.node_size);
+    }
+  }
+
+  setup s_;
+  const engine_options& o_;
+  std::vector<unit> units_;
+  std::vector<unit_state> live_;
+  std::uint64_t cur_ = 0, peak_ = 0;
+  comm::comm_stats step_comm_;
+  std::deque<in_flight> pending_;
+  std::vector<std::size_t> fusing_;
+  std::uint64_t fusing_elements_ = 0;
+  std::vector<std::size_t> gather_order_, step_order_, first_position_;
+  std::size_t next_prefetch_ = 0;
+  bool order_holds_ = true;
+};
 
 }  // namespace detail
 
 // The memory and traffic of engine<stage, *, optimizer, precision> on `ranks` ranks for `spec` with
-// `options`, from the layout and the formulas alone: nothing is allocated. Throws zero::error
+// `options`, from the layout and the formulas alone: nothing is allocated. `overlapping`: whether the
+// engine's backend overlaps (comm::counted<Comm>::overlaps: comm::mpi, comm::modeled, any backend with
+// the nonblocking interface of comm/nonblocking.hpp); with options.overlap on such a backend, reduces
+// stay in flight with their buckets, stage 3 prefetches, and the transient peak grows accordingly
+// (plan_for<Stage, Comm, Opt, Prec> reads it from the backend type). Throws zero::error
 // (invalid_argument) for what the engine's constructor would refuse.
 inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_precision precision,
-                        plan_optimizer optimizer, const engine_options& options = {}) {
+                        plan_optimizer optimizer, const engine_options& options = {}, bool overlapping = false) {
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "plan: no ZeRO stage ", stage, " (0-3)");
   ZERO_CHECK(ranks > 0, invalid_argument, "plan: world size must be positive, got ", ranks);
   ZERO_CHECK(optimizer.slots >= 0, invalid_argument, "plan: optimizer '", optimizer.name, "' has ", optimizer.slots,
              " slots");
   ZERO_CHECK(options.micro_batches >= 1, invalid_argument, "plan: micro_batches must be >= 1, got ",
              options.micro_batches);
+  ZERO_CHECK(options.prefetch_units >= 0, invalid_argument, "plan: prefetch_units must be >= 0, got ",
+             options.prefetch_units);
+  ZERO_CHECK(options.reduces_in_flight >= 1, invalid_argument, "plan: reduces_in_flight must be >= 1, got ",
+             options.reduces_in_flight);
   const bool shards_states = stage >= 1, shards_grads = stage >= 2, shards_params = stage == 3;
   ZERO_CHECK(options.accumulate != accumulation::local_then_reduce || !shards_grads, invalid_argument,
              "plan: local_then_reduce accumulation needs full gradients; stage ", stage, " shards them");
@@ -153,10 +531,32 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   ZERO_CHECK(
       !repro || static_cast<std::uint64_t>(ranks) * static_cast<std::uint64_t>(options.micro_batches) <= (1u << 24),
       invalid_argument, "plan: reproducible averages over N x micro_batches, at most 2^24");
-  ZERO_CHECK(!(options.zeropp.qwz || options.zeropp.qgz || options.zeropp.hpz), invalid_argument,
-             "plan: ZeRO++ (engine_options::zeropp qwz, qgz, hpz) is not planned yet; its traffic per step is "
-             "zero::formula::bytes_per_step (core/link_formulas.hpp), its model states add hpZ's secondary shard "
-             "(formula::hpz_secondary_bytes)");
+  // ZeRO++: the engine's refusals (its check_zeropp, the qgZ reducer's accept, its option checks).
+  const zeropp_options& z = options.zeropp;
+  const bool zeropp = z.qwz || z.qgz || z.hpz;
+  ZERO_CHECK(z.node_size >= 0 && (z.node_size == 0 || ranks % z.node_size == 0), invalid_argument,
+             "plan: zeropp.node_size ", z.node_size, " does not divide the world size ", ranks,
+             " (a node holds node_size consecutive ranks; 0: one node holds them all)");
+  ZERO_CHECK(!z.qwz || shards_params, invalid_argument,
+             "plan: qwZ quantizes the parameter all-gathers of stage 3; ZeRO stage ", stage, " gathers no parameters");
+  ZERO_CHECK(!z.hpz || shards_params, invalid_argument,
+             "plan: hpZ keeps a secondary partition of stage 3's sharded parameters; ZeRO stage ", stage,
+             " does not shard them");
+  ZERO_CHECK(!z.qgz || shards_states, invalid_argument,
+             "plan: qgZ replaces the gradient reduce-scatter of stages 1-3; ZeRO stage ", stage,
+             " all-reduces every gradient");
+  ZERO_CHECK(!z.qgz_error_feedback || z.qgz, invalid_argument,
+             "plan: qgz_error_feedback compensates qgZ's quantization: it needs qgz");
+  ZERO_CHECK(!z.hpz || (z.node_size > 0 && z.node_size < ranks), invalid_argument,
+             "plan: hpZ needs nodes smaller than the world (node_size in [1, N) dividing N = ", ranks,
+             "), got node_size ", z.node_size);
+  if (z.qwz) quant::validate(z.weights, "plan: zeropp.weights");
+  if (z.qgz) quant::validate(z.gradients, "plan: zeropp.gradients");
+  ZERO_CHECK(options.persist_below_elements == 0 || !zeropp, invalid_argument,
+             "plan: persist_below_elements and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
+  ZERO_CHECK(!repro || !zeropp, invalid_argument,
+             "plan: reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
+  const int node_size = z.node_size == 0 ? ranks : z.node_size;
 
   ZERO_CHECK(options.offload.tier == offload_tier::none ||
                  (options.offload.slice_elements > 0 && options.offload.slice_elements % 1024 == 0),
@@ -170,6 +570,7 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   r.ranks = ranks;
   r.numel = l.numel();
   r.padded = l.padded();
+  r.overlapping = overlapping && options.overlap;
 
   const std::uint64_t full = l.padded(), shard = l.shard_total();
   // Stage 3's persistent units keep a whole copy of their parameters (the engine's place_persistent_units).
@@ -189,7 +590,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     return mul_or_fail(elements, per_element, "plan: model-state bytes");
   };
   r.model_states.params = bytes((shards_params ? shard : full) + r.persistent, precision.param_bytes);
+  if (z.hpz)  // the secondary partition within the node
+    r.model_states.params += formula::hpz_secondary_bytes(full, ranks, node_size, precision.param_bytes);
   r.model_states.grads = bytes(grads_sharded ? shard : full, stored_grad_bytes);
+  if (z.qgz && z.qgz_error_feedback)  // the error feedback's fp32 error of every padded element
+    r.model_states.grads += formula::qgz_error_state_bytes(full);
   r.model_states.master = precision.separate_master ? bytes(state_elems, sizeof(float)) : 0;
   r.model_states.optimizer_states =
       bytes(bytes(state_elems, sizeof(float)), static_cast<std::uint64_t>(optimizer.slots));
@@ -209,12 +614,12 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   }
 
   // Kernels write a transient bucket (in the gradient type, whatever the store's type) when gradients
-  // are sharded or several reduced micro-batches must be added up (engine::uses_bucket).
+  // are sharded or several reduced micro-batches must be added up (the reducers' uses_bucket).
   const int reduces = options.accumulate == accumulation::reduce_each_micro_batch ? options.micro_batches : 1;
   const bool bucket = repro || shards_grads || reduces > 1;
   const bool norm = precision.separate_master || options.clip_norm > 0.0f || options.compute_grad_norm || repro;
   std::size_t largest_tensor = 0;
-  std::uint64_t backward_peak = 0;  // the most one unit holds in backward besides the shared buckets
+  std::vector<detail::loop_replay::unit> replay_units;
   for (std::size_t u = 0; u < l.num_units(); ++u) {
     const unit_layout& ul = l.unit(unit_id{u});
     const int gathers = spec.units()[u].gathers;
@@ -223,41 +628,17 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     up.bucket_bytes = bucket ? bytes(ul.padded, precision.grad_bytes) : 0;
     // Reproducible: reduce(u) converts the bucket into words (both held at once), then frees the bucket.
     up.wire_bytes = repro ? ul.padded * formula::reproducible_wire_bytes : 0;
+    up.gather_wire_bytes = z.qwz ? formula::qwz_gather_wire_bytes(ul.shard, ranks, z.weights) : 0;
+    up.reduce_wire_bytes =
+        z.qgz ? formula::qgz_exchange_bytes(formula::qgz_slice_wire_bytes({ul.shard}, z.gradients), ranks) : 0;
     up.consolidation_bytes = shards_states ? ul.padded * sizeof(float) : 0;
     r.gathered_bytes = std::max(r.gathered_bytes, up.gathered_bytes);
     r.bucket_bytes = std::max(r.bucket_bytes, up.bucket_bytes);
     r.wire_bytes = std::max(r.wire_bytes, up.wire_bytes);
     r.consolidation_bytes = std::max(r.consolidation_bytes, up.consolidation_bytes);
-    // Backward holds a unit gathered and its bucket at once: reduce(u) frees the bucket, release the unit.
-    // A shared unit's bucket is held through the backward, so it is counted once, with the shared ones.
-    if (gathers > 1) {
-      r.shared_bucket_bytes += up.bucket_bytes;
-      backward_peak = std::max(backward_peak, up.gathered_bytes + up.wire_bytes);
-    } else {
-      backward_peak = std::max(backward_peak, up.gathered_bytes + up.bucket_bytes + up.wire_bytes);
-    }
+    if (gathers > 1) r.shared_bucket_bytes += up.bucket_bytes;
     for (const auto& t : spec.units()[u].tensors) largest_tensor = std::max(largest_tensor, t.numel);
-
-    // The protocol's collectives of this unit in one step (comm::counted's view of the engine).
-    const std::uint64_t unit_params = bytes(ul.padded, precision.param_bytes);
-    const std::uint64_t unit_grads = bytes(ul.padded, precision.grad_bytes);
-    const auto m = static_cast<std::uint64_t>(options.micro_batches);
-    const auto per_step = static_cast<std::uint64_t>(reduces);
-    // Reproducible: the words instead of the gradients, after an all-gather of one summary per rank.
-    const std::uint64_t unit_wire = repro ? up.wire_bytes : unit_grads;
-    if (repro)
-      detail::plan_count(r.step_comm, comm::collective::all_gather,
-                         formula::reproducible_summary_bytes * static_cast<std::uint64_t>(ranks), ranks, per_step);
-    if (stage == 0) {
-      detail::plan_count(r.step_comm, comm::collective::all_reduce, unit_wire, ranks, per_step);
-    } else {
-      detail::plan_count(r.step_comm, comm::collective::reduce_scatter, unit_wire, ranks, per_step);
-      if (shards_params && !up.persistent)  // gathered `gathers` times in forward and in backward, every micro-batch
-        detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks,
-                           mul_or_fail(2 * m, static_cast<std::uint64_t>(gathers), "plan: gathers per step"));
-      else  // stages 1-2 and stage 3's persistent units: the updated parameter slices to every rank
-        detail::plan_count(r.step_comm, comm::collective::all_gather, unit_params, ranks);
-    }
+    replay_units.push_back({ul.padded, ul.shard, gathers, up.persistent});
     r.units.push_back(std::move(up));
   }
   // The norm's partial sums meet in one all-reduce where states are sharded (stage 0 adds them locally),
@@ -269,21 +650,36 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     // (engine: binned_global_sum_of_squares).
     const auto n = static_cast<std::uint64_t>(ranks);
     r.norm_bytes = 4 * sizeof(std::int64_t) * n;
-    detail::plan_count(r.control_comm, comm::collective::all_gather, 2 * sizeof(std::int64_t) * n, ranks);
-    detail::plan_count(r.control_comm, comm::collective::all_gather, r.norm_bytes, ranks);
+    detail::plan_count(r.control_comm, comm::collective::all_gather, 2 * sizeof(std::int64_t) * n, ranks, 1, node_size);
+    detail::plan_count(r.control_comm, comm::collective::all_gather, r.norm_bytes, ranks, 1, node_size);
   } else if (norm && shards_states) {
     r.norm_bytes = sizeof(double) + fingerprint;
-    detail::plan_count(r.control_comm, comm::collective::all_reduce, r.norm_bytes, ranks);
+    detail::plan_count(r.control_comm, comm::collective::all_reduce, r.norm_bytes, ranks, 1, node_size);
   } else if (ranks > 1) {
-    detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, ranks);
+    detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, ranks, 1, node_size);
   }
   // The totals the report and zero_plan add up, checked once here so that none of them wraps.
   const auto sum = [](std::uint64_t a, std::uint64_t b) { return add_or_fail(a, b, "plan: total bytes"); };
-  for (std::uint64_t b = 0; const auto bytes_of : r.step_comm.bytes) b = sum(b, bytes_of);
   const std::uint64_t states = sum(sum(sum(r.model_states.params, r.model_states.grads),
                                        sum(r.model_states.master, r.model_states.optimizer_states)),
                                    r.model_states.offload);
-  r.step_transient_peak = std::max(sum(r.shared_bucket_bytes, backward_peak), r.norm_bytes);
+  // The loop replayed: two steps (the first has no prefetch order yet; every later one is the second's).
+  detail::loop_replay::setup setup;
+  setup.stage = stage;
+  setup.ranks = ranks;
+  setup.node_size = node_size;
+  setup.param_bytes = precision.param_bytes;
+  setup.grad_bytes = precision.grad_bytes;
+  setup.overlapping = r.overlapping;
+  setup.repro = repro;
+  setup.uses_bucket = bucket;
+  setup.model_states = states;
+  setup.norm_bytes = r.norm_bytes;
+  setup.options = &options;
+  detail::loop_replay replay(setup, std::move(replay_units));
+  r.step_transient_peak = replay.run(2);
+  r.step_comm = replay.last_step();
+  for (std::uint64_t b = 0; const auto bytes_of : r.step_comm.bytes) b = sum(b, bytes_of);
   r.peak_bytes = sum(states, r.step_transient_peak);
   sum(states, r.consolidation_bytes);  // zero_plan's peak of full_params()
   r.init_broadcast_bytes = std::min<std::uint64_t>(options.init_chunk_elements, largest_tensor) * sizeof(float);
@@ -291,9 +687,16 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
 }
 
 // The same for an engine's policy types: plan_for<stage2, optim::adamw, precision::bf16>(spec, N).
+// On a backend that does not overlap (comm::threads): every collective completes in its call.
 template <class P, OptimizerState Opt, PrecisionPolicy Prec>
 plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
   return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options);
+}
+// The same for engine<P, Comm, Opt, Prec>: whether it overlaps is the backend's (comm::counted<Comm>::overlaps).
+template <class P, class Comm, OptimizerState Opt, PrecisionPolicy Prec>
+plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
+  return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options,
+              comm::counted<Comm>::overlaps);
 }
 
 }  // namespace zero

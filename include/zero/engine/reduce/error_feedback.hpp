@@ -8,6 +8,7 @@
 #include "zero/config.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/fp.hpp"
+#include "zero/core/link_formulas.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/quantize.hpp"
 #include "zero/engine/reduce/quantized.hpp"
@@ -65,7 +66,9 @@ class qgz_feedback_wire : public qgz_wire<Ctx> {
   using system = typename Ctx::system;
   static constexpr const char* name = "qgZ with error feedback";
   static bool chosen(const engine_options& o) { return o.zeropp.qgz && o.zeropp.qgz_error_feedback; }
-  static std::uint64_t extra_state_bytes(const engine_options&, std::uint64_t padded) { return padded * sizeof(float); }
+  static std::uint64_t extra_state_bytes(const engine_options&, std::uint64_t padded) {
+    return formula::qgz_error_state_bytes(padded);
+  }
 
   explicit qgz_feedback_wire(Ctx& c) : base(c), ctx_(c), error_(c.layout.padded(), mem_category::grads, c.acct) {}
 
@@ -78,7 +81,7 @@ class qgz_feedback_wire : public qgz_wire<Ctx> {
     typename Ctx::request r = base::start(f, units, g, count);
     // The codes just sent (the collective only reads them), dequantized slice by slice: what each
     // slice carried, taken from its error.
-    ctx_.make_room(count * sizeof(float));
+    ctx_.make_room(formula::qgz_feedback_transient_bytes(count));
     buffer<float, system> sent(count, mem_category::transient, ctx_.acct);
     const std::vector<std::size_t> order = base::send_order();
     std::vector<const std::uint8_t*> wire_of(n);

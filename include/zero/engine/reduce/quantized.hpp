@@ -9,6 +9,7 @@
 #include "zero/comm/all_to_all.hpp"
 #include "zero/comm/split.hpp"
 #include "zero/concepts/gradient_reducer.hpp"
+#include "zero/core/link_formulas.hpp"
 #include "zero/core/quantize.hpp"
 #include "zero/engine/reduce/reducer.hpp"
 #include "zero/engine/reduce/summing.hpp"
@@ -74,7 +75,7 @@ class qgz_wire {
     f.reduced = g + static_cast<std::size_t>(c.rank) * count;
     f.slice = detail::quantized_slice::of(std::move(segments), c.options.zeropp.gradients);
     const std::size_t wb = f.slice.wire;
-    c.make_room(2 * n * wb);
+    c.make_room(formula::qgz_exchange_bytes(wb, c.ranks()));
     f.send_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, c.acct);
     f.recv_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, c.acct);
     const std::vector<std::size_t> order = send_order();
