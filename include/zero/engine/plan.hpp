@@ -573,7 +573,7 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   r.overlapping = overlapping && options.overlap;
 
   const std::uint64_t full = l.padded(), shard = l.shard_total();
-  // Stage 3's persistent units keep a whole copy of their parameters (the engine's place_persistent_units).
+  // Stage 3's persistent units keep a whole copy of their parameters (parameter_placement, engine/parameters.hpp).
   auto persists = [&](const unit_layout& ul) {
     return shards_params && options.persist_below_elements > 0 && ul.numel <= options.persist_below_elements;
   };
@@ -647,7 +647,7 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   const std::uint64_t fingerprint = detail::fingerprint_words * sizeof(double);
   if (norm && shards_states && repro) {
     // The squares' summary and the optimizer's hash, then four words, of every rank, all-gathered
-    // (engine: binned_global_sum_of_squares).
+    // (the binned reducer's sum_of_squares, engine/reduce/binned.hpp).
     const auto n = static_cast<std::uint64_t>(ranks);
     r.norm_bytes = 4 * sizeof(std::int64_t) * n;
     detail::plan_count(r.control_comm, comm::collective::all_gather, 2 * sizeof(std::int64_t) * n, ranks, 1, node_size);
