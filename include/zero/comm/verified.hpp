@@ -50,6 +50,7 @@
 // different calls meet and fail naming both. A request dropped without wait is not checked (on any
 // rank: the engine drops the same ones everywhere).
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -108,6 +109,11 @@ struct verified_requests<C, true> {
     std::function<void()> check;  // empty once run
   };
 };
+// Whether R is verified<C>'s request: a concept, so that a backend without nonblocking calls (and so
+// without verified_requests<C>::request) is never asked for the type (clang substitutes a member
+// template's non-dependent constraints when the class is instantiated).
+template <class R, class C>
+concept verified_request_of = nonblocking<C> && std::same_as<R, typename verified_requests<C>::request>;
 }  // namespace detail
 
 template <CommBackend C>
@@ -227,7 +233,7 @@ class verified : public detail::verified_requests<C> {
   }
   template <class R>
   void wait(R& r)
-    requires nonblocking<C> && std::same_as<R, typename detail::verified_requests<C>::request>
+    requires detail::verified_request_of<R, C>
   {
     inner_->wait(r.inner);
     if (r.check) std::exchange(r.check, {})();
