@@ -34,14 +34,14 @@ PY
 # Save at N=4 stage 3 (periodically and at step 20), resume at N=2 stage 1 and run to step 40.
 # The first part stops at step 20 of a run planned for 40: its schedule is the 40-step one.
 e2e_run "$exe" --ranks 4 --stage 3 --steps 20 --schedule-steps 40 --eval-every 0 --save "$work/ck" --save-every 7
-ls "$work/ck" | grep -q '^v-' || e2e_fail "no checkpoint version in $work/ck"
+ls "$work/ck" | grep '^v-' >/dev/null || e2e_fail "no checkpoint version in $work/ck"
 e2e_run "$exe" --ranks 2 --stage 1 "${steps[@]}" --resume "$work/ck"
 printf '%s\n' "$e2e_out" >"$work/resumed.txt"
 e2e_sed resumed "$final_hash" hex
 echo "saved at N=4 stage 3 step 20, resumed at N=2 stage 1 to step 40: $resumed"
 e2e_same "$resumed" "$want" "the resumed run against the uninterrupted one"
 # The resumed run continues the schedule and the evaluations where the first left off.
-first_eval=$(sed -n 's/^step \([0-9]*\) .*/\1/p' "$work/resumed.txt" | head -n1)
+first_eval=$(sed -n 's/^step \([0-9]*\) .*/\1/p' "$work/resumed.txt" | sed -n 1p)
 [ "$first_eval" = "30" ] || e2e_fail "the resumed run's first eval is at step '$first_eval', expected 30"
 line40=$(grep '^step 40 ' "$work/straight.txt") || e2e_fail "no eval line for step 40 in the uninterrupted run"
 e2e_same "$(grep '^step 40 ' "$work/resumed.txt" || true)" "$line40" "step 40's eval line of the resumed run"
