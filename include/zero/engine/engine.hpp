@@ -13,7 +13,6 @@
 #include <span>
 #include <string>
 #include <type_traits>
-#include <variant>
 #include <vector>
 
 #include "zero/comm/all_to_all.hpp"
@@ -124,7 +123,7 @@ class engine {
         offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays, sweep_.elements())});
     agreement_.check_settings(opt_);  // every rank's options and optimizer, before the model states are allocated
     placement_.allocate();
-    reduce::emplace_chosen(reducer_, ctx_);  // its gradient store
+    reducer_ = reduce::make_chosen(ctx_);  // its gradient store
     sweep_.allocate();
     connect_nodes();
   }
@@ -239,7 +238,7 @@ class engine {
                "gradients; end the scope first)");
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "grads of a unit already reduced in this step",
                reduce_count_text(s.reduces));
-    with_reducer([&](auto& r) { r.open(u); });
+    reducer().open(u);
     step_started_ = true;
     return grad_buffers(*this, u, s.reduce_epoch);
   }
@@ -253,13 +252,13 @@ class engine {
                "gradients; end the scope first)");
     ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
                reduce_count_text(s.reduces));
-    with_reducer([&](auto& r) { r.open(u); });  // (a reduce without grads() reduces zeros)
+    reducer().open(u);  // (a reduce without grads() reduces zeros)
     agreement_.start(separate_agreement_check());
     const bool first = s.reduces == 0;
     ++s.reduces;
     ++s.reduce_epoch;
     step_started_ = true;
-    with_reducer([&](auto& r) { r.reduce(u, first); });
+    reducer().reduce(u, first);
   }
 
   // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
@@ -274,7 +273,7 @@ class engine {
     }
     // Every collective of the step completes first: the norm and the update read the gradients, and
     // the update writes the parameters that a unit never gathered in this step may still be receiving.
-    with_reducer([](auto& r) { r.complete_all(); });
+    reducer().complete_all();
     complete_parameter_gathers();
     schedule_.end_step();  // the next step's prefetch follows this one's gathers
     agreement_.finish(opt_);
@@ -284,11 +283,10 @@ class engine {
     // one IEEE division (N x scale is exact: the scale is a power of two). Reproducible: the exact sum
     // rounded once, divided by the global number of micro-batches N x M and the scale (N x M <= 2^24,
     // checked at construction, so the product is exact too).
-    const float divisor =
-        fp::mul(static_cast<float>(with_reducer([](auto& red) { return red.averaging_count(); })), scaler_.scale());
+    const float divisor = fp::mul(static_cast<float>(reducer().averaging_count()), scaler_.scale());
     float coef = 1.0f;
     if (needs_norm()) {
-      const norm_result n = with_reducer([&](auto& red) { return red.sum_of_squares(divisor, agreement_.terms()); });
+      const norm_result n = reducer().sum_of_squares(divisor, agreement_.terms());
       if (!n.optimizers_agree) agreement_.optimizers_disagree(opt_);
       const double sq = n.sum_of_squares;
       r.grad_norm = fp::canonical(std::sqrt(sq));  // a NaN norm reports the same bits on every system
@@ -304,7 +302,7 @@ class engine {
       ++skipped_;
     }
     scaler_.update(r.skipped);
-    with_reducer([](auto& red) { red.clear(); });
+    reducer().clear();
     for (auto& s : units_) s.reduces = s.step_gathers = 0;
     placement_.secondary_stale();  // the update changed the parameters: the next step's first gather refills it
     step_started_ = false;
@@ -564,30 +562,9 @@ class engine {
   using request = typename comm::counted<Comm>::request;
   using context = part_context<P, Comm, Prec>;
 
-  // Calls f with the engine's reducer (whichever the options chose) and returns what it returns.
-  template <class F>
-  decltype(auto) with_reducer(F&& f) {
-    using R = decltype(f(std::declval<reduce::exact_reducer<context>&>()));
-    return std::visit(
-        [&](auto& r) -> R {
-          if constexpr (std::is_same_v<std::decay_t<decltype(r)>, std::monostate>)
-            fail(error_kind::protocol, "rank ", rank_, ": engine: no gradient reducer (the constructor failed)");
-          else
-            return f(r);
-        },
-        reducer_);
-  }
-  template <class F>
-  decltype(auto) with_reducer(F&& f) const {
-    using R = decltype(f(std::declval<const reduce::exact_reducer<context>&>()));
-    return std::visit(
-        [&](const auto& r) -> R {
-          if constexpr (std::is_same_v<std::decay_t<decltype(r)>, std::monostate>)
-            fail(error_kind::protocol, "rank ", rank_, ": engine: no gradient reducer (the constructor failed)");
-          else
-            return f(r);
-        },
-        reducer_);
+  reduce::any_reducer<context>& reducer() const {
+    if (!reducer_) fail(error_kind::protocol, "rank ", rank_, ": engine: no gradient reducer (the constructor failed)");
+    return *reducer_;
   }
 
   struct unit_state {
@@ -610,8 +587,7 @@ class engine {
   // rank (their accounts are equal).
   void make_room(std::size_t bytes) {
     if (acct_.limit() == 0) return;
-    while (with_reducer([](auto& r) { return r.in_flight(); }) > 0 && acct_.total() + bytes > acct_.limit())
-      with_reducer([](auto& r) { r.complete_oldest(); });
+    while (reducer().in_flight() > 0 && acct_.total() + bytes > acct_.limit()) reducer().complete_oldest();
     if (acct_.total() + bytes > acct_.limit()) schedule_.give_back();  // then gathers on demand for the step
   }
 
@@ -641,9 +617,13 @@ class engine {
   // forward pass overlaps them), anything else that reads or writes the parameters for all of them
   // (complete_parameter_gathers).
   void update_and_gather_params(const typename Opt::step_constants& c, float divisor, float coef) {
-    const bool sharded = with_reducer([](const auto& r) { return r.sharded(); });
+    const bool sharded = reducer().sharded();
     const auto gradients = [&](auto f) {
-      with_reducer([&](const auto& r) { r.with_gradients([&](const auto* store) { f(store, sharded); }); });
+      const auto v = reducer().gradients();
+      if (v.in_fp32)
+        f(v.fp32, sharded);
+      else
+        f(v.grad, sharded);
     };
     sweep_.update(placement_, c, divisor, coef, gradients, [&](unit_id u) {
       if (!placement_.keeps_whole(u)) return;
@@ -766,9 +746,7 @@ class engine {
       return placement_.whole(u);
     }
   }
-  grad_type* full_grads_of(unit_id u) {
-    return with_reducer([&](auto& r) { return r.unit_gradient(u); });
-  }
+  grad_type* full_grads_of(unit_id u) { return reducer().unit_gradient(u); }
 
   // ---- gradient accumulation and norms ----
 
@@ -883,8 +861,7 @@ class engine {
   overlap_report overlap_;
   // The parts (engine/context.hpp): where the parameters live and how gathers travel, the optimizer
   // sweep over the state arrays, the ranks' agreement, the gradient reducer the options chose.
-  context ctx_{sys_,  acct_,       layout_,       spec_,      options_, rank_,
-                      comm_, other_comm_, control_comm_, eval_comm_, overlap_};
+  context ctx_{sys_, acct_, layout_, spec_, options_, rank_, comm_, other_comm_, control_comm_, eval_comm_, overlap_};
   parameter_placement<context> placement_{ctx_};
   optimizer_sweep<context, Opt> sweep_{ctx_};
   rank_agreement<context, Opt> agreement_{ctx_};
@@ -893,7 +870,7 @@ class engine {
   static constexpr bool host_memory_system = context::host_memory;
   std::vector<unit_state> units_;  // after the parameters: its requests wait before the buffers are freed
   gather_schedule<context> schedule_{ctx_, placement_, [this](unit_id u) { return units_[u.index].gathered; }};
-  reduce::reducer_variant<context> reducer_;
+  std::unique_ptr<reduce::any_reducer<context>> reducer_;  // the one the options chose (reduce/catalog.hpp)
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
   bool evaluating_ = false;    // inside an evaluation() scope

@@ -71,12 +71,7 @@ class binned_method {
   // agreed summary, and whether the one unit's words went straight into its empty store. The request
   // is declared last: destroyed, and so waited for, first.
   struct in_flight {
-    struct part {
-      unit_id unit{};
-      bool first = false;
-      std::size_t at = 0;  // where the unit's words start in a rank's block
-    };
-    std::vector<part> parts;
+    std::vector<bucket_part> parts;  // at: where the unit's words start in a rank's block
     buffer<std::int64_t, system> wire;
     std::size_t block = 0;
     std::vector<binned::summary> summaries;
@@ -250,7 +245,7 @@ class binned_method {
 
   // Adds a completed reduce's words of one unit into the unit's binned sum: both are re-expressed for
   // the larger of their top bins (whole low words drop), then added as integers.
-  void merge(const in_flight& f, const typename in_flight::part& part, binned::summary in) {
+  void merge(const in_flight& f, const bucket_part& part, binned::summary in) {
     const binned::summary before = sums_[part.unit.index];
     binned::summary& sum = sums_[part.unit.index];
     sum = binned::merge(before, in);

@@ -2,8 +2,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <type_traits>
-#include <variant>
 
 #include "zero/concepts/gradient_reducer.hpp"
 #include "zero/core/type_list.hpp"
@@ -21,28 +21,30 @@ template <class Ctx>
 using catalog = type_list<binned_reducer<Ctx>, feedback_reducer<Ctx>, quantized_reducer<Ctx>, exact_reducer<Ctx>>;
 
 namespace detail {
-// std::variant of the reducers of a list that are available on this backend and system: a reducer
-// that is not (the binned one on a system without binned reductions) is not compiled into the engine.
-template <class Variant, class... Rs>
-struct available_variant {
-  using type = Variant;
-};
-template <class... Vs, class R, class... Rs>
-struct available_variant<std::variant<Vs...>, R, Rs...> {
-  using type = typename available_variant<std::conditional_t<R::available, std::variant<Vs..., R>, std::variant<Vs...>>,
-                                          Rs...>::type;
-};
-template <class List>
-struct variant_of;
-template <class... Rs>
-struct variant_of<type_list<Rs...>> {
-  using type = typename available_variant<std::variant<std::monostate>, Rs...>::type;
+// A GradientReducer that is not built on reduce::reducer (a model written from the concept alone),
+// behind the engine's interface.
+template <class Ctx, class R>
+class reducer_model final : public any_reducer<Ctx> {
+ public:
+  using grad_type = typename Ctx::grad_type;
+  explicit reducer_model(Ctx& c) : r_(c) {}
+  void open(unit_id u) override { r_.open(u); }
+  grad_type* unit_gradient(unit_id u) override { return r_.unit_gradient(u); }
+  void reduce(unit_id u, bool first) override { r_.reduce(u, first); }
+  void flush() override { r_.flush(); }
+  std::size_t in_flight() const override { return r_.in_flight(); }
+  void complete_oldest() override { r_.complete_oldest(); }
+  void complete_all() override { r_.complete_all(); }
+  norm_result sum_of_squares(float divisor, const agreement_terms& a) override { return r_.sum_of_squares(divisor, a); }
+  std::size_t averaging_count() const override { return r_.averaging_count(); }
+  bool sharded() const override { return r_.sharded(); }
+  gradient_store_view<Ctx> gradients() const override { return store_view<Ctx>(r_); }
+  void clear() override { r_.clear(); }
+
+ private:
+  R r_;
 };
 }  // namespace detail
-
-// Where the engine keeps its reducer (std::monostate until chosen).
-template <class Ctx>
-using reducer_variant = typename detail::variant_of<catalog<Ctx>>::type;
 
 // The chosen reducer's bytes per gradient element, and whether its store holds only this rank's
 // slices: what the engine's memory check and formulas need before the reducer exists.
@@ -67,7 +69,8 @@ bool chosen_store_sharded(const engine_options& o) {
 }
 
 // Checks that the reducer the options choose accepts this stage, world and backend (before anything
-// is allocated); then, after the model states, builds it into v.
+// is allocated); then, after the model states, builds it. A reducer that is not available on this
+// backend and system (the binned one without binned reductions) is not compiled into the engine.
 template <class Ctx>
 void accept_chosen(const Ctx& c) {
   catalog<Ctx>::visit_first([&]<class R>() { return R::chosen(c.options); },
@@ -77,15 +80,19 @@ void accept_chosen(const Ctx& c) {
                             });
 }
 template <class Ctx>
-void emplace_chosen(reducer_variant<Ctx>& v, Ctx& c) {
+std::unique_ptr<any_reducer<Ctx>> make_chosen(Ctx& c) {
+  std::unique_ptr<any_reducer<Ctx>> made;
   catalog<Ctx>::visit_first([&]<class R>() { return R::chosen(c.options); },
                             [&]<class R>() {
-                              if constexpr (R::available)
-                                v.template emplace<R>(c);
-                              else
+                              if constexpr (!R::available)
                                 fail(error_kind::invalid_argument, "rank ", c.rank, ": the ", R::name,
                                      " gradient reducer is not available on this backend and system");
+                              else if constexpr (std::is_base_of_v<any_reducer<Ctx>, R>)
+                                made = std::make_unique<R>(c);
+                              else
+                                made = std::make_unique<detail::reducer_model<Ctx, R>>(c);
                             });
+  return made;
 }
 
 }  // namespace zero::reduce

@@ -21,33 +21,29 @@
 
 namespace zero::reduce {
 
-// Gradients summed over the ranks by a collective (Wire: the rank-ordered reduce-scatter, or qgZ's
-// quantized exchange; stage 0 all-reduces whatever the wire) into a persistent store of the
-// precision's gradient type, or fp32 under fp32_grad_accumulation: the whole model in stages 0-1,
-// this rank's slices in 2-3. The micro-batches of a step are added in fp32 and rounded once.
-//
-// Wire requirements: name, available, chosen(options), accept(ctx) as for a reducer, and
-// extra_state_bytes(options, padded) (what it keeps between steps, in the gradient category); built
-// from the context once (Wire w(ctx): state it keeps across steps, such as an error buffer, is its
-// own); `state`, what a reduce in flight carries besides its bucket; w.start(state, units, g, count)
-// -> request (g's N slices of `count` elements, slice k for rank k, into this rank's slice in place;
-// each slice holds the units' shards side by side, in the order of `units`); w.wait(state, request&);
-// w.finish(state) (the wire's work after the collective, e.g. dequantize and sum).
-template <class Ctx, class Wire>
-class summing {
+// A summing reduce whose collective may still be in flight: the units its bucket carries (in reduce
+// order), the bucket (empty, with no parts, where the persistent store was reduced in place) and the
+// wire's state. The request is declared last: destroyed, and so waited for, before the buffers it writes.
+// One type per wire state, not per wire: wires that share a state share its code.
+template <class Ctx, class WireState>
+struct summing_in_flight {
+  std::vector<bucket_part> parts;
+  buffer<typename Ctx::grad_type, typename Ctx::system> bucket;
+  WireState wire;
+  typename Ctx::request pending{};
+};
+
+// What every summing reducer does whatever its wire: the persistent store of the precision's gradient
+// type, or fp32 under fp32_grad_accumulation (the whole model in stages 0-1, this rank's slices in
+// 2-3); the micro-batches of a step added into it in fp32 and rounded once; the fused bucket's layout;
+// the norm. Compiled once per engine, however many wires its catalog holds.
+template <class Ctx>
+class summing_store {
  public:
   using P = typename Ctx::partitioner;
   using system = typename Ctx::system;
   using grad_type = typename Ctx::grad_type;
-  using request = typename Ctx::request;
-  static constexpr const char* name = Wire::name;
-  static constexpr bool available = Wire::available;
   static constexpr bool store_sharded = P::shards_gradients;
-  static bool chosen(const engine_options& o) { return Wire::chosen(o); }
-  static void accept(const Ctx& c) { Wire::accept(c); }
-  static std::uint64_t extra_state_bytes(const engine_options& o, std::uint64_t padded) {
-    return Wire::extra_state_bytes(o, padded);
-  }
   static std::size_t grad_bytes(const engine_options& o) {
     return o.fp32_grad_accumulation ? sizeof(float) : sizeof(grad_type);
   }
@@ -55,80 +51,9 @@ class summing {
   // are sharded, and where several reduced micro-batches must be added up.
   static bool uses_bucket(const Ctx& c) { return P::shards_gradients || c.reduces_per_step() > 1; }
 
-  // A reduce whose collective may still be in flight. The request is declared last: destroyed, and so
-  // waited for, before the buffers it writes.
-  struct in_flight {
-    struct part {
-      unit_id unit{};
-      bool first = false;  // the step's first reduce of the unit: stored, not added
-      std::size_t at = 0;  // where the unit's reduced elements (whole unit or this rank's slice) start in the bucket
-    };
-    std::vector<part> parts;           // the units the bucket carries, in reduce order
-    buffer<grad_type, system> bucket;  // empty (and no parts): the persistent store was reduced in place
-    typename Wire::state wire;
-    request pending{};
-  };
-
-  explicit summing(Ctx& c) : ctx_(c), grads_(store<grad_type>(c, false)), grads32_(store<float>(c, true)), wire_(c) {}
+  explicit summing_store(Ctx& c) : ctx_(c), grads_(store<grad_type>(c, false)), grads32_(store<float>(c, true)) {}
 
   grad_type* persistent_gradient(unit_id u) { return grads_.data() + ctx_.layout.unit(u).offset; }
-
-  // One unit reduces from its bucket, or in place in the persistent store. Several (a fused bucket)
-  // are interleaved into one buffer, rank r's slices of every unit side by side at [r S, (r+1) S)
-  // (S = the sum of their shards), so each rank receives its slices together; each element is summed
-  // over the ranks in rank order as in a unit's own collective: the same bits.
-  in_flight start(std::vector<unit_part<Ctx>> parts) {
-    const zero::layout& lay = ctx_.layout;
-    in_flight f;
-    if (parts.size() == 1) {
-      unit_part<Ctx>& p = parts[0];
-      const unit_layout& ul = lay.unit(p.unit);
-      f.bucket = std::move(p.bucket);
-      if (!f.bucket.empty())
-        f.parts.push_back({p.unit, p.first, updates_every_element<P> ? 0 : lay.owned(p.unit, ctx_.rank).begin});
-      grad_type* g = uses_bucket(ctx_) ? f.bucket.data() : grads_.data() + ul.offset;
-      const auto l = ctx_.label("reduce", p.unit);
-      if constexpr (updates_every_element<P>)
-        f.pending = ctx_.protocol.start_all_reduce(g, g, ul.padded, reduce_op::sum);
-      else
-        f.pending = wire_.start(f.wire, {p.unit}, g, ul.shard);
-      return f;
-    }
-    std::size_t shard_sum = 0;
-    std::vector<unit_id> units;
-    for (const auto& p : parts) {
-      shard_sum += lay.unit(p.unit).shard;
-      units.push_back(p.unit);
-    }
-    const auto ranks = static_cast<std::size_t>(lay.ranks());
-    ctx_.make_room(shard_sum * ranks * sizeof(grad_type));
-    f.bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, ctx_.acct);
-    std::size_t off = 0;
-    for (auto& p : parts) {
-      const std::size_t shard = lay.unit(p.unit).shard;
-      for (std::size_t r = 0; r < ranks; ++r)
-        ctx_.sys.copy(f.bucket.data() + r * shard_sum + off, p.bucket.data() + r * shard, shard * sizeof(grad_type));
-      f.parts.push_back({p.unit, p.first, static_cast<std::size_t>(ctx_.rank) * shard_sum + off});
-      off += shard;
-      p.bucket.reset();  // copied: freed before the collective starts
-    }
-    const auto l = ctx_.label("reduce bucket", parts[0].unit);
-    f.pending = wire_.start(f.wire, units, f.bucket.data(), shard_sum);
-    return f;
-  }
-
-  // Waits for the collective and adds each unit's reduced elements into the store.
-  void complete(in_flight& f) {
-    wire_.wait(f.wire, f.pending);
-    wire_.finish(f.wire);
-    for (const auto& part : f.parts) {
-      const unit_layout& ul = ctx_.layout.unit(part.unit);
-      const std::size_t from = updates_every_element<P> ? 0 : ctx_.layout.owned(part.unit, ctx_.rank).begin;
-      const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
-      with_store([&](auto& store) { store_reduced(store, ul, from, f.bucket.data() + part.at, count, part.first); });
-    }
-  }
-  void settle() {}
 
   // Sum of squares of the averaged, unscaled gradient over real elements, identical on every rank
   // and in every stage: each rank sums its owned slice unit by unit, and the partial sums are added in
@@ -186,6 +111,54 @@ class summing {
     with_store([&](auto& store) { ctx_.sys.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
   }
 
+ protected:
+  // One unit's reduce: its bucket (or none: the persistent store, reduced in place) moved into
+  // `parts` and `bucket`; returns where the collective reduces.
+  grad_type* single(unit_part<Ctx>& p, std::vector<bucket_part>& parts, buffer<grad_type, system>& bucket) {
+    const zero::layout& lay = ctx_.layout;
+    bucket = std::move(p.bucket);
+    if (!bucket.empty())
+      parts.push_back({p.unit, p.first, updates_every_element<P> ? 0 : lay.owned(p.unit, ctx_.rank).begin});
+    return uses_bucket(ctx_) ? bucket.data() : grads_.data() + lay.unit(p.unit).offset;
+  }
+  // Several units (a fused bucket) interleaved into one buffer, rank r's slices of every unit side by
+  // side at [r S, (r+1) S) (S = the sum of their shards), so each rank receives its slices together;
+  // each element is summed over the ranks in rank order as in a unit's own collective: the same bits.
+  // Returns S; the units in `units`, each one's bucket freed once copied.
+  std::size_t fuse(std::vector<unit_part<Ctx>>& in, std::vector<unit_id>& units, std::vector<bucket_part>& parts,
+                   buffer<grad_type, system>& bucket) {
+    const zero::layout& lay = ctx_.layout;
+    std::size_t shard_sum = 0;
+    for (const auto& p : in) {
+      shard_sum += lay.unit(p.unit).shard;
+      units.push_back(p.unit);
+    }
+    const auto ranks = static_cast<std::size_t>(lay.ranks());
+    ctx_.make_room(shard_sum * ranks * sizeof(grad_type));
+    bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, ctx_.acct);
+    std::size_t off = 0;
+    for (auto& p : in) {
+      const std::size_t shard = lay.unit(p.unit).shard;
+      for (std::size_t r = 0; r < ranks; ++r)
+        ctx_.sys.copy(bucket.data() + r * shard_sum + off, p.bucket.data() + r * shard, shard * sizeof(grad_type));
+      parts.push_back({p.unit, p.first, static_cast<std::size_t>(ctx_.rank) * shard_sum + off});
+      off += shard;
+      p.bucket.reset();  // copied: freed before the collective starts
+    }
+    return shard_sum;
+  }
+  // Adds each unit's reduced elements of a completed reduce into the store.
+  void add_reduced(const std::vector<bucket_part>& parts, const grad_type* bucket) {
+    for (const auto& part : parts) {
+      const unit_layout& ul = ctx_.layout.unit(part.unit);
+      const std::size_t from = updates_every_element<P> ? 0 : ctx_.layout.owned(part.unit, ctx_.rank).begin;
+      const std::size_t count = updates_every_element<P> ? ul.padded : ul.shard;
+      with_store([&](auto& store) { store_reduced(store, ul, from, bucket + part.at, count, part.first); });
+    }
+  }
+
+  Ctx& ctx_;
+
  private:
   // The persistent store: of type T where the options choose it (fp32 under fp32_grad_accumulation).
   template <class T>
@@ -213,9 +186,70 @@ class summing {
                       elementwise::in(src));
   }
 
-  Ctx& ctx_;
   buffer<grad_type, system> grads_;
   buffer<float, system> grads32_;  // instead of grads_ under fp32_grad_accumulation
+};
+
+// Gradients summed over the ranks by a collective (Wire: the rank-ordered reduce-scatter, or qgZ's
+// quantized exchange; stage 0 all-reduces whatever the wire) into the summing store.
+//
+// Wire requirements: name, available, chosen(options), accept(ctx) as for a reducer, and
+// extra_state_bytes(options, padded) (what it keeps between steps, in the gradient category); built
+// from the context once (Wire w(ctx): state it keeps across steps, such as an error buffer, is its
+// own); `state`, what a reduce in flight carries besides its bucket; w.start(state, units, g, count)
+// -> request (g's N slices of `count` elements, slice k for rank k, into this rank's slice in place;
+// each slice holds the units' shards side by side, in the order of `units`); w.wait(state, request&);
+// w.finish(state) (the wire's work after the collective, e.g. dequantize and sum).
+template <class Ctx, class Wire>
+class summing : public summing_store<Ctx> {
+  using base = summing_store<Ctx>;
+  using base::ctx_;
+
+ public:
+  using P = typename Ctx::partitioner;
+  using grad_type = typename Ctx::grad_type;
+  using in_flight = summing_in_flight<Ctx, typename Wire::state>;
+  static constexpr const char* name = Wire::name;
+  static constexpr bool available = Wire::available;
+  static bool chosen(const engine_options& o) { return Wire::chosen(o); }
+  static void accept(const Ctx& c) { Wire::accept(c); }
+  static std::uint64_t extra_state_bytes(const engine_options& o, std::uint64_t padded) {
+    return Wire::extra_state_bytes(o, padded);
+  }
+
+  explicit summing(Ctx& c) : base(c), wire_(c) {}
+
+  // One unit reduces from its bucket, or in place in the persistent store; several (a fused bucket)
+  // from one buffer of their interleaved slices.
+  in_flight start(std::vector<unit_part<Ctx>> parts) {
+    in_flight f;
+    if (parts.size() == 1) {
+      const unit_id u = parts[0].unit;
+      grad_type* g = base::single(parts[0], f.parts, f.bucket);
+      const unit_layout& ul = ctx_.layout.unit(u);
+      const auto l = ctx_.label("reduce", u);
+      if constexpr (updates_every_element<P>)
+        f.pending = ctx_.protocol.start_all_reduce(g, g, ul.padded, reduce_op::sum);
+      else
+        f.pending = wire_.start(f.wire, {u}, g, ul.shard);
+      return f;
+    }
+    std::vector<unit_id> units;
+    const std::size_t shard_sum = base::fuse(parts, units, f.parts, f.bucket);
+    const auto l = ctx_.label("reduce bucket", units.front());
+    f.pending = wire_.start(f.wire, units, f.bucket.data(), shard_sum);
+    return f;
+  }
+
+  // Waits for the collective and adds each unit's reduced elements into the store.
+  void complete(in_flight& f) {
+    wire_.wait(f.wire, f.pending);
+    wire_.finish(f.wire);
+    base::add_reduced(f.parts, f.bucket.data());
+  }
+  void settle() {}
+
+ private:
   Wire wire_;
 };
 
