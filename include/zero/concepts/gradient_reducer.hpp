@@ -35,7 +35,7 @@ struct gradient_probe {
 //   typename R::context_type, typename R::grad_type
 //   R::name                        constexpr const char*, what errors and reports call it
 //   R::available                   constexpr bool: the backend and system have what it needs (a
-//                                  reducer that is not is left out of the engine's variant)
+//                                  reducer that is not is not compiled into the engine)
 //   R::chosen(options)             whether engine_options select it (the catalog takes the first)
 //   R::accept(ctx)                 refuses, with zero::error naming the option, what it cannot serve
 //                                  for this stage, world and backend; before anything is allocated
