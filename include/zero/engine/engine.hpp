@@ -37,11 +37,13 @@
 #include "zero/core/value_checks.hpp"
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/context.hpp"
+#include "zero/engine/formula_report.hpp"
 #include "zero/engine/gather_transports.hpp"
 #include "zero/engine/handles.hpp"
 #include "zero/engine/init.hpp"
 #include "zero/engine/initializer.hpp"
 #include "zero/engine/memory_check.hpp"
+#include "zero/engine/node_links.hpp"
 #include "zero/engine/option_checks.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/parameters.hpp"
@@ -462,86 +464,20 @@ class engine {
                        control_comm_.stats(), step_ + skipped_, eval_comm_.stats()};
   }
 
-  // The per-parameter sizes the paper's equations need for this engine's policies.
-  // (Reproducible: grad_bytes is the binned store's formula::reproducible_grad_bytes per element it holds.)
-  formula::state_sizes state_sizes() const {
-    const std::size_t g = reduce::chosen_grad_bytes<context>(options_);
-    return {sizeof(param_type), g,
-            (Prec::separate_master ? sizeof(float) : 0) + static_cast<std::size_t>(Opt::slots) * sizeof(float)};
-  }
-  // The model-state bytes in the system's memory: with offload, without the offloaded K bytes; plus
-  // hpZ's secondary shard (Psi / node_size parameters).
-  std::uint64_t model_state_formula_bytes() const {
-    formula::state_sizes z = state_sizes();
-    if (sweep_.offloaded()) z.k_bytes = 0;
-    const std::uint64_t states =
-        options_.reproducible ? formula::reproducible_model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z,
-                                                                        placement_.persistent_elements())
-                              : formula::model_state_bytes(P::stage, layout_.padded(), layout_.ranks(), z,
-                                                           placement_.persistent_elements());
-    return states + reduce::chosen_extra_state_bytes<context>(options_, layout_.padded()) +
-           (zpp().hpz ? formula::hpz_secondary_bytes(layout_.padded(), layout_.ranks(), node_size(), sizeof(param_type))
-                      : 0);
-  }
-  // What the offload tier holds and moves (engine_options::offload), and its formulas: the tier's
-  // bytes, and the bytes moved by one step that updates.
+  // The formulas for this engine (engine/formula_report.hpp): the per-parameter sizes of the paper's
+  // equations; the model-state bytes in the system's memory (without the offloaded K bytes; with the
+  // reducer's extra state and hpZ's secondary shard); what the offload tier holds and moves per step;
+  // the bytes per step (reproducible, ZeRO++ and the extra gathers of shared units included), per link
+  // level, and per forward-only pass inside evaluation().
+  formula::state_sizes state_sizes() const { return formulas_.sizes(); }
+  std::uint64_t model_state_formula_bytes() const { return formulas_.model_state_bytes(); }
   const offload_report& offload() const { return sweep_.store().report(); }
-  std::uint64_t offload_formula_bytes() const {
-    if (!sweep_.offloaded()) return 0;
-    return formula::offloaded_state_bytes(P::stage, layout_.padded(), layout_.ranks(),
-                                          static_cast<std::size_t>(state_arrays), on_disk());
-  }
-  offload_traffic offload_formula_traffic() const {
-    if (!sweep_.offloaded()) return {};
-    // The optimizer reads the gradient store: the fp32 rounding of the binned sums in the reproducible mode.
-    const std::size_t grad_read = options_.reproducible ? sizeof(float) : state_sizes().grad_bytes;
-    const auto t = formula::offload_bytes_per_step(
-        P::stage, layout_.padded(), layout_.ranks(), static_cast<std::size_t>(state_arrays), on_disk(),
-        host_memory_system, sweep_.held_real_elements(), grad_read, Prec::separate_master ? sizeof(param_type) : 0);
-    return {t.disk_read, t.disk_written, t.to_host, t.from_host};
-  }
-  // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3;
-  // reproducible: formula::reproducible_comm_bytes_per_step; with ZeRO++ on, zero::formula::bytes_per_step's
-  // (core/link_formulas.hpp).
-  std::uint64_t comm_formula_bytes() const {
-    if (options_.reproducible)
-      return formula::reproducible_comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(param_type),
-                                                       reduces_per_step(), units_.size(), extra_gathered_elements(),
-                                                       placement_.persistent_elements());
-    if (zeropp_on()) return comm_formula_by_level().total;
-    return formula::comm_bytes_per_step(P::stage, layout_.padded(), layout_.ranks(), sizeof(typename Prec::comm_type),
-                                        reduces_per_step(), extra_gathered_elements(),
-                                        placement_.persistent_elements());
-  }
-  // The same per link level: the total and the part sent between nodes (engine_options::zeropp's
-  // node_size; comm_stats::inter counts it), by zero::formula::bytes_per_step.
-  formula::link_bytes comm_formula_by_level() const {
-    return formula::bytes_per_step(P::stage, unit_extents(), layout_.ranks(), sizeof(typename Prec::comm_type),
-                                   reduces_per_step(), traffic_options());
-  }
-  // Bytes of one forward-only pass inside evaluation() (every unit gathered `gathers` times): stage 3
-  // only.
-  std::uint64_t eval_comm_formula_bytes() const {
-    if (zeropp_on())
-      return formula::eval_bytes_per_pass(P::stage, unit_extents(), layout_.ranks(), sizeof(typename Prec::comm_type),
-                                          traffic_options())
-          .total;
-    return formula::eval_comm_bytes_per_pass(P::stage, layout_.padded(), layout_.ranks(),
-                                             sizeof(typename Prec::comm_type), extra_gathered_elements(),
-                                             placement_.persistent_elements());
-  }
-  // Padded elements gathered per pass beyond once per unit: the sum of (gathers - 1) x padded over
-  // the units that are gathered (a persistent unit's uses are views).
-  std::uint64_t extra_gathered_elements() const {
-    std::uint64_t n = 0;
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      if (!persistent(unit_id{u}))
-        n = add_or_fail(n,
-                        mul_or_fail(static_cast<std::uint64_t>(spec_.units()[u].gathers - 1),
-                                    std::uint64_t{layout_.unit(unit_id{u}).padded}, "formula: extra gathered elements"),
-                        "formula: extra gathered elements");
-    return n;
-  }
+  std::uint64_t offload_formula_bytes() const { return formulas_.offload_bytes(); }
+  offload_traffic offload_formula_traffic() const { return formulas_.offload_step_traffic(); }
+  std::uint64_t comm_formula_bytes() const { return formulas_.comm_bytes(); }
+  formula::link_bytes comm_formula_by_level() const { return formulas_.comm_by_level(); }
+  std::uint64_t eval_comm_formula_bytes() const { return formulas_.eval_comm_bytes(); }
+  std::uint64_t extra_gathered_elements() const { return formulas_.extra_gathered_elements(); }
   // Stage 3: whether unit u keeps its gathered parameters between steps (persist_below_elements),
   // and the padded elements of all such units (Psi_p of the formulas).
   bool persistent(unit_id u) const { return placement_.persistent(u); }
@@ -672,49 +608,13 @@ class engine {
   static constexpr bool can_split = comm::splittable<Comm>;
 
   const zeropp_options& zpp() const { return options_.zeropp; }
-  bool zeropp_on() const { return zpp().qwz || zpp().qgz || zpp().hpz; }
-  int node_size() const { return zpp().node_size == 0 ? layout_.ranks() : zpp().node_size; }
-  // qgZ in two hops: nodes of more than one rank, more than one node.
-  bool hierarchical() const { return ctx_.hierarchical(); }
-  // After the model states exist: tells the counters where the nodes are, and splits the backend for
-  // hpZ (the node's ranks) and two-hop qgZ (the node's ranks, and the ranks of this rank's position
-  // in every node). The splits are collectives on the backend, made by every rank here.
+  // After the model states exist: tells the counters where the nodes are, and splits the node links.
   void connect_nodes() {
-    const int g = node_size();
-    for (auto* c : {&comm_, &other_comm_, &control_comm_, &eval_comm_}) c->set_node_size(g);
-    if (!(zpp().hpz || hierarchical())) return;
-    if constexpr (can_split) {
-      node_backend_ = comm_.inner().split(rank_ / g);
-      node_comm_.emplace(*node_backend_);  // one node: all of its traffic is intra-node
-      ctx_.node_backend = node_backend_.get();
-      ctx_.node = &*node_comm_;
-      if (hierarchical()) {
-        cross_backend_ = comm_.inner().split(rank_ % g);
-        cross_comm_.emplace(*cross_backend_);
-        cross_comm_->set_node_size(1);  // one rank per node: all of it is inter-node
-        ctx_.cross_backend = cross_backend_.get();
-        ctx_.cross = &*cross_comm_;
-      }
-    }
+    for (auto* c : {&comm_, &other_comm_, &control_comm_, &eval_comm_}) c->set_node_size(ctx_.node_size());
+    nodes_.connect(ctx_);
   }
-
   // The protocol's traffic on every communicator it uses.
-  comm::comm_stats protocol_stats() const {
-    comm::comm_stats s = comm_.stats();
-    if (node_comm_) s = s + node_comm_->stats();
-    if (cross_comm_) s = s + cross_comm_->stats();
-    return s;
-  }
-  std::vector<formula::unit_extent> unit_extents() const {
-    std::vector<formula::unit_extent> v;
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      v.push_back({layout_.unit(unit_id{u}).padded, spec_.units()[u].gathers});
-    return v;
-  }
-  formula::traffic_options traffic_options() const {
-    return {zpp().qwz, zpp().qgz, zpp().hpz, zpp().weights, zpp().gradients, node_size()};
-  }
-
+  comm::comm_stats protocol_stats() const { return nodes_.add_to(comm_.stats()); }
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
   static system system_of(Comm& c) {
     if constexpr (requires { c.make_system(); })
@@ -778,7 +678,6 @@ class engine {
                " of elements [", r.begin, ", ", r.end, ") outside the held range [", held.begin, ", ", held.end, ")");
     return layout_.unit(u);
   }
-  bool on_disk() const { return options_.offload.tier == offload_tier::disk; }
 
   // The optimizer's fingerprint rides on the norm's all-reduce where the step makes one (stages 1-3
   // computing the norm); elsewhere (stage 0, or no norm) on an all-reduce of its own, started at the
@@ -799,46 +698,8 @@ class engine {
       m = sys_.available();
       m->free = free;
     }
-    const bool offloaded = options_.offload.tier != offload_tier::none;
-    // What the offload tier holds in this memory for stage s's held elements (Psi in stage 0, Psi/N after).
-    const auto tier_bytes = [&](int s, const offload_options& o) -> std::uint64_t {
-      const std::size_t held = s >= 1 ? layout_.shard_total() : layout_.padded();
-      return offload::state_store<system>::counted_host_bytes(o, state_arrays, held);
-    };
-    std::array<std::uint64_t, 4> stage_bytes{};
-    for (int s = 0; s < 4; ++s) {
-      formula::state_sizes z = state_sizes();
-      if (offloaded) z.k_bytes = 0;  // the other stages with the same offload
-      std::uint64_t& b = stage_bytes[static_cast<std::size_t>(s)];
-      if (options_.reproducible) {
-        b = formula::reproducible_model_state_bytes(s, layout_.padded(), layout_.ranks(), z,
-                                                    s == 3 ? placement_.persistent_elements() : 0);
-      } else {
-        if (s < 2) z.grad_bytes = sizeof(grad_type);  // fp32 gradient accumulation exists in stages 2-3 only
-        b = formula::model_state_bytes(s, layout_.padded(), layout_.ranks(), z,
-                                       s == 3 ? placement_.persistent_elements() : 0);
-      }
-      if (offloaded) b += tier_bytes(s, options_.offload);
-    }
-    // Without offload: what the master weights and slots would cost offloaded (on a CPU system the disk
-    // tier, whose slices and checksums stay in this memory; on a device system host memory). A small
-    // state is staged whole with the default slice: then the smallest slice is suggested, also to an
-    // engine that offloads to disk already.
-    offload_alternative alternative;
-    const bool disk = options_.offload.tier == offload_tier::disk;
-    if (state_arrays > 0 && (!offloaded || (disk && options_.offload.slice_elements > 1024))) {
-      offload_options o = options_.offload;
-      if (!offloaded) o.tier = host_memory_system ? offload_tier::disk : offload_tier::host;
-      for (std::size_t slice : {offloaded ? std::size_t{1024} : o.slice_elements, std::size_t{1024}}) {
-        o.slice_elements = slice;
-        alternative = {to_string(o.tier), 0, tier_bytes(P::stage, o), slice};
-        alternative.bytes = need.params + need.grads + alternative.staging;
-        if (alternative.bytes >= need.total()) alternative.tier.clear();  // no better than what was asked
-        if (detail::model_states_fit(alternative.bytes, options_.memory_limit_bytes, m)) break;
-      }
-    }
-    detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m, stage_bytes,
-                                   alternative);
+    detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m,
+                                   formulas_.every_stage_model_state_bytes(), formulas_.offload_suggestion(need, m));
   }
 
   memory_accounting acct_;            // first: every buffer below reports to it and must die before it
@@ -847,11 +708,7 @@ class engine {
   comm::counted<Comm> other_comm_;    // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's norm all-reduce and the optimizer's fingerprint
   comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
-  // ZeRO++ (engine_options::zeropp): the node's ranks (hpZ's secondary gathers, qgZ's first hop) and
-  // the ranks of this rank's position in every node (qgZ's second hop), split from the backend at
-  // construction; their traffic is protocol traffic (protocol_stats).
-  std::unique_ptr<Comm> node_backend_, cross_backend_;
-  std::optional<comm::counted<Comm>> node_comm_, cross_comm_;
+  node_links<context> nodes_;         // ZeRO++'s node and cross-node links, over comm_'s backend
   const model_spec spec_;
   const zero::layout layout_;
   Opt opt_;
@@ -864,6 +721,7 @@ class engine {
   context ctx_{sys_, acct_, layout_, spec_, options_, rank_, comm_, other_comm_, control_comm_, eval_comm_, overlap_};
   parameter_placement<context> placement_{ctx_};
   optimizer_sweep<context, Opt> sweep_{ctx_};
+  formula_report<context, Opt> formulas_{ctx_, placement_, sweep_};
   rank_agreement<context, Opt> agreement_{ctx_};
   initializer<context, Opt> initializer_{ctx_, placement_, sweep_, agreement_};
   static constexpr int state_arrays = optimizer_sweep<context, Opt>::state_arrays;

@@ -20,32 +20,6 @@ namespace zero::reduce {
 template <class Ctx>
 using catalog = type_list<binned_reducer<Ctx>, feedback_reducer<Ctx>, quantized_reducer<Ctx>, exact_reducer<Ctx>>;
 
-namespace detail {
-// A GradientReducer that is not built on reduce::reducer (a model written from the concept alone),
-// behind the engine's interface.
-template <class Ctx, class R>
-class reducer_model final : public any_reducer<Ctx> {
- public:
-  using grad_type = typename Ctx::grad_type;
-  explicit reducer_model(Ctx& c) : r_(c) {}
-  void open(unit_id u) override { r_.open(u); }
-  grad_type* unit_gradient(unit_id u) override { return r_.unit_gradient(u); }
-  void reduce(unit_id u, bool first) override { r_.reduce(u, first); }
-  void flush() override { r_.flush(); }
-  std::size_t in_flight() const override { return r_.in_flight(); }
-  void complete_oldest() override { r_.complete_oldest(); }
-  void complete_all() override { r_.complete_all(); }
-  norm_result sum_of_squares(float divisor, const agreement_terms& a) override { return r_.sum_of_squares(divisor, a); }
-  std::size_t averaging_count() const override { return r_.averaging_count(); }
-  bool sharded() const override { return r_.sharded(); }
-  gradient_store_view<Ctx> gradients() const override { return store_view<Ctx>(r_); }
-  void clear() override { r_.clear(); }
-
- private:
-  R r_;
-};
-}  // namespace detail
-
 // The chosen reducer's bytes per gradient element, and whether its store holds only this rank's
 // slices: what the engine's memory check and formulas need before the reducer exists.
 template <class Ctx>
@@ -76,6 +50,9 @@ void accept_chosen(const Ctx& c) {
   catalog<Ctx>::visit_first([&]<class R>() { return R::chosen(c.options); },
                             [&]<class R>() {
                               static_assert(GradientReducer<R>, "a catalog entry is not a GradientReducer");
+                              static_assert(std::is_base_of_v<any_reducer<Ctx>, R>,
+                                            "a catalog entry implements reduce::any_reducer, the engine's view of it "
+                                            "(build it on reduce::reducer, engine/reduce/reducer.hpp)");
                               R::accept(c);
                             });
 }
@@ -87,10 +64,8 @@ std::unique_ptr<any_reducer<Ctx>> make_chosen(Ctx& c) {
                               if constexpr (!R::available)
                                 fail(error_kind::invalid_argument, "rank ", c.rank, ": the ", R::name,
                                      " gradient reducer is not available on this backend and system");
-                              else if constexpr (std::is_base_of_v<any_reducer<Ctx>, R>)
-                                made = std::make_unique<R>(c);
                               else
-                                made = std::make_unique<detail::reducer_model<Ctx, R>>(c);
+                                made = std::make_unique<R>(c);
                             });
   return made;
 }
