@@ -168,7 +168,7 @@ TEST_CASE_TEMPLATE_DEFINE("lr 0 leaves the parameters bit-identical while the op
         // Some steps first, so the weights have moved and the states are not zero.
         for (int t = 0; t < 3; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
         e.set_learning_rate(0.0f);
-        CHECK(e.optimizer_state().lr == 0.0f);
+        CHECK(e.optimizer_settings().lr == 0.0f);
         const auto before = e.full_params();
         const zero::unit_id u{0};
         const zero::range h = e.held_range(u);
@@ -264,26 +264,26 @@ TEST_CASE("set_optimizer validates as the constructor does, names the rank, and 
       c = x.what();
     }
     adamw_engine e(comm, toy::spec(), settings<zero::optim::adamw>());
-    const zero::optim::adamw before = e.optimizer_state();
+    const zero::optim::adamw before = e.optimizer_settings();
     try {
       e.set_optimizer(bad);
     } catch (const zero::error& x) {
       CHECK(x.kind() == zero::error_kind::invalid_argument);
       s = x.what();
     }
-    CHECK(std::memcmp(&e.optimizer_state(), &before, sizeof before) == 0);
+    CHECK(std::memcmp(&e.optimizer_settings(), &before, sizeof before) == 0);
     for (float lr : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
       CAPTURE(lr);
       CHECK_THROWS_WITH_AS(e.set_learning_rate(lr),
                            doctest::Contains(("rank " + std::to_string(r) + ": optim::adamw: lr must be finite and >= 0").c_str()),
                            zero::error);
-      CHECK(e.optimizer_state().lr == before.lr);
+      CHECK(e.optimizer_settings().lr == before.lr);
     }
     e.set_learning_rate(0.0f);  // allowed: it holds the weights still
-    CHECK(e.optimizer_state().lr == 0.0f);
+    CHECK(e.optimizer_settings().lr == 0.0f);
     e.set_learning_rate(2e-3f);
-    CHECK(e.optimizer_state().lr == 2e-3f);
-    CHECK(e.optimizer_state().beta2 == before.beta2);  // only the rate changed
+    CHECK(e.optimizer_settings().lr == 2e-3f);
+    CHECK(e.optimizer_settings().beta2 == before.beta2);  // only the rate changed
     const std::lock_guard<std::mutex> lock(mu);
     at_construction[r] = c;
     at_set[r] = s;
@@ -301,7 +301,7 @@ TEST_CASE("set_optimizer validates as the constructor does, names the rank, and 
     s.nesterov = true;
     CHECK_THROWS_WITH_AS(e.set_optimizer(s), "rank 0: optim::sgd: nesterov needs momentum > 0, got momentum 0",
                          zero::error);
-    CHECK(e.optimizer_state().momentum == zero::optim::sgd{}.momentum);
+    CHECK(e.optimizer_settings().momentum == zero::optim::sgd{}.momentum);
   });
 }
 
@@ -310,7 +310,7 @@ TEST_CASE_TEMPLATE("set_optimizer is refused while a unit is gathered or reduced
   zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
     zero::engine<Stage, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec());
     e.initialize(toy::initializer());
-    const float lr0 = e.optimizer_state().lr;
+    const float lr0 = e.optimizer_settings().lr;
     const std::string rank = "rank " + std::to_string(comm.rank());
     const zero::unit_id head{3}, block{2};
     {
@@ -324,12 +324,12 @@ TEST_CASE_TEMPLATE("set_optimizer is refused while a unit is gathered or reduced
       } catch (const zero::error& x) {
         CHECK(x.kind() == zero::error_kind::protocol);
       }
-      CHECK(e.optimizer_state().lr == lr0);
+      CHECK(e.optimizer_settings().lr == lr0);
       p.release();
     }
     // Released, nothing reduced: between steps, so accepted (an evaluation pass leaves this state).
     e.set_learning_rate(1e-2f);
-    CHECK(e.optimizer_state().lr == 1e-2f);
+    CHECK(e.optimizer_settings().lr == 1e-2f);
     {
       auto g = e.grads(head);  // grads() alone leaves no mark: accepted, as documented
       (void)g;
@@ -345,10 +345,10 @@ TEST_CASE_TEMPLATE("set_optimizer is refused while a unit is gathered or reduced
       e.reduce(zero::unit_id{u});
     }
     CHECK_THROWS_AS(e.set_learning_rate(3e-2f), zero::error);
-    CHECK(e.optimizer_state().lr == 2e-2f);
+    CHECK(e.optimizer_settings().lr == 2e-2f);
     e.step();
     e.set_learning_rate(3e-2f);  // after step(): accepted
-    CHECK(e.optimizer_state().lr == 3e-2f);
+    CHECK(e.optimizer_settings().lr == 3e-2f);
     (void)block;
   });
 }
@@ -377,9 +377,9 @@ TEST_CASE("a checkpoint saved after set_learning_rate records the new rate; load
   zero::comm::threads::launch(3, [&](zero::comm::threads& comm) {
     zero::engine<zero::stage1, zero::comm::threads, adamw> e(comm, toy::spec());
     const auto r = ckpt::load(e, comm, dir.path);
-    CHECK(e.optimizer_state().lr == adamw{}.lr);
+    CHECK(e.optimizer_settings().lr == adamw{}.lr);
     e.set_optimizer(ckpt::optimizer_from<adamw>(r.info));
-    CHECK(e.optimizer_state().lr == new_lr);
+    CHECK(e.optimizer_settings().lr == new_lr);
     for (int t = 3; t < 6; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
     auto p = e.full_params();
     if (comm.rank() == 0) resumed = std::move(p);

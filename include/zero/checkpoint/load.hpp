@@ -68,7 +68,7 @@ inline std::vector<std::vector<planned_read>> plan_reads(const manifest& m, cons
 // After a failure while reading (rare: checksums are verified first), the engine's state is
 // undefined until a successful load or initialize().
 // The optimizer's hyper-parameters are not loaded: the engine keeps the ones it was built with (or
-// last given), so a resumed run may change them. The saved ones (what optimizer_state() held at the
+// last given), so a resumed run may change them. The saved ones (what optimizer_settings() held at the
 // save, set_learning_rate included) are in the result:
 // e.set_optimizer(optimizer_from<Opt>(r.info)) continues with them exactly.
 template <class Engine, CommBackend Comm>

@@ -486,7 +486,12 @@ class engine {
   const model_spec& spec() const { return spec_; }
   const zero::layout& layout() const { return layout_; }
   // The optimizer's current hyper-parameters (as built, or as last set): what a checkpoint records.
-  const Opt& optimizer_state() const { return opt_; }
+  // (Its slots, the optimizer *state*, are read through read_state.)
+  const Opt& optimizer_settings() const { return opt_; }
+  [[deprecated("optimizer_state() returns the hyper-parameters: call optimizer_settings()")]] const Opt&
+  optimizer_state() const {
+    return opt_;
+  }
   int rank() const { return rank_; }
   int world_size() const { return layout_.ranks(); }
   std::uint64_t steps() const { return step_; }
