@@ -3,7 +3,7 @@
 // Every file a tool names is looked at and opened without blocking (a FIFO is refused, not waited
 // on) and without following a link it should not follow; every output place is proved before any
 // work starts by creating something there (access(2) is no proof: root passes it everywhere). The
-// same rules as the checkpoint headers' open (zero/checkpoint/file_io.hpp), with the tools' messages.
+// same rules as the checkpoint headers' open (zero/io/posix_file.hpp), with the tools' messages.
 // No CLI11 here: the example models' headers include it too.
 #pragma once
 
@@ -23,6 +23,7 @@
 
 #include "zero/checkpoint/printable.hpp"
 #include "zero/error.hpp"
+#include "zero/io/posix_file.hpp"
 
 namespace toolcli {
 
@@ -44,16 +45,7 @@ inline std::string flag_name(const std::string& names) { return names.substr(0, 
 
 namespace fs = std::filesystem;
 
-inline const char* type_name(mode_t m) {
-  if (S_ISREG(m)) return "a regular file";
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISLNK(m)) return "a symbolic link";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  return "of an unknown type";
-}
+using zero::io::type_name;
 
 // Why `text` is not an existing file of type `want` (S_IFREG or S_IFDIR) to read, or "". A link the
 // user names is followed (it is the user's choice); a FIFO or device is refused before anything

@@ -13,6 +13,7 @@ import sys
 LAYERS = [
     ("base", ["config.hpp", "error.hpp"]),
     ("core", ["core/"]),
+    ("io", ["io/"]),
     ("concepts", ["concepts/"]),
     ("policies", ["precision/", "optim/", "partition/"]),
     ("gpu", ["gpu/"]),

@@ -318,3 +318,49 @@ TEST_CASE("verify compares every size before hashing: a listed file of 1 TiB is 
   CHECK(run_bounded([&] { return expect_error_in_child([&] { (void)ckpt::verify(d.path); }, "belong to no segment"); },
                     std::chrono::seconds(20)) == 0);
 }
+
+TEST_CASE("the POSIX file layer reads and writes whole lengths and names the file and the bytes when it cannot") {
+  temp_dir d("io");
+  const fs::path p = d / "f";
+  spit(p, "0123456789");
+  const std::string prefix = "test: ";
+  auto open_as = [&](int access) {
+    return zero::io::posix_file(zero::io::open_existing(p, access, S_IFREG, zero::io::symlinks::refuse, "here", prefix),
+                                zero::io::path_label(prefix, p));
+  };
+  auto message = [](const std::function<void()>& f, zero::error_kind want) {
+    try {
+      f();
+    } catch (const zero::error& e) {
+      CHECK(e.kind() == want);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const zero::io::posix_file rw = open_as(O_RDWR);
+  rw.pwrite_all("abc", 3, 12);  // past the end: the gap reads as zeros
+  CHECK(rw.size() == 15);
+  char buf[16] = {};
+  CHECK(rw.pread_full(buf, 16, 8) == 7);  // stops at the end of the file, not before
+  CHECK(std::string(buf, 7) == std::string("89\0\0abc", 7));
+  // A read past the end is a truncated file (corrupt), with where it ends and what is missing.
+  CHECK(message([&] { rw.pread_exact(buf, 10, 10); }, zero::error_kind::corrupt) ==
+        "test: '" + p.string() + "' is truncated: it ends at byte 15 but 5 more bytes were expected");
+  // A write the descriptor does not allow: io, naming the byte range.
+  const zero::io::posix_file ro = open_as(O_RDONLY);
+  CHECK(message([&] { ro.pwrite_all("xy", 2, 4); }, zero::error_kind::io) ==
+        "test: cannot write '" + p.string() + "', bytes 4 to 6: " + zero::io::errno_text(EBADF));
+  // A read of a directory's descriptor fails in the call: io, naming the byte range.
+  const zero::io::posix_file dir(
+      zero::io::open_existing(d.path, O_RDONLY, S_IFDIR, zero::io::symlinks::follow, "as a directory", prefix),
+      zero::io::path_label(prefix, d.path));
+  CHECK(message([&] { (void)dir.pread_full(buf, 4, 0); }, zero::error_kind::io) ==
+        "test: cannot read '" + d.path.string() + "', bytes 0 to 4: " + zero::io::errno_text(EISDIR));
+  // The open policy: a symbolic link is refused, and says so.
+  fs::create_symlink(p, d / "link");
+  CHECK(message(
+            [&] { zero::io::open_existing(d / "link", O_RDONLY, S_IFREG, zero::io::symlinks::refuse, "here", prefix); },
+            zero::error_kind::io) ==
+        "test: cannot open '" + (d / "link").string() +
+            "' here: it is a symbolic link, not a regular file (symbolic links are not followed here)");
+}

@@ -1,9 +1,8 @@
-// Safe, durable file I/O for checkpoints: POSIX open/pread/write/fsync/rename with zero::error on every failure.
+// Durable files for checkpoints over the POSIX layer (zero/io/posix_file.hpp): atomic writes, tree removal, hashing.
 #pragma once
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,11 +14,13 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "zero/checkpoint/checksum.hpp"
 #include "zero/error.hpp"
+#include "zero/io/posix_file.hpp"
 
 namespace zero::checkpoint {
 
@@ -31,264 +32,68 @@ static_assert(sizeof(float) == 4, "checkpoints store IEEE-754 binary32 values");
 
 namespace fs = std::filesystem;
 
+// Entries inside a checkpoint (manifest, data files, version directories) are opened with
+// symlinks::refuse; a path the caller names itself (an output file, a directory to sync) is the
+// caller's choice.
+using io::symlinks;
+
 namespace detail {
 
-inline std::string errno_text(int e) { return std::strerror(e); }
+using io::errno_text;
+using io::type_name;
 
-// Reads and writes move at most this much per system call: bounded buffers and progress on large files.
-inline constexpr std::size_t io_chunk = std::size_t{1} << 20;
+// What opens every message of the checkpoint's file operations.
+inline constexpr std::string_view io_prefix = "checkpoint: ";
 
 // Elements of master weights and optimizer slots staged at once by save and load (4 MiB per array):
 // the host memory a checkpoint takes, whatever the units' sizes.
 inline constexpr std::size_t state_chunk_elements = std::size_t{1} << 20;
 
-}  // namespace detail
-
-// Whether the last component of a path may be a symbolic link that is followed. Entries inside a
-// checkpoint (manifest, data files, version directories) never are: a link there could lead a
-// reader or a clean-up anywhere. A path the caller names itself (an output file, a directory to
-// sync) is the caller's choice.
-enum class symlinks { refuse, follow };
-
-namespace detail {
-
-inline const char* type_name(mode_t m) {
-  if (S_ISREG(m)) return "a regular file";
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISLNK(m)) return "a symbolic link";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  return "of an unknown type";
-}
-
-// The one way the checkpoint headers open something that exists: never through a symbolic link in
-// the last component (unless `links` allows it), never blocking (a FIFO or a device would block in
-// open() itself, before any check), and only what `want` (S_IFREG or S_IFDIR) names, checked on the
-// open descriptor, so an entry swapped between the look and the open is still refused. A FIFO,
-// socket or device is refused before it is opened, since opening some devices has effects.
-inline int open_existing(const fs::path& p, int access, mode_t want, symlinks links, const char* purpose) {
-  auto refuse = [&](mode_t m) {
-    fail(error_kind::io, "checkpoint: cannot open '", p.string(), "' ", purpose, ": it is ", type_name(m), ", not ",
-         type_name(want), links == symlinks::refuse && S_ISLNK(m) ? " (symbolic links are not followed here)" : "");
-  };
-  struct stat st {};
-  const int looked = links == symlinks::follow ? ::stat(p.c_str(), &st) : ::lstat(p.c_str(), &st);
-  if (looked != 0) {
-    const int e = errno;
-    fail(error_kind::io, "checkpoint: cannot open '", p.string(), "' ", purpose, ": ", errno_text(e));
-  }
-  if ((st.st_mode & S_IFMT) != want) refuse(st.st_mode);
-  const int flags = access | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (links == symlinks::refuse ? O_NOFOLLOW : 0) |
-                    (want == S_IFDIR ? O_DIRECTORY : 0);
-  int fd;
-  do fd = ::open(p.c_str(), flags);
-  while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
-    const int e = errno;
-    if (e == ELOOP && links == symlinks::refuse) refuse(S_IFLNK);
-    fail(error_kind::io, "checkpoint: cannot open '", p.string(), "' ", purpose, ": ", errno_text(e));
-  }
-  if (::fstat(fd, &st) != 0 || (st.st_mode & S_IFMT) != want) {
-    const mode_t m = st.st_mode;
-    ::close(fd);
-    refuse(m);
-  }
-  // Reads and writes of a regular file block as usual from here on.
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  return fd;
-}
+// Bytes hashed at once by hash_file: a bounded buffer whatever the file's size.
+inline constexpr std::size_t hash_chunk = std::size_t{1} << 20;
 
 }  // namespace detail
 
-// An owned file descriptor.
-class file {
+// A file of a checkpoint: the POSIX layer's descriptor, named by its path in every message.
+class file : public io::posix_file {
  public:
   file() = default;
-  file(int fd, fs::path path) : fd_(fd), path_(std::move(path)) {}
-  file(file&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
-  file& operator=(file&& o) noexcept {
-    if (this != &o) {
-      close_quietly();
-      fd_ = std::exchange(o.fd_, -1);
-      path_ = std::move(o.path_);
-    }
-    return *this;
-  }
-  file(const file&) = delete;
-  file& operator=(const file&) = delete;
-  ~file() { close_quietly(); }
+  file(int fd, fs::path path) : posix_file(fd, io::path_label(detail::io_prefix, path)), path_(std::move(path)) {}
 
-  // An existing regular file, for reading (see detail::open_existing).
+  // An existing regular file, for reading (see io::open_existing).
   static file open_read(const fs::path& p, symlinks links = symlinks::refuse) {
-    return file(detail::open_existing(p, O_RDONLY, S_IFREG, links, "for reading"), p);
+    return file(io::open_existing(p, O_RDONLY, S_IFREG, links, "for reading", detail::io_prefix), p);
   }
   // An existing directory, to sync it or to work inside it.
   static file open_directory(const fs::path& p, symlinks links = symlinks::follow) {
-    return file(detail::open_existing(p, O_RDONLY, S_IFDIR, links, "as a directory"), p);
+    return file(io::open_existing(p, O_RDONLY, S_IFDIR, links, "as a directory", detail::io_prefix), p);
   }
   // A new file: O_EXCL, so nothing that exists under that name (a file, or a symbolic link planted
   // to redirect the write) is ever opened, truncated or written through.
   static file create_new(const fs::path& p) {
-    const int fd = create_exclusive(p);
+    const int fd = io::create_exclusive(p);
     if (fd < 0) fail_create(p, -fd);
     return file(fd, p);
   }
-  // The descriptor of a new file, or -errno.
-  static int create_exclusive(const fs::path& p) {
-    int fd;
-    do fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    while (fd < 0 && errno == EINTR);
-    return fd < 0 ? -errno : fd;
-  }
-  [[noreturn]] static void fail_create(const fs::path& p, int e) {
-    fail(error_kind::io, "checkpoint: cannot create '", p.string(), "': ", detail::errno_text(e),
-         e == EEXIST ? " (something already exists under that name; it is left alone)" : "");
-  }
+  [[noreturn]] static void fail_create(const fs::path& p, int e) { io::fail_create(p, e, detail::io_prefix); }
 
-  int fd() const { return fd_; }
   const fs::path& path() const { return path_; }
-  bool is_open() const { return fd_ >= 0; }
-
-  std::uint64_t size() const {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) {
-      const int e = errno;
-      fail(error_kind::io, "checkpoint: cannot stat '", path_.string(), "': ", detail::errno_text(e));
-    }
-    ZERO_CHECK(S_ISREG(st.st_mode), io, "checkpoint: '", path_.string(), "' is not a regular file");
-    return static_cast<std::uint64_t>(st.st_size);
-  }
-
-  // Reads exactly `bytes` at `offset`; a file that ends first is truncated (corrupt), not an I/O error.
-  void pread_exact(void* dst, std::size_t bytes, std::uint64_t offset) const {
-    auto* p = static_cast<unsigned char*>(dst);
-    while (bytes > 0) {
-      const std::size_t want = bytes < detail::io_chunk ? bytes : detail::io_chunk;
-      const ssize_t got = ::pread(fd_, p, want, static_cast<off_t>(offset));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        const int e = errno;
-        fail(error_kind::io, "checkpoint: cannot read '", path_.string(), "' at byte ", offset, ": ",
-             detail::errno_text(e));
-      }
-      ZERO_CHECK(got > 0, corrupt, "checkpoint: '", path_.string(), "' is truncated: it ends at byte ", offset,
-                 " but ", bytes, " more bytes were expected");
-      p += got;
-      bytes -= static_cast<std::size_t>(got);
-      offset += static_cast<std::uint64_t>(got);
-    }
-  }
-
-  void write_all(const void* src, std::size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(src);
-    while (bytes > 0) {
-      const std::size_t want = bytes < detail::io_chunk ? bytes : detail::io_chunk;
-      const ssize_t put = ::write(fd_, p, want);
-      if (put < 0) {
-        if (errno == EINTR) continue;
-        const int e = errno;
-        fail(error_kind::io, "checkpoint: cannot write '", path_.string(), "': ", detail::errno_text(e));
-      }
-      p += put;
-      bytes -= static_cast<std::size_t>(put);
-    }
-  }
-
-  void pwrite_all(const void* src, std::size_t bytes, std::uint64_t offset) {
-    const auto* p = static_cast<const unsigned char*>(src);
-    while (bytes > 0) {
-      const ssize_t put = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
-      if (put < 0) {
-        if (errno == EINTR) continue;
-        const int e = errno;
-        fail(error_kind::io, "checkpoint: cannot write '", path_.string(), "': ", detail::errno_text(e));
-      }
-      p += put;
-      bytes -= static_cast<std::size_t>(put);
-      offset += static_cast<std::uint64_t>(put);
-    }
-  }
-
-  // Forces the data to stable storage: without it a crash after the rename could expose an empty file.
-  void sync() {
-    int rc;
-    do rc = ::fsync(fd_);
-    while (rc != 0 && errno == EINTR);
-    if (rc != 0) {
-      const int e = errno;
-      fail(error_kind::io, "checkpoint: fsync of '", path_.string(), "' failed: ", detail::errno_text(e));
-    }
-  }
-
-  void close() {
-    if (fd_ < 0) return;
-    const int fd = std::exchange(fd_, -1);
-    // After close() fails on Linux the descriptor is gone either way; the data is already synced.
-    if (::close(fd) != 0 && errno != EINTR) {
-      const int e = errno;
-      fail(error_kind::io, "checkpoint: cannot close '", path_.string(), "': ", detail::errno_text(e));
-    }
-  }
 
  private:
-  void close_quietly() noexcept {
-    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  }
-  int fd_ = -1;
   fs::path path_;
 };
 
 // Makes the entries of a directory (files created or renamed in it) durable.
-inline void sync_directory(const fs::path& dir) {
-  file d = file::open_directory(dir);
-  int rc;
-  do rc = ::fsync(d.fd());
-  while (rc != 0 && errno == EINTR);
-  const int e = errno;
-  // Some file systems cannot sync a directory (EINVAL); their renames are then as durable as they get.
-  if (rc != 0 && e != EINVAL)
-    fail(error_kind::io, "checkpoint: fsync of directory '", dir.string(), "' failed: ", detail::errno_text(e));
-}
+inline void sync_directory(const fs::path& dir) { io::sync_directory(dir, detail::io_prefix); }
 
-inline void rename_path(const fs::path& from, const fs::path& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    const int e = errno;
-    fail(error_kind::io, "checkpoint: cannot rename '", from.string(), "' to '", to.string(), "': ",
-         detail::errno_text(e));
-  }
-}
+inline void rename_path(const fs::path& from, const fs::path& to) { io::rename_path(from, to, detail::io_prefix); }
 
-// Renames `from` to `to` only if nothing exists under `to`, atomically: the check and the rename
-// cannot be separated by another process creating `to`.
+// Renames `from` to `to` only if nothing exists under `to`, atomically.
 inline void rename_no_replace(const fs::path& from, const fs::path& to) {
-  int rc = ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
-  if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
-    // A file system without RENAME_NOREPLACE: link() refuses an existing name just as well.
-    rc = ::link(from.c_str(), to.c_str());
-    if (rc == 0) {
-      ::unlink(from.c_str());
-    } else if (errno == EPERM || errno == EOPNOTSUPP || errno == ENOSYS) {
-      // Nor hard links (some FUSE and FAT file systems): look, then rename. Not atomic, but still
-      // never replaces what was there when it looked.
-      struct stat st {};
-      if (::lstat(to.c_str(), &st) == 0) errno = EEXIST;
-      else rc = ::rename(from.c_str(), to.c_str());
-    }
-  }
-  if (rc != 0) {
-    const int e = errno;
-    fail(error_kind::io, "checkpoint: cannot rename '", from.string(), "' to '", to.string(), "': ",
-         detail::errno_text(e), e == EEXIST ? " (it exists and is not replaced)" : "");
-  }
+  io::rename_no_replace(from, to, detail::io_prefix);
 }
 
-// The directory a path lives in, "." for a bare name: what to sync after creating or renaming it.
-inline fs::path parent_of(const fs::path& p) {
-  const fs::path parent = p.parent_path();
-  return parent.empty() ? fs::path(".") : parent;
-}
+using io::parent_of;
 
 namespace detail {
 
@@ -314,7 +119,7 @@ class durable_writer {
       : final_(std::move(final_path)), existing_(existing) {
     for (int attempt = 0;; ++attempt) {
       tmp_ = fs::path(final_).concat(".tmp-" + to_hex(detail::unpredictable_u64()));
-      const int fd = file::create_exclusive(tmp_);
+      const int fd = io::create_exclusive(tmp_);
       if (fd >= 0) {
         f_ = file(fd, tmp_);
         return;
@@ -333,13 +138,13 @@ class durable_writer {
   }
 
   void write(const void* data, std::size_t bytes) {
-    f_.write_all(data, bytes);
+    f_.pwrite_all(data, bytes, bytes_);
     hash_.update(data, bytes);
     bytes_ += bytes;
   }
   // Bytes outside the running checksum (a header that will carry the checksum of what follows it).
   void write_unhashed(const void* data, std::size_t bytes) {
-    f_.write_all(data, bytes);
+    f_.pwrite_all(data, bytes, bytes_);
     bytes_ += bytes;
   }
   // Replaces bytes already written (a checksum placeholder), before commit().
@@ -436,7 +241,7 @@ inline bool remove_tree_at(int parent, const std::string& name, const char* firs
 
 // XXH64 of the first `bytes` bytes of an open file, read in bounded chunks.
 inline std::uint64_t hash_file(const file& f, std::uint64_t bytes) {
-  std::vector<unsigned char> chunk(static_cast<std::size_t>(bytes < detail::io_chunk ? bytes : detail::io_chunk));
+  std::vector<unsigned char> chunk(static_cast<std::size_t>(bytes < detail::hash_chunk ? bytes : detail::hash_chunk));
   xxh64_stream h;
   std::uint64_t at = 0;
   while (at < bytes) {

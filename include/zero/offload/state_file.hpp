@@ -1,4 +1,4 @@
-// offload::state_file: one rank's offloaded arrays on disk, an anonymous preallocated file of aligned regions read and written with pread/pwrite.
+// offload::state_file: one rank's offloaded arrays on disk, an anonymous preallocated file of aligned regions.
 #pragma once
 
 #include <fcntl.h>
@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <utility>
 
 #include "zero/error.hpp"
+#include "zero/io/posix_file.hpp"
 
 namespace zero::offload {
 
@@ -54,28 +54,15 @@ class state_file {
     struct stat st {};
     if (::stat(directory.c_str(), &st) != 0) {
       const int e = errno;
-      fail(error_kind::io, "rank ", rank, ": offload directory '", directory, "' cannot be used: ", std::strerror(e));
+      fail(error_kind::io, "rank ", rank, ": offload directory '", directory, "' cannot be used: ", io::errno_text(e));
     }
     ZERO_CHECK(S_ISDIR(st.st_mode), io, "rank ", rank, ": offload directory '", directory, "' is not a directory");
     name_ = detail::concat("anonymous file of rank ", rank, " in '", directory, "'");
-    open_anonymous(directory, how);
-    try {
-      preallocate();
-      if (direct) set_direct();
-    } catch (...) {
-      close();
-      throw;
-    }
+    file_ = io::posix_file(open_anonymous(directory, how),
+                           {detail::concat("rank ", rank, ": "), detail::concat("offload file (", name_, ")")});
+    preallocate();
+    if (direct) set_direct();
   }
-  state_file(state_file&& o) noexcept { swap(o); }
-  state_file& operator=(state_file&& o) noexcept {
-    state_file t(std::move(o));
-    swap(t);
-    return *this;
-  }
-  state_file(const state_file&) = delete;
-  state_file& operator=(const state_file&) = delete;
-  ~state_file() { close(); }
 
   // What names the file in reports and messages: it has no path ("anonymous file of rank R in 'D'").
   const std::string& name() const { return name_; }
@@ -96,25 +83,23 @@ class state_file {
   // (A file truncated and extended again reads as zeros at the right size: the store's checksums
   // find that.)
   void check() const {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) {
-      const int e = errno;
-      fail(error_kind::io, "rank ", rank_, ": offload file (", name_, "): fstat failed: ", std::strerror(e));
-    }
-    ZERO_CHECK(static_cast<std::uint64_t>(st.st_size) >= size_, io, "rank ", rank_, ": offload file (", name_,
-               ") was truncated to ", st.st_size, " bytes while the engine used it (it holds ", size_,
+    const std::uint64_t now = file_.size();
+    ZERO_CHECK(now >= size_, io, "rank ", rank_, ": offload file (", name_, ") was truncated to ", now,
+               " bytes while the engine used it (it holds ", size_,
                "): its optimizer states are lost; load the last checkpoint into a new engine");
   }
 
  private:
-  void open_anonymous(const std::string& directory, anonymous_file how) {
+  // The descriptor of a new file in `directory` that has no name.
+  int open_anonymous(const std::string& directory, anonymous_file how) {
     int tmpfile_errno = 0;
 #ifdef O_TMPFILE
     if (how == anonymous_file::tmpfile_or_unlinked) {
       // O_EXCL: the file can never be linked into the directory (linkat through /proc/self/fd).
-      do fd_ = ::open(directory.c_str(), O_TMPFILE | O_RDWR | O_EXCL | O_CLOEXEC, 0600);
-      while (fd_ < 0 && errno == EINTR);
-      if (fd_ >= 0) return;
+      int fd;
+      do fd = ::open(directory.c_str(), O_TMPFILE | O_RDWR | O_EXCL | O_CLOEXEC, 0600);
+      while (fd < 0 && errno == EINTR);
+      if (fd >= 0) return fd;
       tmpfile_errno = errno;  // EOPNOTSUPP (a file system without it), EISDIR/EINVAL (an old kernel), ...
     }
 #endif
@@ -123,101 +108,74 @@ class state_file {
     static std::atomic<std::uint64_t> counter{0};
     const std::string dir = directory.back() == '/' ? directory : directory + "/";
     std::string path;
+    int fd = -1;
     for (int attempt = 0;; ++attempt) {
       path = detail::concat(dir, "zero-offload-rank", rank_, "-", ::getpid(), "-", counter.fetch_add(1), ".unlinked");
-      do fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-      while (fd_ < 0 && errno == EINTR);
-      if (fd_ >= 0 || errno != EEXIST || attempt == 100) break;
+      fd = io::create_exclusive(path, O_RDWR, 0600);
+      if (fd >= 0 || fd != -EEXIST || attempt == 100) break;
     }
-    if (fd_ < 0) {
-      const int e = errno;
-      fail(error_kind::io, "rank ", rank_, ": cannot create the offload file in '", directory, "': ", std::strerror(e),
-           tmpfile_errno ? detail::concat(" (O_TMPFILE: ", std::strerror(tmpfile_errno), ")") : std::string());
+    if (fd < 0) {
+      fail(error_kind::io, "rank ", rank_, ": cannot create the offload file in '", directory,
+           "': ", io::errno_text(-fd),
+           tmpfile_errno ? detail::concat(" (O_TMPFILE: ", io::errno_text(tmpfile_errno), ")") : std::string());
     }
+    io::posix_file owned(fd, {});  // closes the file if it cannot be used
     unlinked_ = true;
     // Unlink the name only while it is still this file's: a file moved onto the name since is not
     // ours to remove (and ours then has no name already).
     struct stat mine {}, named {};
-    if (::fstat(fd_, &mine) == 0 && ::lstat(path.c_str(), &named) == 0 && mine.st_dev == named.st_dev &&
+    if (::fstat(fd, &mine) == 0 && ::lstat(path.c_str(), &named) == 0 && mine.st_dev == named.st_dev &&
         mine.st_ino == named.st_ino) {
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
         const int e = errno;
-        close();
-        fail(error_kind::io, "rank ", rank_, ": cannot unlink the offload file '", path, "' just created: ",
-             std::strerror(e));
+        fail(error_kind::io, "rank ", rank_, ": cannot unlink the offload file '", path,
+             "' just created: ", io::errno_text(e));
       }
     }
     // Linked elsewhere in the instant it had a name: its data would outlive the engine there.
-    if (::fstat(fd_, &mine) != 0 || mine.st_nlink != 0) {
-      close();
+    if (::fstat(fd, &mine) != 0 || mine.st_nlink != 0) {
       fail(error_kind::io, "rank ", rank_, ": the offload file created as '", path,
            "' was given another name before it could be unlinked; refusing to write optimizer states to it");
     }
+    return owned.release();
   }
   void preallocate() {
     if (size_ == 0) return;
-    const int r = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_));
+    const int r = ::posix_fallocate(file_.fd(), 0, static_cast<off_t>(size_));
     if (r == 0) return;
     if (r == EOPNOTSUPP || r == EINVAL) {
       // A file system without preallocation: a sparse file of the right size; a full disk then shows
       // at the first write instead.
-      if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0) return;
+      if (::ftruncate(file_.fd(), static_cast<off_t>(size_)) == 0) return;
       const int e = errno;
-      fail(error_kind::io, "rank ", rank_, ": cannot size the offload file (", name_, ") to ", size_, " bytes: ",
-           std::strerror(e));
+      fail(error_kind::io, "rank ", rank_, ": cannot size the offload file (", name_, ") to ", size_,
+           " bytes: ", io::errno_text(e));
     }
     fail(error_kind::io, "rank ", rank_, ": cannot preallocate ", size_, " bytes for the offload file (", name_,
-         "): ", std::strerror(r), r == ENOSPC ? " (the disk tier needs that much free space in its directory)" : "");
+         "): ", io::errno_text(r), r == ENOSPC ? " (the disk tier needs that much free space in its directory)" : "");
   }
   // O_DIRECT on the one descriptor, kept if the file system accepts it (tmpfs refuses: EINVAL).
   void set_direct() {
 #ifdef O_DIRECT
-    const int flags = ::fcntl(fd_, F_GETFL);
+    const int flags = ::fcntl(file_.fd(), F_GETFL);
     if (flags < 0) return;
-    if (::fcntl(fd_, F_SETFL, flags | O_DIRECT) == 0) direct_ = (::fcntl(fd_, F_GETFL) & O_DIRECT) != 0;
+    if (::fcntl(file_.fd(), F_SETFL, flags | O_DIRECT) == 0) direct_ = (::fcntl(file_.fd(), F_GETFL) & O_DIRECT) != 0;
 #endif
   }
+  // Reads and writes go through the POSIX layer, which names the file and the bytes on an error; a
+  // read that finds the end of the file early means the file was truncated under the engine.
   void transfer(std::size_t region, std::size_t offset, void* buf, std::size_t bytes, bool writing) const {
     ZERO_CHECK(offset + bytes <= region_bytes_, invalid_argument, "rank ", rank_, ": offload file (", name_, "): ",
                writing ? "write" : "read", " of ", bytes, " bytes at ", offset, " passes the end of region ", region);
-    auto* p = static_cast<char*>(buf);
-    std::uint64_t at = region * region_bytes_ + offset;
-    std::size_t left = bytes;
-    while (left > 0) {
-      const ssize_t n = writing ? ::pwrite(fd_, p, left, static_cast<off_t>(at)) : ::pread(fd_, p, left, static_cast<off_t>(at));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        const int e = errno;
-        fail(error_kind::io, "rank ", rank_, ": offload file (", name_, "): ", writing ? "writing " : "reading ", left,
-             " bytes at offset ", at, " failed: ", std::strerror(e));
-      }
-      if (n == 0) {
-        ZERO_CHECK(writing, io, "rank ", rank_, ": offload file (", name_, ") ends at offset ", at, ", before the ",
-                   left, " bytes still to read (it was truncated while the engine used it): its optimizer states "
-                   "are lost; load the last checkpoint into a new engine");
-        fail(error_kind::io, "rank ", rank_, ": offload file (", name_, "): writing at offset ", at, " made no progress");
-      }
-      p += n;
-      at += static_cast<std::uint64_t>(n);
-      left -= static_cast<std::size_t>(n);
-    }
-  }
-  // The file has no name: closing its last descriptor frees it.
-  void close() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  void swap(state_file& o) noexcept {
-    std::swap(fd_, o.fd_);
-    std::swap(rank_, o.rank_);
-    std::swap(direct_, o.direct_);
-    std::swap(unlinked_, o.unlinked_);
-    std::swap(region_bytes_, o.region_bytes_);
-    std::swap(size_, o.size_);
-    std::swap(name_, o.name_);
+    const std::uint64_t at = region * region_bytes_ + offset;
+    if (writing) return file_.pwrite_all(buf, bytes, at);
+    const std::size_t got = file_.pread_full(buf, bytes, at);
+    ZERO_CHECK(got == bytes, io, "rank ", rank_, ": offload file (", name_, ") ends at offset ", at + got,
+               ", before the ", bytes - got, " bytes still to read (it was truncated while the engine used it): ",
+               "its optimizer states are lost; load the last checkpoint into a new engine");
   }
 
-  int fd_ = -1;
+  io::posix_file file_;  // the file has no name: closing its descriptor frees it
   int rank_ = -1;
   bool direct_ = false;
   bool unlinked_ = false;
