@@ -136,8 +136,8 @@ class optimizer_sweep {
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
           cast.resize(n);
-          offload::host_loop::for_each(n, elementwise::cast_rule{}, elementwise::out(cast.data()),
-                                       elementwise::in(static_cast<const float*>(arrays[0])));
+          offload::host_system::for_each(n, elementwise::cast_rule{}, elementwise::out(cast.data()),
+                                         elementwise::in(static_cast<const float*>(arrays[0])));
           ctx_.sys.copy_from_host(params.element(ctx_.layout.unit(u), i), cast.data(), n * sizeof(param_type));
         },
         false, [](unit_id) {});
@@ -198,8 +198,8 @@ class optimizer_sweep {
       } else if constexpr (Ctx::host_memory) {
         // Host memory all of it: the host loop updates in place.
         float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
-        elementwise::update<Opt>(offload::host_loop{}, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr,
-                                 n);
+        elementwise::update<Opt>(offload::host_system{}, c, g, divisor, coef, w, st,
+                                 Prec::separate_master ? p : nullptr, n);
       } else {
         // A device system: the gradients come to host memory, the host loop updates, and the new
         // parameters (the weights themselves in fp32) go back.
@@ -223,12 +223,12 @@ class optimizer_sweep {
     auto* hp = static_cast<param_type*>(stage_p_.data());
     if constexpr (Prec::separate_master) {
       store_.count_transfer(gb, pb);
-      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
+      elementwise::update<Opt>(offload::host_system{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
                                arrays[0], st, hp, n);
     } else {
       ctx_.sys.copy_to_host(hp, p, pb);  // the fp32 weights are the parameters
       store_.count_transfer(gb + pb, pb);
-      elementwise::update<Opt>(offload::host_loop{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
+      elementwise::update<Opt>(offload::host_system{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
                                reinterpret_cast<float*>(hp), st, static_cast<param_type*>(nullptr), n);
     }
     ctx_.sys.copy_from_host(p, hp, pb);

@@ -60,8 +60,9 @@ struct offload_report {
 
 namespace offload {
 
-// Offloaded state is updated by the host: the host loop (vectorized, the device kernels' bits).
-using host_loop = sys::host;
+// Offloaded state is updated on the host, by the host system (sys::host: its vectorized loop gives
+// the device kernels' bits).
+using host_system = sys::host;
 
 // Bytes held in the engine's memory accounting under mem_category::offload while it lives (none
 // without an accounting): the offload tier's host memory, where host memory is the system's own.
