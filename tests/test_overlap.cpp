@@ -6,7 +6,7 @@
 #include <string>
 
 #include "deferred_comm.hpp"
-#include "zero/comm/modeled.hpp"
+#include "zero/comm/backends/modeled.hpp"
 #include "zero/comm/verified.hpp"
 #include "toy_model.hpp"
 

@@ -13,8 +13,8 @@
 #include "../../examples/mlp.hpp"
 #include "zero/comm/conformance.hpp"
 #include "../deferred_comm.hpp"
-#include "zero/comm/mpi.hpp"
-#include "zero/comm/threads.hpp"
+#include "zero/comm/backends/mpi.hpp"
+#include "zero/comm/backends/threads.hpp"
 #include "zero/zero.hpp"
 
 // As in test_mpi.cpp: every rank issues the same collectives whatever its checks find, and a failure
