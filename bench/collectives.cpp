@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "zero/comm/backends/threads.hpp"
 #include "zero/comm/counted.hpp"
-#include "zero/comm/threads.hpp"
 #if ZERO_WITH_MPI
-#include "zero/comm/mpi.hpp"
+#include "zero/comm/backends/mpi.hpp"
 #endif
 
 // Conventions, as in nccl-tests: `bytes` is the larger buffer of the collective (the full buffer

@@ -21,7 +21,7 @@
 #if ZERO_WITH_MPI
 #include <optional>
 
-#include "zero/comm/mpi.hpp"
+#include "zero/comm/backends/mpi.hpp"
 #endif
 
 namespace {

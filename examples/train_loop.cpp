@@ -17,7 +17,7 @@
 #include "zero/checkpoint/checkpoint.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
-#include "zero/comm/mpi.hpp"
+#include "zero/comm/backends/mpi.hpp"
 #endif
 
 namespace {

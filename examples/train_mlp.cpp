@@ -17,12 +17,12 @@
 #include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
-#include "zero/comm/modeled.hpp"
+#include "zero/comm/backends/modeled.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
 #include <optional>
 
-#include "zero/comm/mpi.hpp"
+#include "zero/comm/backends/mpi.hpp"
 #endif
 
 namespace {

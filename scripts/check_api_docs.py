@@ -39,8 +39,8 @@ HEADERS = {
     "include/zero/checkpoint/save.hpp": None,
     "include/zero/checkpoint/load.hpp": None,
     "include/zero/core/reduce_op.hpp": ["reduce_op"],
-    "include/zero/comm/threads.hpp": None,
-    "include/zero/comm/mpi.hpp": ["mpi_mode", "mpi_options", "mpi", "mpi_abort"],
+    "include/zero/comm/backends/threads.hpp": None,
+    "include/zero/comm/backends/mpi.hpp": ["mpi_mode", "mpi_options", "mpi", "mpi_abort"],
     "include/zero/comm/mpi_session.hpp": ["mpi_session"],
 }
 

@@ -6,7 +6,7 @@
 # choose (Meson options trainer_stage, trainer_optimizer, trainer_precision: one engine instead of
 # the 36 a full build instantiates), without MPI, tests, benchmarks or CUDA, at -O1 (as fast as -O3
 # here, with the same bits). Another combination compiles once more, into its own folder; the bits
-# are those of the full build in build/ (tests/train_mlp_one.sh). scripts/test.sh builds everything.
+# are those of the full build in build/ (tests/e2e/train_mlp_one.sh). scripts/test.sh builds everything.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh" --no-build

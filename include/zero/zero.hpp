@@ -16,7 +16,7 @@
 #include "zero/core/model_spec.hpp"
 #include "zero/core/schedule.hpp"
 #include "zero/comm/counted.hpp"
-#include "zero/comm/threads.hpp"
+#include "zero/comm/backends/threads.hpp"
 #include "zero/engine/engine.hpp"
 #include "zero/core/half_types.hpp"
 #include "zero/precision/loss_scaler.hpp"

@@ -7,8 +7,8 @@
 #include "zero/gpu/launch.cuh"
 #include "zero/gpu/kernels.cuh"
 #include "zero/sys/cuda.cuh"
-#include "zero/comm/cuda_threads.cuh"
+#include "zero/comm/backends/cuda_threads.cuh"
 // NCCL is a separate package: a CUDA user without it still gets the single-GPU backend.
 #if __has_include(<nccl.h>)
-#include "zero/comm/nccl.cuh"
+#include "zero/comm/backends/nccl.cuh"
 #endif

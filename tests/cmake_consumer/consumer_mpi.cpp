@@ -1,7 +1,7 @@
 // A downstream MPI program: one rank per process (zero::comm::mpi), and the mean loss over ranks as a
 // training loop computes it, through the backend's all_reduce. Run it under mpirun.
 #include <cstdio>
-#include <zero/comm/mpi.hpp>
+#include <zero/comm/backends/mpi.hpp>
 #include <zero/comm/mpi_session.hpp>
 
 int main(int argc, char** argv) {

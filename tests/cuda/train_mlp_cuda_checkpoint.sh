@@ -5,7 +5,7 @@
 # optimizer slot survive both trips bit for bit); and a resumed GPU run equals an uninterrupted one.
 # Exits 77 (skipped) where the machine has no CUDA device.
 # Usage: train_mlp_cuda_checkpoint.sh DEVICE_PROBE TRAIN_MLP_CUDA TRAIN_MLP
-source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 probe=$1
 gpu=$2
 cpu=$3

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train_mlp_cuda's command line, which needs no GPU: bad flags give a usage message and exit code 2.
 # Usage: train_mlp_cuda_cli.sh TRAIN_MLP_CUDA
-source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 train=$1
 expect() {  # expect CODE PATTERN ARGS...
   local want=$1 pattern=$2

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "zero/comm/mpi.hpp"
+#include "zero/comm/backends/mpi.hpp"
 
 namespace {
 

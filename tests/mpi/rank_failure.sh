@@ -4,7 +4,7 @@
 # timeout), with a failing exit code and output in which the other ranks name rank 1 and the call they
 # were in (#1 all_reduce), never a hang. A stopped rank costs its waiting peers almost no CPU.
 # Usage: rank_failure.sh MPIRUN MPI_RANK_FAILURE
-source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
 exe=$2
 out=

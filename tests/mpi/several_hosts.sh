@@ -6,7 +6,7 @@
 # --comm-timeout ends in an error naming the unreachable ranks within timeout + 5 s.
 # Needs root (network namespaces); exits 77 (skipped) where they cannot be created.
 # Usage: several_hosts.sh MPIRUN TRAIN_MLP
-source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
 exe=$2
 skip() {

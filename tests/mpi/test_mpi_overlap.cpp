@@ -13,8 +13,8 @@
 #include "../../examples/mlp.hpp"
 #include "zero/comm/conformance.hpp"
 #include "../deferred_comm.hpp"
-#include "zero/comm/mpi.hpp"
-#include "zero/comm/threads.hpp"
+#include "zero/comm/backends/mpi.hpp"
+#include "zero/comm/backends/threads.hpp"
 #include "zero/zero.hpp"
 
 // As in test_mpi.cpp: every rank issues the same collectives whatever its checks find, and a failure
@@ -349,7 +349,7 @@ TEST_CASE("engine over comm::mpi: overlap on gives the bits of overlap off, ever
         CHECK(on.overlap.prefetch_hits == on.overlap.prefetches);
         CHECK(on.overlap.prefetch_misses == 0);
       }
-      // The same counts as the nonblocking test backend over comm::threads (tests/test_overlap.cpp).
+      // The same counts as the nonblocking test backend over comm::threads (tests/engine/test_overlap.cpp).
       trained ref;
       zero::comm::threads::launch(n, [&](zero::comm::threads& base) {
         testing::deferred<zero::comm::threads> comm(base);

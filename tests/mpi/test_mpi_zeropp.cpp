@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "../../examples/mlp.hpp"
-#include "zero/comm/mpi.hpp"
-#include "zero/comm/threads.hpp"
+#include "zero/comm/backends/mpi.hpp"
+#include "zero/comm/backends/threads.hpp"
 #include "zero/core/hash.hpp"
 #include "zero/zero.hpp"
 

@@ -2,7 +2,7 @@
 # train_gpt --backend mpi under mpirun -np 3 prints the threads backend's param_hash for every stage
 # (fp32, and bf16 in stage 3); only rank 0 prints.
 # Usage: train_gpt_mpi.sh MPIRUN TRAIN_GPT
-source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
 exe=$2
 np=3

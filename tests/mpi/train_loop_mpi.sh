@@ -2,7 +2,7 @@
 # examples/train_loop --backend mpi under mpirun -np 2 prints the threads backend's param_hash for
 # every stage, only rank 0 prints, and a threads checkpoint (N=4 stage 3) resumes under MPI (N=2).
 # Usage: train_loop_mpi.sh MPIRUN TRAIN_LOOP
-source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
 exe=$2
 work=$e2e_work

@@ -2,7 +2,7 @@
 # train_mlp --backend mpi under mpirun -np 4 prints the threads backend's param_hash for every stage;
 # only rank 0 prints; a --ranks that contradicts the communicator is a usage error (exit 2).
 # Usage: train_mlp_mpi.sh MPIRUN TRAIN_MLP
-source "$(dirname "${BASH_SOURCE[0]}")/../e2e.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
 exe=$2
 np=4

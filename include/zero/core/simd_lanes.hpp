@@ -10,7 +10,7 @@
 
 // Each conversion is the lane-wise transcription of its scalar twin in core/half_types.hpp and
 // of store_as (core/numeric.hpp): the same integer steps on 32-bit lanes, each branch computed for
-// every lane and chosen by a mask. tests/test_host_loops.cpp compares them with the scalar ones
+// every lane and chosen by a mask. tests/core/test_host_loops.cpp compares them with the scalar ones
 // over every 2-byte pattern and the float classes (NaN payloads, infinities, subnormals, ties).
 namespace zero::simd {
 

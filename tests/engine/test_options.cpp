@@ -8,7 +8,7 @@
 #include <string>
 #include <tuple>
 
-#include "toy_model.hpp"
+#include "../toy_model.hpp"
 
 namespace {
 

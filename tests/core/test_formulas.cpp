@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "toy_model.hpp"
+#include "../toy_model.hpp"
 
 namespace {
 

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "toy_model.hpp"
+#include "../toy_model.hpp"
 
 namespace {
 

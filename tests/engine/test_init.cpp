@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "../examples/mlp.hpp"
-#include "toy_model.hpp"
+#include "../../examples/mlp.hpp"
+#include "../toy_model.hpp"
 
 namespace {
 

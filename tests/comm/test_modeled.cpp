@@ -8,10 +8,10 @@
 #include <limits>
 #include <vector>
 
+#include "zero/comm/backends/modeled.hpp"
+#include "zero/comm/backends/threads.hpp"
 #include "zero/comm/conformance.hpp"
 #include "zero/comm/counted.hpp"
-#include "zero/comm/modeled.hpp"
-#include "zero/comm/threads.hpp"
 #include "zero/error.hpp"
 
 namespace {

@@ -5,10 +5,10 @@
 #include <cstring>
 #include <string>
 
-#include "deferred_comm.hpp"
-#include "zero/comm/modeled.hpp"
+#include "../deferred_comm.hpp"
+#include "../toy_model.hpp"
+#include "zero/comm/backends/modeled.hpp"
 #include "zero/comm/verified.hpp"
-#include "toy_model.hpp"
 
 namespace {
 

@@ -2,7 +2,7 @@
 # ends the script at once with exit 1 and a message saying which run and what was found.
 #
 # Use (bash; sourced, never run):
-#   source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"         # tests/mpi, tests/cuda: .../../e2e.sh
+#   source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"         # tests/mpi, tests/cuda: .../../e2e/e2e.sh
 #   e2e_run PROGRAM ARGS...        runs it, requires exit 0; its stdout in $e2e_out, its stderr in $e2e_err
 #   e2e_run_rc PROGRAM ARGS...     runs it whatever its exit: $e2e_rc, $e2e_out, $e2e_err (the script checks)
 #   e2e_expect CODE ERE PROGRAM ARGS...    requires exit CODE (a refusal, or 0) and ERE (grep -E) in its stdout + stderr
@@ -24,7 +24,7 @@
 # subshell anyway, a failure still ends the script: the helper signals the sourcing shell.
 # Sourcing it sets -e, -u and pipefail.
 #
-# Planted failures (tests/e2e_break.sh): ZERO_E2E_BREAK=N replaces the script's N-th run (e2e_run,
+# Planted failures (tests/e2e/e2e_break.sh): ZERO_E2E_BREAK=N replaces the script's N-th run (e2e_run,
 # e2e_run_rc or e2e_expect) by one that fails (exit 1, no output) or, with ZERO_E2E_BREAK_HOW=empty,
 # exits 0 having printed nothing; a script that goes on as if that run had worked has a hole.
 # ZERO_E2E_TRACE=FILE appends one line per run started.

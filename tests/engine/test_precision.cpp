@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "toy_model.hpp"
+#include "../toy_model.hpp"
 
 namespace {
 

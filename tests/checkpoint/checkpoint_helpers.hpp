@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "toy_model.hpp"
+#include "../toy_model.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
 
 namespace ckpt_test {

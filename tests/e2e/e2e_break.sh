@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The end-to-end scripts can fail: each bash script of tests/, tests/mpi/ and tests/cuda/ is run with
-# its first run broken by tests/e2e.sh (ZERO_E2E_BREAK=1): failing (exit 1, no output) it must fail at
+# The end-to-end scripts can fail: each bash script of tests/e2e/, tests/mpi/ and tests/cuda/ is run with
+# its first run broken by tests/e2e/e2e.sh (ZERO_E2E_BREAK=1): failing (exit 1, no output) it must fail at
 # once, having started no other run; printing nothing with exit 0 it must fail too. The programs
 # under test are stand-ins that fail if anything calls them, so the whole check takes seconds and
 # needs no build: a script that runs its program outside the helper calls one and is named.
@@ -47,7 +47,7 @@ run() {
   called=$(grep -c . "$work/called" || true)
 }
 
-for script in "$root"/tests/*.sh "$root"/tests/mpi/*.sh "$root"/tests/cuda/*.sh; do
+for script in "$root"/tests/e2e/*.sh "$root"/tests/mpi/*.sh "$root"/tests/cuda/*.sh; do
   name=$(basename "$script")
   case $name in e2e.sh | e2e_break.sh) continue ;; esac
   label=${script#"$root"/}
@@ -55,7 +55,7 @@ for script in "$root"/tests/*.sh "$root"/tests/mpi/*.sh "$root"/tests/cuda/*.sh;
     echo "exempt $label: ${exempt[$name]}"
     continue
   fi
-  grep -q 'e2e\.sh"' "$script" || bad "$label does not source tests/e2e.sh"
+  grep -q 'e2e\.sh"' "$script" || bad "$label does not source tests/e2e/e2e.sh"
 
   run "$script" fail
   if [ "$rc" -eq 77 ] && [ "$runs" -eq 0 ] && [ "$called" -eq 0 ]; then
@@ -64,7 +64,7 @@ for script in "$root"/tests/*.sh "$root"/tests/mpi/*.sh "$root"/tests/cuda/*.sh;
   fi
   checked=$((checked + 1))
   if [ "$runs" -eq 0 ]; then
-    bad "$label: no run went through tests/e2e.sh (exit $rc); its programs must run through e2e_run," \
+    bad "$label: no run went through tests/e2e/e2e.sh (exit $rc); its programs must run through e2e_run," \
       "e2e_run_rc or e2e_expect. Its output:"$'\n'"$(tail -n 5 <<<"$out")"
   elif [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || [ "$rc" -eq 124 ]; then
     bad "$label: exit $rc with its first run failing (124: it went on until the time limit)"
@@ -81,7 +81,7 @@ for script in "$root"/tests/*.sh "$root"/tests/mpi/*.sh "$root"/tests/cuda/*.sh;
   if [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || [ "$rc" -eq 124 ]; then
     bad "$label: exit $rc with its first run printing nothing"
   elif [ "$called" -ge "$runs" ]; then
-    bad "$label: called a program outside tests/e2e.sh ($runs runs, $called calls)"
+    bad "$label: called a program outside tests/e2e/e2e.sh ($runs runs, $called calls)"
   else
     echo "ok     $label: a first run printing nothing fails it (exit $rc after $runs run(s))"
   fi

@@ -1,4 +1,5 @@
-// Each optimizer of the library against golden values computed in double precision from its published equations (tests/optimizer_golden.py).
+// Each optimizer of the library against golden values computed in double precision from its published equations
+// (tests/core/optimizer_golden.py).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -75,7 +76,7 @@ TEST_CASE_TEMPLATE_DEFINE("each optimizer follows its published equations over s
       check_case<Opt>(gc);
       ++found;
     }
-  CHECK_MESSAGE(found > 0, "no golden values for this optimizer: add its equations to tests/optimizer_golden.py");
+  CHECK_MESSAGE(found > 0, "no golden values for this optimizer: add its equations to tests/core/optimizer_golden.py");
 }
 TEST_CASE_TEMPLATE_APPLY(golden_cases, zero::optimizers::tuple);
 

@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "deferred_comm.hpp"
+#include "../deferred_comm.hpp"
 #include "zero/plan_by_name.hpp"
 #include "zero/zero.hpp"
 

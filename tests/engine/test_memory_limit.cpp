@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "toy_model.hpp"
+#include "../toy_model.hpp"
 
 namespace {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "deferred_comm.hpp"
-#include "toy_model.hpp"
+#include "../deferred_comm.hpp"
+#include "../toy_model.hpp"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/detail/streaming_copy.hpp"
-#include "zero/comm/threads.hpp"
+#include "zero/comm/backends/threads.hpp"
 #include "zero/comm/verified.hpp"
 #include "zero/core/half_types.hpp"
 #include "zero/core/numeric.hpp"

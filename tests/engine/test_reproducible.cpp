@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "deferred_comm.hpp"
-#include "toy_model.hpp"
+#include "../deferred_comm.hpp"
+#include "../toy_model.hpp"
 #include "zero/core/binned.hpp"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "toy_model.hpp"
+#include "../toy_model.hpp"
 #include "zero/comm/verified.hpp"
 
 namespace {

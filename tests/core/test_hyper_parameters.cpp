@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "checkpoint_helpers.hpp"
+#include "../checkpoint/checkpoint_helpers.hpp"
 #include "zero/core/schedule.hpp"
 
 using namespace ckpt_test;

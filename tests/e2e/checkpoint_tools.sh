@@ -5,7 +5,7 @@
 # Usage: checkpoint_tools.sh TRAIN_MLP ZERO_EXPORT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1 zero_export=$2
-here=$(cd "$(dirname "$0")" && pwd)
+xxh64_dir=$(cd "$(dirname "$0")/../checkpoint" && pwd)  # xxh64.py, the checksum the Python readers use
 work=$e2e_work
 e2e_cleanup() { chmod -R u+rwx "$work" 2>/dev/null; }
 E2E_TIMEOUT=30  # seconds for any one command: exit 124 means it hung
@@ -26,7 +26,7 @@ copy() { mkdir -p "$work/$1" && cp -r "$version" "$work/$1/" && ls -d "$work/$1"
 
 # edit MANIFEST MODE: rewrites the manifest (see the modes below) with a valid checksum.
 edit() {
-  python3 - "$here" "$1" "$2" <<'PY'
+  python3 - "$xxh64_dir" "$1" "$2" <<'PY'
 import re, sys
 sys.path.insert(0, sys.argv[1])
 from xxh64 import xxh64
