@@ -17,6 +17,7 @@
 #include "gpt.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
+#include "zero/comm/any_backend.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
 #include <optional>
@@ -179,8 +180,9 @@ void tune(O& opt, const gpt_options& g, const options& o) {
 }
 
 // The flags --stage, --optimizer and --precision become the engine's template arguments here, once.
-template <class Comm>
-void dispatch(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus& data, gpt_summary& out) {
+// comm: threads or MPI behind one type, so that each engine is compiled once for both.
+void dispatch(zero::comm::any_backend<zero::sys::host>& comm, const options& o, const gpt_options& g,
+              const gpt::corpus& data, gpt_summary& out) {
   trainer::with_printable_errors([&] {
     trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) {
       O tuned = opt;
@@ -388,7 +390,12 @@ int main(int argc, char** argv) {
     o.ranks = world;
     zero::comm::mpi_options mpi_opt;
     mpi_opt.timeout = comm_timeout;
-    zero::comm::mpi::run([&](zero::comm::mpi& comm) { dispatch(comm, o, g, data, s); }, mpi_opt);
+    zero::comm::mpi::run(
+        [&](zero::comm::mpi& comm) {
+          zero::comm::any_backend<zero::sys::host> backend(comm);
+          dispatch(backend, o, g, data, s);
+        },
+        mpi_opt);
     if (rank != 0) return 0;  // rank 0 reports
 #else
     return usage_error("--backend mpi: this train_gpt was built without MPI (configure with -Dmpi=enabled)");
@@ -406,7 +413,8 @@ int main(int argc, char** argv) {
           o.ranks,
           [&](zero::comm::threads& comm) {
             gpt_summary local;
-            dispatch(comm, o, g, data, local);
+            zero::comm::any_backend<zero::sys::host> backend(comm);
+            dispatch(backend, o, g, data, local);
             if (comm.rank() == 0) s = local;
           },
           threads_opt);

@@ -15,6 +15,7 @@
 
 #include "tool_cli.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
+#include "zero/comm/any_backend.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
 #include "zero/comm/backends/mpi.hpp"
@@ -251,9 +252,9 @@ void train(Comm& comm, const options& o) {
   // tutorial:end
 }
 
-// The stage is a type: one instantiation per stage, chosen at run time.
-template <class Comm>
-void run_stage(Comm& comm, const options& o) {
+// The stage is a type: one instantiation per stage, chosen at run time. The backend, threads or MPI,
+// is one type (comm::any_backend), so each stage's engine is compiled once for both.
+void run_stage(zero::comm::any_backend<zero::sys::host>&& comm, const options& o) {
   switch (o.stage) {
     case 0: return train<zero::stage0>(comm, o);
     case 1: return train<zero::stage1>(comm, o);
@@ -328,13 +329,15 @@ int main(int argc, char** argv) {
                                "divides the batch %d, and --ranks, if given, must say the same\n", world, batch);
         return toolcli::usage_exit;
       }
-      zero::comm::mpi::run([&](zero::comm::mpi& comm) { run_stage(comm, o); });
+      zero::comm::mpi::run(
+          [&](zero::comm::mpi& comm) { run_stage(zero::comm::any_backend<zero::sys::host>(comm), o); });
 #else
       return toolcli::usage_error(
           app, "--backend mpi: this train_loop was built without MPI (configure with -Dmpi=enabled)");
 #endif
     } else {
-      zero::comm::threads::launch(o.ranks, [&](zero::comm::threads& comm) { run_stage(comm, o); });
+      zero::comm::threads::launch(
+          o.ranks, [&](zero::comm::threads& comm) { run_stage(zero::comm::any_backend<zero::sys::host>(comm), o); });
     }
   } catch (...) {
     // Whatever a name in it came from (a checkpoint, a path), the message is escaped.

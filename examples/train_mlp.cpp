@@ -17,6 +17,7 @@
 #include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
+#include "zero/comm/any_backend.hpp"
 #include "zero/comm/backends/modeled.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
@@ -174,15 +175,15 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
   trainer::finish(e, comm, o);
 }
 
-// The backend under comm::modeled: the link of --link-gbps/--link-latency-us, or a pass-through.
-template <class Comm>
-void dispatch(Comm& backend, const options& o, summary& out) {
+// The backend (threads or MPI behind one type, so that each engine is compiled once for both) under
+// comm::modeled: the link of --link-gbps/--link-latency-us, or a pass-through.
+void dispatch(zero::comm::any_backend<zero::sys::host>& backend, const options& o, summary& out) {
   trainer::with_printable_errors([&] {
     const zero::comm::link_model link =
         o.link() ? zero::comm::link_model::of(o.link_latency_us,
                                               o.link_gbps > 0 ? o.link_gbps : std::numeric_limits<double>::infinity())
                  : zero::comm::link_model{};
-    zero::comm::modeled<Comm> comm(backend, link);
+    zero::comm::modeled<zero::comm::any_backend<zero::sys::host>> comm(backend, link);
     trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out); });
   });
 }
@@ -263,7 +264,12 @@ int main(int argc, char** argv) {
     // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
     zero::comm::mpi_options mpi_opt;
     mpi_opt.timeout = comm_timeout;
-    zero::comm::mpi::run([&](zero::comm::mpi& comm) { dispatch(comm, o, s); }, mpi_opt);
+    zero::comm::mpi::run(
+        [&](zero::comm::mpi& comm) {
+          zero::comm::any_backend<zero::sys::host> backend(comm);
+          dispatch(backend, o, s);
+        },
+        mpi_opt);
     if (rank != 0) return 0;  // every rank holds the reduced summary; rank 0 reports it
 #else
     return usage_error("--backend mpi: this train_mlp was built without MPI (configure with -Dmpi=enabled)");
@@ -281,7 +287,8 @@ int main(int argc, char** argv) {
           o.ranks,
           [&](zero::comm::threads& comm) {
             summary local;
-            dispatch(comm, o, local);
+            zero::comm::any_backend<zero::sys::host> backend(comm);
+            dispatch(backend, o, local);
             if (comm.rank() == 0) s = local;
           },
           threads_opt);

@@ -19,6 +19,7 @@
 #include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
+#include "zero/comm/any_backend.hpp"
 #include "zero/zero_cuda.cuh"
 #if ZERO_WITH_MPI
 #include "zero/comm/mpi_session.hpp"
@@ -437,11 +438,12 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   // A resumed run continues from the checkpoint's weights, optimizer state and data position,
   // whichever trainer, world size and stage saved it.
   const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, mlp::initializer(o.model));
-  comm.context().wait_all();
+  zero::gpu::context& device = comm.make_system().context();  // the rank's device, streams and watchdog
+  device.wait_all();
   const double setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
   const double setup_cpu_seconds = trainer::thread_cpu_seconds() - setup_cpu_start;
   const int rank = comm.rank(), ranks = comm.size();
-  device_model<T> m(comm.context(), o.model, o.model.batch / ranks / o.accum, o.accum, o.steps);
+  device_model<T> m(device, o.model, o.model.batch / ranks / o.accum, o.accum, o.steps);
   comm.barrier();  // every rank starts the clock with its set-up done
   const auto start = std::chrono::steady_clock::now();
   // Rank 0 reports: the progress line on stderr (its own rows' loss, which costs a wait, so only
@@ -456,7 +458,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
       log.emplace(o.log, trainer::log_mode_of(o));
       log->run("train_mlp_cuda", o, e, t0,
                {{"batch", o.model.batch},
-                {"device", device_name(comm.context().device())},
+                {"device", device_name(device.device())},
                 {"model", {{"layers", o.model.layers}, {"hidden", o.model.hidden}, {"in", o.model.in},
                            {"classes", o.model.classes}}}});
       records.reserve(static_cast<std::size_t>(o.steps));
@@ -469,7 +471,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   trainer::step_traffic step_bytes;  // what the summary reports as the step's traffic
   for (int i = 0; i < o.steps; ++i) {
     if (rl.wanted && i == warm) {
-      comm.context().wait_all();
+      device.wait_all();
       steady_start = std::chrono::steady_clock::now();
     }
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
@@ -497,7 +499,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
     trainer::after_step(e, comm, o, i);
   }
   if (bar) bar->finish();
-  comm.context().wait_all();
+  device.wait_all();
   const auto end = std::chrono::steady_clock::now();
   comm.barrier();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -542,14 +544,14 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
   trainer::offload_summary(e, out, [&](double v) { return reduce_over_ranks(comm, {v}, zero::reduce_op::max)[0]; });
   out.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
-  out.device = device_name(comm.context().device());
+  out.device = device_name(device.device());
   trainer::finish(e, comm, o);
-  if (rl.wanted && rank == 0) measure_floor(comm.context(), m, e, o.model, rl);
+  if (rl.wanted && rank == 0) measure_floor(device, m, e, o.model, rl);
   comm.barrier();
 }
 
-template <class Comm>
-void dispatch(Comm& comm, const options& o, summary& out, roofline& rl) {
+// comm: cuda_threads or NCCL behind one type, so that each engine is compiled once for both.
+void dispatch(zero::comm::any_backend<zero::sys::cuda>& comm, const options& o, summary& out, roofline& rl) {
   trainer::with_printable_errors(
       [&] { trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) { train<S, O, P>(comm, o, opt, out, rl); }); });
 }
@@ -593,7 +595,8 @@ int main(int argc, char** argv) {
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     try {
-      zero::comm::nccl comm(MPI_COMM_WORLD);
+      zero::comm::nccl nccl(MPI_COMM_WORLD);
+      zero::comm::any_backend<zero::sys::cuda> comm(nccl);
       dispatch(comm, o, s, rl);
     } catch (...) {
       // Peers blocked in NCCL would otherwise wait for their watchdog's timeout.
@@ -614,7 +617,8 @@ int main(int argc, char** argv) {
       zero::comm::cuda_threads::launch(o.ranks, [&](zero::comm::cuda_threads& comm) {
         summary local;
         roofline mine{rl.wanted};
-        dispatch(comm, o, local, mine);
+        zero::comm::any_backend<zero::sys::cuda> backend(comm);
+        dispatch(backend, o, local, mine);
         if (comm.rank() == 0) {
           s = local;
           rl = mine;

@@ -32,7 +32,7 @@ namespace trainer {
 // A trainer compiled for one stage, optimizer or precision (ZERO_TRAINER_STAGE, ZERO_TRAINER_OPTIMIZER,
 // ZERO_TRAINER_PRECISION, each optional; the Meson options trainer_stage, trainer_optimizer and
 // trainer_precision, which scripts/demo.sh sets from its flags) instantiates the engine for those
-// alone: one engine per backend instead of 36, a compile of seconds instead of minutes. The flags then
+// alone: one engine instead of 36, a compile of seconds instead of minutes. The flags then
 // default to what was compiled and refuse the rest (dispatch below, compiled_only).
 #ifdef ZERO_TRAINER_STAGE
 inline constexpr int built_stage = ZERO_TRAINER_STAGE;

@@ -16,10 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "zero/comm/any_backend.hpp"
 #include "zero/comm/conformance.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/detail/streaming_copy.hpp"
+#include "zero/comm/backends/modeled.hpp"
 #include "zero/comm/backends/threads.hpp"
 #include "zero/comm/verified.hpp"
 #include "zero/core/half_types.hpp"
@@ -244,6 +246,85 @@ TEST_CASE("verified: comm::threads passes the conformance suite under it, with a
     CHECK(c.stats().calls[static_cast<int>(zero::comm::collective::reduce_scatter)] == 1);
     CHECK(c.stats().calls[static_cast<int>(zero::comm::collective::all_gather)] == 2);
     CHECK(c.stats()[zero::comm::collective::all_gather] == v.stats().bytes);
+  });
+}
+
+namespace {
+
+// comm::threads without all_to_all and split: what any_backend must refuse at the call.
+class plain_threads {
+ public:
+  using system = threads::system;
+  explicit plain_threads(threads& t) : t_(&t) {}
+  int rank() const { return t_->rank(); }
+  int size() const { return t_->size(); }
+  template <class T>
+  void all_reduce(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->all_reduce(s, r, n, op); }
+  template <class T>
+  void reduce_scatter(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->reduce_scatter(s, r, n, op); }
+  template <class T>
+  void all_gather(const T* s, T* r, std::size_t n) { t_->all_gather(s, r, n); }
+  template <class T>
+  void broadcast(const T* s, T* r, std::size_t n, int root) { t_->broadcast(s, r, n, root); }
+  void barrier() { t_->barrier(); }
+
+ private:
+  threads* t_;
+};
+
+}  // namespace
+
+TEST_CASE("any_backend: a backend behind it passes the conformance suite, in a split too, and keeps its call labels") {
+  using any = zero::comm::any_backend<zero::sys::host>;
+  static_assert(zero::CommBackendForEngine<any, zero::bf16> && zero::CommBackendForEngine<any, zero::fp16>);
+  static_assert(zero::comm::check_nonblocking<any, zero::bf16>() && zero::comm::check_split<any>() &&
+                zero::comm::check_all_to_all<any>() && zero::comm::check_call_labels<any>());
+  threads::launch(3, [](threads& t) {
+    any a(t);
+    CHECK(a.rank() == t.rank());
+    CHECK(a.size() == 3);
+    zero::conformance::all(a);
+    zero::conformance::engine_types(a);
+    std::unique_ptr<any> half = a.split(t.rank() == 2 ? 1 : 0);
+    CHECK(half->size() == (t.rank() == 2 ? 1 : 2));
+    zero::conformance::all_reduce(*half);
+    // Labels reach comm::threads: ranks whose calls differ only in their labels are told so.
+    const zero::comm::call_label previous = a.set_call_label({"reduce", t.rank() == 0 ? "fc1" : "fc2"});
+    CHECK(previous.phase == nullptr);
+    float x = 1;
+    CHECK_THROWS_WITH_AS(a.all_reduce(&x, &x, 1, zero::reduce_op::sum), doctest::Contains("fc1"), zero::error);
+  });
+}
+
+TEST_CASE("any_backend: its starts overlap where the wrapped backend's do, and missing members fail naming them") {
+  using any = zero::comm::any_backend<zero::sys::host>;
+  threads::launch(2, [](threads& t) {
+    // comm::threads is blocking: a start completes in its call, and counted (the engine) sees no overlap.
+    any a(t);
+    CHECK_FALSE(a.overlaps());
+    CHECK_FALSE(counted<any>(a).overlaps());
+    std::vector<float> s{1, 2, 3, 4}, r(2);
+    any::request q = a.start_reduce_scatter(s.data(), r.data(), 2, zero::reduce_op::sum);
+    CHECK(r[0] == 2.0f * static_cast<float>(1 + 2 * t.rank()));
+    a.wait(q);
+    // comm::modeled is nonblocking: the request is its own, waited through any_backend's.
+    zero::comm::modeled<threads> m(t);
+    any b(m);
+    CHECK(b.overlaps());
+    CHECK(counted<any>(b).overlaps());
+    std::vector<std::int64_t> si{5, 6}, ri(4);
+    any::request g = b.start_all_gather(si.data(), ri.data(), 2);
+    b.wait(g);
+    CHECK(ri == std::vector<std::int64_t>{5, 6, 5, 6});
+    CHECK(m.stats().calls == 1);
+    // A backend without all_to_all or split: the call fails on every rank, naming the member.
+    plain_threads p(t);
+    any c(p);
+    std::uint8_t u[2] = {1, 2}, v[2];
+    CHECK_THROWS_WITH_AS(c.all_to_all(u, v, 1), doctest::Contains("has no all_to_all"), zero::error);
+    CHECK_THROWS_WITH_AS((void)c.split(0), doctest::Contains("has no split"), zero::error);
+    c.all_reduce(u, v, 2, zero::reduce_op::sum);
+    CHECK(v[1] == 4);
   });
 }
 

@@ -141,8 +141,13 @@ class counted {
  public:
   using system = typename C::system;
   using request = request_of_t<C>;
-  // Whether start_* returns before the collective completes.
-  static constexpr bool overlaps = nonblocking<C>;
+  // Whether start_* can return before the collective completes: C is nonblocking.
+  static constexpr bool can_overlap = nonblocking<C>;
+  // Whether it does: can_overlap, and where C decides at run time (comm::any_backend), C's answer.
+  bool overlaps() const {
+    if constexpr (overlap_decided_at_run_time<C>) return inner_->overlaps();
+    else return can_overlap;
+  }
   explicit counted(C& inner) : inner_(&inner), node_size_(inner.size()) {}
 
   int rank() const { return inner_->rank(); }
@@ -214,20 +219,20 @@ class counted {
     requires has_all_to_all<C>
   {
     request r{};
-    if constexpr (overlaps && nonblocking_all_to_all<C>) r = inner_->start_all_to_all(send, recv, count);
+    if constexpr (can_overlap && nonblocking_all_to_all<C>) r = inner_->start_all_to_all(send, recv, count);
     else inner_->all_to_all(send, recv, count);
     add(collective::all_to_all, count * sizeof(T) * static_cast<std::size_t>(size()));
     return r;
   }
   void wait(request& r) {
-    if constexpr (overlaps) inner_->wait(r);
+    if constexpr (can_overlap) inner_->wait(r);
   }
 
  private:
   template <class Start, class Blocking>
   request start(collective c, std::uint64_t buffer_bytes, Start nonblocking_call, Blocking blocking_call) {
     request r{};
-    if constexpr (overlaps) r = nonblocking_call(*inner_);
+    if constexpr (can_overlap) r = nonblocking_call(*inner_);
     else blocking_call(*inner_);
     add(c, buffer_bytes);
     return r;

@@ -106,6 +106,16 @@ consteval bool check_nonblocking() {
   return true;
 }
 
+// A nonblocking backend that knows only at run time whether its starts return before the collective
+// completes (comm::any_backend: it depends on the backend it wraps) says so through
+//   bool c.overlaps() const
+// comm::counted, and hence the engine, asks it; a backend without the member overlaps when it is
+// nonblocking.
+template <class C>
+concept overlap_decided_at_run_time = nonblocking<C> && requires(const C& c) {
+  { c.overlaps() } -> std::same_as<bool>;
+};
+
 // The request of a backend without nonblocking collectives: its collectives complete when started.
 struct completed_request {};
 

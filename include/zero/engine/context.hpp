@@ -63,7 +63,7 @@ struct part_context {
   int node_size() const { return options.zeropp.node_size == 0 ? layout.ranks() : options.zeropp.node_size; }
   // qgZ in two hops: nodes of more than one rank, more than one node.
   bool hierarchical() const { return options.zeropp.qgz && node_size() > 1 && node_size() < layout.ranks(); }
-  bool overlapping() const { return options.overlap && link::overlaps; }
+  bool overlapping() const { return options.overlap && protocol.overlaps(); }
   // Names the collectives issued while the guard lives ("reduce unit 'fc2'").
   comm::scoped_label<Comm> label(const char* phase, unit_id u) const { return label_on(protocol.inner(), phase, u); }
   comm::scoped_label<Comm> label_on(Comm& c, const char* phase, unit_id u) const {

@@ -520,7 +520,7 @@ class engine {
     bool parameter_gather_pending = false;
   };
 
-  bool overlapping() const { return options_.overlap && comm::counted<Comm>::overlaps; }
+  bool overlapping() const { return options_.overlap && comm_.overlaps(); }
 
   // Under memory_limit_bytes, completes reduces in flight (oldest first) and then drops prefetches
   // until `bytes` more fit, so that overlap never needs more memory than the blocking protocol: what

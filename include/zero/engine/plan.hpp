@@ -502,7 +502,7 @@ class loop_replay {
 
 // The memory and traffic of engine<stage, *, optimizer, precision> on `ranks` ranks for `spec` with
 // `options`, from the layout and the formulas alone: nothing is allocated. `overlapping`: whether the
-// engine's backend overlaps (comm::counted<Comm>::overlaps: comm::mpi, comm::modeled, any backend with
+// engine's backend overlaps (comm::counted<Comm>::overlaps(): comm::mpi, comm::modeled, any backend with
 // the nonblocking interface of comm/nonblocking.hpp); with options.overlap on such a backend, reduces
 // stay in flight with their buckets, stage 3 prefetches, and the transient peak grows accordingly
 // (plan_for<Stage, Comm, Opt, Prec> reads it from the backend type). Throws zero::error
@@ -692,11 +692,16 @@ template <class P, OptimizerState Opt, PrecisionPolicy Prec>
 plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
   return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options);
 }
-// The same for engine<P, Comm, Opt, Prec>: whether it overlaps is the backend's (comm::counted<Comm>::overlaps).
+// The same for engine<P, Comm, Opt, Prec>: whether it overlaps is the backend type's
+// (comm::counted<Comm>::can_overlap). A backend that decides at run time (comm::any_backend) is
+// refused: pass its overlaps() to plan().
 template <class P, class Comm, OptimizerState Opt, PrecisionPolicy Prec>
 plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
+  static_assert(!comm::overlap_decided_at_run_time<Comm>,
+                "zero::plan_for: this backend decides at run time whether it overlaps (comm::any_backend): call "
+                "zero::plan(..., options, backend.overlaps())");
   return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options,
-              comm::counted<Comm>::overlaps);
+              comm::counted<Comm>::can_overlap);
 }
 
 }  // namespace zero
