@@ -20,6 +20,7 @@ struct no_clear {
   void reduce(zero::unit_id, bool) {}
   void flush() {}
   std::size_t in_flight() const { return 0; }
+  std::size_t reserved_bytes() const { return 0; }
   void complete_oldest() {}
   void complete_all() {}
   zero::norm_result sum_of_squares(float, const zero::agreement_terms&) { return {}; }

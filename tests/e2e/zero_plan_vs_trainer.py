@@ -165,6 +165,26 @@ with tempfile.TemporaryDirectory() as tmp:
                 fail(f"{what}: transient peak measured {got['transient_peak_bytes']}, planned "
                      f"{p['transient_peak_bytes']}")
         print(f"{what}: {'trains' if fits else 'refused'}, as planned")
+    # Every reducer trains with overlap under a limit the blocking protocol fits: qgZ in two hops (with
+    # error feedback too) leaves a reduce in flight only while what completing it takes is kept free.
+    for stage, flags in [(1, ["--qgz", "--node-size", "2"]),
+                         (2, ["--qgz", "--node-size", "2", "--qgz-error-feedback", "--qgz-bits", "4"])]:
+        base = [zero_plan, "--json", *MODEL, "--ranks", "4", "--stage", str(stage), "--accum", "2", *flags]
+        memory = json.loads(subprocess.run(base, check=True, capture_output=True,
+                                           text=True).stdout)["plans"][0]["full_params_peak_bytes"]
+        what = f"stage {stage} N=4 fp32 accum 2 {' '.join(flags)} overlap on, --memory {memory} (the blocking peak)"
+        p = json.loads(subprocess.run(base + ["--overlap", "on", "--memory", str(memory)], check=True,
+                                      capture_output=True, text=True).stdout)["plans"][0]
+        if not p["fits"]:
+            fail(f"{what}: zero_plan says it does not fit")
+        r = train(stage, 4, "fp32", "adamw", 2, "0", log, [*flags, "--memory-limit", str(memory)], "on")
+        if r.returncode != 0:
+            fail(f"{what}: train_mlp exited {r.returncode}: {r.stderr[-300:]}")
+            continue
+        got = [json.loads(x) for x in open(log) if json.loads(x)["kind"] == "step"][-1]
+        if got["transient_peak_bytes"] != p["transient_peak_bytes"]:
+            fail(f"{what}: transient peak measured {got['transient_peak_bytes']}, planned {p['transient_peak_bytes']}")
+        print(f"{what}: trains, transient peak {p['transient_peak_bytes']} as planned")
 
     # The verdict on a memory size: at the plan's peak minus one byte the trainer is refused during
     # training; at the peak that includes its final full-parameter hash it runs to the end.

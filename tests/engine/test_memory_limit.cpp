@@ -2,11 +2,13 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "../deferred_comm.hpp"
 #include "../toy_model.hpp"
 
 namespace {
@@ -305,6 +307,134 @@ TEST_CASE("a model-state allocation that fails names its category and what was a
                      " bytes (params " + std::to_string(shard) + ", grads " + std::to_string(shard) +
                      ", master 0, optimizer_states 0, transient 0, offload 0)"));
   }
+}
+
+namespace {
+
+// One rank's run of the plan's loop (plan.hpp: each micro-batch gathers and releases every unit
+// forward, then gathers, writes the gradients and reduces backward) on a backend that overlaps, so that
+// reduces stay in flight: what it held at most, its parameters after the steps, or its refusal.
+struct overlapped_run {
+  std::size_t peak_total = 0, transient_peak = 0;
+  std::vector<float> params;
+  std::string error;
+};
+template <class Stage>
+overlapped_run train_overlapped(int n, const zero::engine_options& o, int steps) {
+  using Comm = testing::deferred<zero::comm::threads>;
+  const zero::model_spec s = toy::spec();
+  std::vector<overlapped_run> out(static_cast<std::size_t>(n));
+  try {
+    zero::comm::threads::launch(n, [&](zero::comm::threads& threads) {
+      Comm comm(threads);
+      zero::engine<Stage, Comm, zero::optim::adamw> e(comm, s, {}, o);
+      e.initialize(toy::initializer());
+      for (int t = 0; t < steps; ++t) {
+        for (int k = 0; k < o.micro_batches; ++k) {
+          for (std::size_t u = 0; u < s.num_units(); ++u) e.gather(zero::unit_id{u}).release();
+          for (std::size_t u = s.num_units(); u-- > 0;) {
+            const zero::unit_id id{u};
+            auto p = e.gather(id);
+            auto g = e.grads(id);
+            const auto gv = g.view();
+            for (std::size_t j = 0; j < gv.size(); ++j)
+              gv.data()[j] = std::sin(static_cast<float>(j + 7 * u + 3 * static_cast<std::size_t>(k)) * 0.37f +
+                                      static_cast<float>(comm.rank() + t));
+            e.reduce(id);
+          }
+        }
+        e.step();
+      }
+      overlapped_run& r = out[static_cast<std::size_t>(comm.rank())];
+      r.peak_total = e.memory().peak_total;
+      r.transient_peak = e.memory().peak_bytes(mem_category::transient);
+      r.params = e.full_params();
+    });
+  } catch (const zero::error& e) {
+    overlapped_run r;
+    r.error = e.what();
+    return r;
+  }
+  return out[0];
+}
+
+// Overlap never needs more memory than the blocking protocol: under a memory_limit_bytes the blocking
+// protocol fits, every reducer leaves reduces in flight only while the bytes they will take to
+// complete (qgZ's node sums in two hops) are free, so the engine trains within the limit, with the
+// same bits, and the plan under that limit says it fits and is the engine's peak.
+template <class Stage>
+void check_overlap_within_blocking_peak(const zero::engine_options& o, const std::string& what) {
+  constexpr int n = 4, steps = 2;
+  CAPTURE(Stage::stage);
+  CAPTURE(what);
+  using Comm = testing::deferred<zero::comm::threads>;
+  using adamw = zero::optim::adamw;
+  using fp32 = zero::precision::fp32;
+  const zero::model_spec s = toy::spec();
+  const zero::plan_report blocking = zero::plan_for<Stage, adamw, fp32>(s, n, o);
+  const zero::plan_report unlimited = zero::plan_for<Stage, Comm, adamw, fp32>(s, n, o);
+  REQUIRE(unlimited.overlapping);
+  const overlapped_run free_run = train_overlapped<Stage>(n, o, steps);
+  REQUIRE(free_run.error == "");
+  CHECK(unlimited.peak_bytes == free_run.peak_total);
+  for (const std::uint64_t limit : {blocking.peak_bytes, (blocking.peak_bytes + unlimited.peak_bytes) / 2}) {
+    CAPTURE(limit);
+    zero::engine_options tight = o;
+    tight.memory_limit_bytes = limit;
+    const zero::plan_report planned = zero::plan_for<Stage, Comm, adamw, fp32>(s, n, tight);
+    CHECK(planned.fits(limit));
+    const overlapped_run r = train_overlapped<Stage>(n, tight, steps);
+    CHECK(r.error == "");
+    if (!r.error.empty()) continue;
+    CHECK(r.peak_total <= limit);
+    CHECK(planned.peak_bytes == r.peak_total);
+    CHECK(planned.step_transient_peak == r.transient_peak);
+    CHECK(r.params == free_run.params);  // completing reduces earlier changes no bit
+  }
+  // Below the blocking peak the engine does what the plan says: refuses as out of memory, or trains
+  // to the planned peak.
+  zero::engine_options below = o;
+  below.memory_limit_bytes = blocking.peak_bytes - 1;
+  const zero::plan_report planned = zero::plan_for<Stage, Comm, adamw, fp32>(s, n, below);
+  const overlapped_run r = train_overlapped<Stage>(n, below, steps);
+  CHECK(planned.fits(below.memory_limit_bytes) == r.error.empty());
+  if (r.error.empty())
+    CHECK(planned.peak_bytes == r.peak_total);
+  else
+    CHECK(has(r.error, "out of memory"));
+}
+
+template <class Stage>
+void check_every_reducer_within_blocking_peak() {
+  zero::engine_options o;
+  o.micro_batches = 2;
+  check_overlap_within_blocking_peak<Stage>(o, "exact reduce-scatter, 2 micro-batches");
+  o.reduce_bucket_elements = 600;
+  check_overlap_within_blocking_peak<Stage>(o, "exact, fused buckets");
+  o = {};
+  o.micro_batches = 2;
+  o.zeropp.qgz = true;
+  check_overlap_within_blocking_peak<Stage>(o, "qgZ, one node");
+  o.zeropp.node_size = 2;
+  check_overlap_within_blocking_peak<Stage>(o, "qgZ in two hops");
+  o.reduce_bucket_elements = 600;
+  check_overlap_within_blocking_peak<Stage>(o, "qgZ in two hops, fused buckets");
+  o.reduce_bucket_elements = 0;
+  o.zeropp.qgz_error_feedback = true;
+  check_overlap_within_blocking_peak<Stage>(o, "qgZ in two hops with error feedback");
+  o.zeropp.node_size = 0;
+  check_overlap_within_blocking_peak<Stage>(o, "qgZ with error feedback, one node");
+  o = {};
+  o.micro_batches = 2;
+  o.reproducible = true;
+  check_overlap_within_blocking_peak<Stage>(o, "binned (reproducible)");
+}
+
+}  // namespace
+
+TEST_CASE("with overlap on, every reducer trains within a limit the blocking protocol fits, as the plan says") {
+  check_every_reducer_within_blocking_peak<zero::stage1>();
+  check_every_reducer_within_blocking_peak<zero::stage2>();
 }
 
 TEST_CASE("out_of_memory is an error kind of its own") {

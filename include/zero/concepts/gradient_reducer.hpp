@@ -48,6 +48,9 @@ struct gradient_probe {
 //   r.reduce(u, first)             starts (or fuses) u's reduction; `first`: the step's first of u
 //   r.flush()                      starts an open fused bucket
 //   r.in_flight(), r.complete_oldest()   the reduces still pending, and completing the oldest
+//   r.reserved_bytes()             the transient bytes completing the pending reduces will allocate
+//                                  beyond the buffers they hold: the engine keeps them free under
+//                                  memory_limit_bytes (a reduce in flight can always complete)
 //   r.complete_all()               everything started and completed, the store readable
 //   r.sum_of_squares(divisor, a)   norm_result: the sum of squares of store / divisor over the real
 //                                  elements, identical on every rank and at every stage
@@ -73,6 +76,7 @@ concept GradientReducer = requires(R& r, const R& cr, typename R::context_type& 
   r.reduce(u, first);
   r.flush();
   { cr.in_flight() } -> std::convertible_to<std::size_t>;
+  { cr.reserved_bytes() } -> std::convertible_to<std::size_t>;
   r.complete_oldest();
   r.complete_all();
   { r.sum_of_squares(divisor, a) } -> std::same_as<norm_result>;

@@ -1,6 +1,7 @@
 // Bytes per step on each link level (within a node, between nodes), for every stage with and without ZeRO++'s qwZ, qgZ and hpZ.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -169,6 +170,19 @@ inline std::uint64_t qgz_exchange_bytes(std::uint64_t slice_wire, int n) {
 // K slices sent and K received across nodes.
 inline std::uint64_t qgz_node_sums_bytes(std::uint64_t slice_elements, std::uint64_t nodes) {
   return nodes * slice_elements * sizeof(float);
+}
+// qgZ in two hops: what completing a reduce takes beyond the N slices sent and N received it holds
+// (a reduce in flight keeps it free): the node sums while it still holds them, then, once they are
+// freed, the node sums and the K slices sent, then the 2K slices sent and received. With K <= N / 2
+// that is the node sums.
+inline std::uint64_t qgz_completion_bytes(std::uint64_t slice_elements, std::uint64_t slice_wire, int n,
+                                          std::uint64_t nodes) {
+  const std::uint64_t sums = qgz_node_sums_bytes(slice_elements, nodes), held = qgz_exchange_bytes(slice_wire, n);
+  const std::uint64_t with_sent = sums + nodes * slice_wire, second_hop = 2 * nodes * slice_wire;
+  std::uint64_t most = sums;
+  if (with_sent > held) most = std::max(most, with_sent - held);
+  if (second_hop > held) most = std::max(most, second_hop - held);
+  return most;
 }
 // qgZ with error feedback: the fp32 error of every padded element, kept between steps (gradient
 // category), and, while a reduce starts, one slice's codes dequantized (slice elements x 4).

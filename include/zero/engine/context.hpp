@@ -55,6 +55,9 @@ struct part_context {
   // Frees room for `bytes` more under memory_limit_bytes (completes reduces in flight, drops
   // prefetches): the engine's schedule, which a part calls before each transient allocation.
   std::function<void(std::size_t)> make_room{};
+  // Whether `bytes` more fit under memory_limit_bytes beside what the reduces in flight keep free to
+  // complete (without making room: a prefetch that does not fit is not started).
+  std::function<bool(std::size_t)> has_room{};
 
   int ranks() const { return layout.ranks(); }
   int reduces_per_step() const {

@@ -109,6 +109,7 @@ class engine {
         units_(spec.num_units()) {
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
     ctx_.make_room = [this](std::size_t bytes) { make_room(bytes); };
+    ctx_.has_room = [this](std::size_t bytes) { return has_room(bytes); };
     reduce::accept_chosen(ctx_);  // the gradient reducer the options choose (engine/reduce/catalog.hpp)
     detail::check_zeropp<P>(options_, layout_.ranks(), rank_, can_qwz, can_split);
     const std::size_t full = layout_.padded(), shard = layout_.shard_total();
@@ -522,14 +523,20 @@ class engine {
 
   bool overlapping() const { return options_.overlap && comm_.overlaps(); }
 
+  // Whether `bytes` more fit under memory_limit_bytes beside the bytes the reduces in flight will
+  // allocate to complete (their reserve: a reduce in flight must always be able to complete).
+  bool has_room(std::size_t bytes) const {
+    return acct_.limit() == 0 || acct_.total() + reducer().reserved_bytes() + bytes <= acct_.limit();
+  }
   // Under memory_limit_bytes, completes reduces in flight (oldest first) and then drops prefetches
-  // until `bytes` more fit, so that overlap never needs more memory than the blocking protocol: what
-  // it holds beyond that is given back before an allocation would fail. The same decisions on every
-  // rank (their accounts are equal).
+  // until `bytes` more fit beside the reserves of the reduces left in flight, so that overlap never
+  // needs more memory than the blocking protocol: what it holds beyond that is given back before an
+  // allocation would fail, and each reduce it holds can complete within the limit. The same
+  // decisions on every rank (their accounts are equal).
   void make_room(std::size_t bytes) {
     if (acct_.limit() == 0) return;
-    while (reducer().in_flight() > 0 && acct_.total() + bytes > acct_.limit()) reducer().complete_oldest();
-    if (acct_.total() + bytes > acct_.limit()) schedule_.give_back();  // then gathers on demand for the step
+    while (reducer().in_flight() > 0 && !has_room(bytes)) reducer().complete_oldest();
+    if (!has_room(bytes)) schedule_.give_back();  // then gathers on demand for the step
   }
 
   // Stage 3's gather(u) inside a step: takes the unit's prefetch when the step follows the recorded

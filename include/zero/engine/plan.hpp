@@ -198,6 +198,7 @@ class loop_replay {
     std::vector<std::size_t> units;
     std::uint64_t bucket = 0, wire = 0;  // held until it completes
     std::uint64_t slice_elements = 0, slice_wire = 0;
+    std::uint64_t reserve = 0;  // what completing it allocates beyond them, kept free while in flight
   };
   struct unit_state {
     bool gathered = false, prefetching = false, secondary_ready = false;
@@ -221,7 +222,10 @@ class loop_replay {
     b = 0;
   }
   std::uint64_t total() const { return s_.model_states + cur_; }
-  bool over(std::uint64_t b) const { return o_.memory_limit_bytes > 0 && total() + b > o_.memory_limit_bytes; }
+  // engine::has_room, negated: beside the reserves of the reduces in flight.
+  bool over(std::uint64_t b) const {
+    return o_.memory_limit_bytes > 0 && total() + reserved_ + b > o_.memory_limit_bytes;
+  }
   void count(comm::collective c, std::uint64_t buffer, int ranks, int node_size = 0) {
     plan_count(step_comm_, c, buffer, ranks, 1, node_size);
   }
@@ -372,6 +376,7 @@ class loop_replay {
     if (!parts.empty()) launched(start(parts));
   }
   void launched(in_flight f) {
+    reserved_ += f.reserve;
     pending_.push_back(std::move(f));
     const std::size_t limit = s_.overlapping ? static_cast<std::size_t>(o_.reduces_in_flight) : 0;
     while (pending_.size() > limit) complete_oldest();
@@ -423,7 +428,8 @@ class loop_replay {
     f.slice_elements = shard_sum;
     f.slice_wire = formula::qgz_slice_wire_bytes(shards, o_.zeropp.gradients);
     f.wire = formula::qgz_exchange_bytes(f.slice_wire, s_.ranks);
-    make_room(f.wire);
+    if (hierarchical()) f.reserve = formula::qgz_completion_bytes(shard_sum, f.slice_wire, s_.ranks, nodes());
+    make_room(f.wire + f.reserve);
     alloc(f.wire);
     if (hierarchical())  // the first hop, on the node's link (one node)
       count(comm::collective::all_to_all, f.slice_wire * n, s_.node_size);
@@ -442,6 +448,7 @@ class loop_replay {
   void complete_oldest() {
     in_flight f = std::move(pending_.front());
     pending_.pop_front();
+    reserved_ -= f.reserve;
     if (hierarchical() && !s_.repro) {
       const std::uint64_t k = nodes();
       std::uint64_t partial = formula::qgz_node_sums_bytes(f.slice_elements, k);
@@ -491,6 +498,7 @@ class loop_replay {
   std::uint64_t cur_ = 0, peak_ = 0;
   comm::comm_stats step_comm_;
   std::deque<in_flight> pending_;
+  std::uint64_t reserved_ = 0;  // the reserves of pending_
   std::vector<std::size_t> fusing_;
   std::uint64_t fusing_elements_ = 0;
   std::vector<std::size_t> gather_order_, step_order_, first_position_;

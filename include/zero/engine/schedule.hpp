@@ -100,7 +100,7 @@ class gather_schedule {
       const std::size_t live_limit = ctx_.options.max_live_parameters;
       if (live_limit > 0 && live_parameters() + ul.padded > live_limit) return;
       const std::size_t bytes = params_.gather_bytes(ul, secondary);
-      if (ctx_.acct.limit() > 0 && ctx_.acct.total() + bytes > ctx_.acct.limit()) return;
+      if (!ctx_.has_room(bytes)) return;
       t.full = buffer<param_type, system>(ul.padded, mem_category::transient, ctx_.acct);
       t.pending = params_.start_gather(ctx_.protocol, v, t.full.data(), t.wire, secondary);
       t.from_secondary = secondary;

@@ -74,8 +74,10 @@ class qgz_wire {
     f.unit = u;
     f.reduced = g + static_cast<std::size_t>(c.rank) * count;
     f.slice = detail::quantized_slice::of(std::move(segments), c.options.zeropp.gradients);
+    f.first_hop = c.hierarchical();
     const std::size_t wb = f.slice.wire;
-    c.make_room(formula::qgz_exchange_bytes(wb, c.ranks()));
+    // Room for the wires, and for what completing the reduce will take: kept free while it is in flight.
+    c.make_room(formula::qgz_exchange_bytes(wb, c.ranks()) + completion_bytes(f));
     f.send_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, c.acct);
     f.recv_wire = buffer<std::uint8_t, system>(n * wb, mem_category::transient, c.acct);
     const std::vector<std::size_t> order = send_order();
@@ -83,7 +85,6 @@ class qgz_wire {
     if (!c.hierarchical()) return c.protocol.start_all_to_all(f.send_wire.data(), f.recv_wire.data(), wb);
     const std::size_t nodes = n / static_cast<std::size_t>(c.node_size());
     const auto l = c.label_on(*c.node_backend, "reduce", u);
-    f.first_hop = true;
     return c.node->start_all_to_all(f.send_wire.data(), f.recv_wire.data(), nodes * wb);
   }
   void wait(state& f, typename Ctx::request& r) {
@@ -122,6 +123,14 @@ class qgz_wire {
     auto r = c.cross->start_all_to_all(send.data(), recv.data(), wb);
     c.cross->wait(r);
     f.slice.sum(c.sys, recv.data(), wb, static_cast<int>(nodes), f.reduced);
+  }
+
+  // The transient bytes finish(f) allocates beyond the wires f holds: in two hops, the node sums and
+  // the second hop's slices (formula::qgz_completion_bytes); flat, none.
+  std::size_t completion_bytes(const state& f) const {
+    if (!f.quantized || !f.first_hop) return 0;
+    const auto nodes = static_cast<std::uint64_t>(ctx_.ranks() / ctx_.node_size());
+    return static_cast<std::size_t>(formula::qgz_completion_bytes(f.slice.elements, f.slice.wire, ctx_.ranks(), nodes));
   }
 
   // Which slice goes to which position of the send wire: slice k to rank k; in two hops, to the rank

@@ -70,6 +70,7 @@ class any_reducer {
   virtual void reduce(unit_id u, bool first) = 0;
   virtual void flush() = 0;
   virtual std::size_t in_flight() const = 0;
+  virtual std::size_t reserved_bytes() const = 0;
   virtual void complete_oldest() = 0;
   virtual void complete_all() = 0;
   virtual norm_result sum_of_squares(float divisor, const agreement_terms& a) = 0;
@@ -155,7 +156,8 @@ class bucketing : public any_reducer<Ctx> {
 // A gradient reducer: the buckets (bucketing) over a method, and the reduces in flight: completed
 // oldest first, at most reduces_in_flight left pending with overlap on (none without). Method (exact,
 // quantized, binned; one file each) holds the gradient store, starts a reduce of some units' buckets
-// and completes it into the store, and computes the norm.
+// and completes it into the store (completion_bytes(f): what completing f allocates beyond what f
+// holds), and computes the norm.
 template <class Ctx, class Method>
 class reducer final : public bucketing<Ctx> {
   using base = bucketing<Ctx>;
@@ -181,13 +183,18 @@ class reducer final : public bucketing<Ctx> {
   }
 
   std::size_t in_flight() const override { return pending_.size() - oldest_; }
-  // Waits for the oldest reduce in flight and adds it into the gradient store.
+  // The transient bytes completing the reduces in flight will allocate beyond what they hold (qgZ's
+  // node sums in two hops), summed: the engine's make_room keeps them free, so that a reduce can
+  // always complete within memory_limit_bytes, and overlap needs no more than the blocking protocol.
+  std::size_t reserved_bytes() const override { return reserved_; }
+  // Waits for the oldest reduce in flight and adds it into the gradient store (spending its reserve).
   void complete_oldest() override {
     auto f = std::move(pending_[oldest_++]);
     if (oldest_ == pending_.size()) {
       pending_.clear();
       oldest_ = 0;
     }
+    reserved_ -= method_.completion_bytes(f);
     method_.complete(f);
   }
   // Every reduce of the step started and completed; the store then readable (settle).
@@ -216,6 +223,7 @@ class reducer final : public bucketing<Ctx> {
   grad_type* persistent_gradient(unit_id u) override { return method_.persistent_gradient(u); }
   // Files a started reduce, completing the oldest while more than reduces_in_flight are pending.
   void launched(typename Method::in_flight f) {
+    reserved_ += method_.completion_bytes(f);
     pending_.push_back(std::move(f));
     const std::size_t limit = ctx_.overlapping() ? static_cast<std::size_t>(ctx_.options.reduces_in_flight) : 0;
     while (in_flight() > limit) complete_oldest();
@@ -231,6 +239,7 @@ class reducer final : public bucketing<Ctx> {
   // Destroyed, and so waited for, before the store they write.
   std::vector<typename Method::in_flight> pending_;
   std::size_t oldest_ = 0;
+  std::size_t reserved_ = 0;  // the completion_bytes of the reduces in flight
 };
 
 }  // namespace zero::reduce

@@ -199,7 +199,9 @@ class summing_store {
 // own); `state`, what a reduce in flight carries besides its bucket; w.start(state, units, g, count)
 // -> request (g's N slices of `count` elements, slice k for rank k, into this rank's slice in place;
 // each slice holds the units' shards side by side, in the order of `units`); w.wait(state, request&);
-// w.finish(state) (the wire's work after the collective, e.g. dequantize and sum).
+// w.finish(state) (the wire's work after the collective, e.g. dequantize and sum);
+// w.completion_bytes(const state&) (the transient bytes finish allocates beyond what the state holds:
+// the reducer keeps them free while the reduce is in flight).
 template <class Ctx, class Wire>
 class summing : public summing_store<Ctx> {
   using base = summing_store<Ctx>;
@@ -248,6 +250,8 @@ class summing : public summing_store<Ctx> {
     base::add_reduced(f.parts, f.bucket.data());
   }
   void settle() {}
+  // What complete(f) allocates beyond what f holds: the wire's finish.
+  std::size_t completion_bytes(const in_flight& f) const { return wire_.completion_bytes(f.wire); }
 
  private:
   Wire wire_;
