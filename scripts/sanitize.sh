@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the CPU unit suites under ASan + UBSan (asan) and the thread-backend suites under TSan (tsan).
 # Usage: scripts/sanitize.sh [asan|tsan]...   (default: both, as scripts/test.sh and so .ci/run run it)
+#        scripts/sanitize.sh --list asan|tsan  (the suites of that kind, one per line; scripts/test.sh
+#                                               leaves the compiled ones out of the main build)
 #
 # Each kind is a small build of its own (build-asan/, build-tsan/: beside $ZERO_BUILD_DIR if set): tests only,
 # no CUDA, MPI, examples or benchmarks. Any report fails the run: ASan and TSan halt on the first error,
@@ -14,7 +16,13 @@
 # times slower.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh" --no-build
+list=0
+if [ "${1:-}" = --list ]; then
+  list=1
+  shift
+else
+  "$root/scripts/setup.sh" --no-build
+fi
 
 kinds=("$@")
 [ ${#kinds[@]} -gt 0 ] || kinds=(asan tsan)
@@ -52,6 +60,10 @@ for kind in "${kinds[@]}"; do
       exit 2
       ;;
   esac
+  if [ $list = 1 ]; then
+    printf '%s\n' "${tests[@]}"
+    continue
+  fi
   for t in "${tests[@]}"; do
     case $t in *_reader) ;; *) targets+=("tests/test_$t") ;; esac
   done

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine_instances.hpp"
 #include "zero/zero.hpp"
 
 namespace toy {

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "../engine_instances.hpp"
 #include "zero/zero.hpp"
 
 namespace {

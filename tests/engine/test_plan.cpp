@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../deferred_comm.hpp"
+#include "../engine_instances.hpp"
 #include "zero/plan_by_name.hpp"
 #include "zero/zero.hpp"
 

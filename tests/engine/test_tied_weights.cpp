@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine_instances.hpp"
 #include "zero/zero.hpp"
 
 namespace {
