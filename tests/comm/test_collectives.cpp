@@ -18,6 +18,7 @@
 
 #include "zero/comm/any_backend.hpp"
 #include "zero/comm/conformance.hpp"
+#include "zero/comm/mesh.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/detail/streaming_copy.hpp"
@@ -326,6 +327,55 @@ TEST_CASE("any_backend: its starts overlap where the wrapped backend's do, and m
     c.all_reduce(u, v, 2, zero::reduce_op::sum);
     CHECK(v[1] == 4);
   });
+}
+
+TEST_CASE("mesh: every dp x tp shape of 8 ranks: coordinates, groups of adjacent tensor-parallel ranks, rank order") {
+  for (const zero::comm::mesh_shape shape : {zero::comm::mesh_shape{1, 8}, {2, 4}, {4, 2}, {8, 1}}) {
+    CAPTURE(shape.dp);
+    CAPTURE(shape.tp);
+    threads::launch(8, [&](threads& t) {
+      zero::comm::mesh<threads> m(t, shape);
+      const zero::comm::mesh_coordinates at = m.coordinates();
+      CHECK(at == zero::comm::mesh_coordinates{t.rank() / shape.tp, t.rank() % shape.tp});
+      CHECK(zero::comm::mesh_rank_of(shape, at) == t.rank());
+      CHECK(m.tp().size() == shape.tp);
+      CHECK(m.tp().rank() == at.tp);
+      CHECK(m.dp().size() == shape.dp);
+      CHECK(m.dp().rank() == at.dp);
+      // Each group gathers its members' world ranks in its own rank order: the tensor-parallel group
+      // is tp consecutive ranks, the data-parallel group the ranks of equal tp index, tp apart.
+      const int me = t.rank();
+      std::vector<int> tp_members(static_cast<std::size_t>(shape.tp)), dp_members(static_cast<std::size_t>(shape.dp));
+      m.tp().all_gather(&me, tp_members.data(), 1);
+      m.dp().all_gather(&me, dp_members.data(), 1);
+      for (int k = 0; k < shape.tp; ++k) CHECK(tp_members[static_cast<std::size_t>(k)] == at.dp * shape.tp + k);
+      for (int k = 0; k < shape.dp; ++k) CHECK(dp_members[static_cast<std::size_t>(k)] == k * shape.tp + at.tp);
+      // The groups are independent of each other and of the world: interleaved calls do not mix.
+      zero::conformance::all_reduce(m.dp());
+      zero::conformance::all_reduce(m.tp());
+      m.world().barrier();
+    });
+  }
+}
+
+TEST_CASE("mesh: a shape that does not fit the world is refused on every rank before any collective, naming it") {
+  struct bad {
+    zero::comm::mesh_shape shape;
+    const char* says;
+  };
+  for (const bad b : {bad{{3, 2}, "mesh 3 x 2 (dp x tp) has 6 ranks but the world has 4"},
+                      bad{{0, 4}, "mesh 0 x 4 (dp x tp): each dimension must be at least 1"},
+                      bad{{4, -1}, "must be at least 1"},
+                      bad{{65536, 65536}, "has 4294967296 ranks but the world has 4"}}) {
+    CAPTURE(b.says);
+    std::atomic<int> refused{0};
+    // No rank reaches a collective: a rank that did would wait for the others until the timeout.
+    threads::launch(4, [&](threads& t) {
+      CHECK_THROWS_WITH_AS(zero::comm::mesh<threads>(t, b.shape), doctest::Contains(b.says), zero::error);
+      refused += 1;
+    });
+    CHECK(refused == 4);
+  }
 }
 
 TEST_CASE("verified: a backend that sums out of rank order fails at its first all_reduce, naming the call and ranks") {

@@ -1,7 +1,9 @@
-// Compiles every collective of the device backends for every element type they take, with and without counted<>.
+// Compiles every collective of the device backends for every element type they take, with and without counted<>, behind any_backend, and in a mesh.
 #include <cstdint>
 
 #include "instantiate.cuh"
+#include "zero/comm/any_backend.hpp"
+#include "zero/comm/mesh.hpp"
 
 namespace {
 
@@ -29,7 +31,12 @@ void every_type(Comm& c) {
     auto r = c.start_all_to_all(b, b + 1, 1);
     c.wait(r);
   }
-  if constexpr (zero::comm::splittable<Comm>) (void)c.split(0);
+  if constexpr (zero::comm::splittable<Comm>) {
+    (void)c.split(0);
+    zero::comm::mesh<Comm> m(c, {1, 1});
+    every_collective(m.dp(), static_cast<float*>(nullptr));
+    every_collective(m.tp(), static_cast<float*>(nullptr));
+  }
 }
 
 }  // namespace
@@ -38,6 +45,9 @@ void every_type(Comm& c) {
 void (*volatile instantiated[])(zero::comm::cuda_threads&) = {&every_type<zero::comm::cuda_threads>};
 void (*volatile instantiated_counted[])(zero::comm::counted<zero::comm::cuda_threads>&) = {
     &every_type<zero::comm::counted<zero::comm::cuda_threads>>};
+// The trainers' erased backend over each device backend.
+void (*volatile instantiated_any[])(zero::comm::any_backend<zero::sys::cuda>&) = {
+    &every_type<zero::comm::any_backend<zero::sys::cuda>>};
 #if ZERO_WITH_NCCL
 void (*volatile instantiated_nccl[])(zero::comm::nccl&) = {&every_type<zero::comm::nccl>};
 void (*volatile instantiated_nccl_counted[])(zero::comm::counted<zero::comm::nccl>&) = {

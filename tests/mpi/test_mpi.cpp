@@ -12,6 +12,7 @@
 #include "zero/comm/backends/mpi.hpp"
 #include "zero/comm/backends/threads.hpp"
 #include "zero/comm/conformance.hpp"
+#include "zero/comm/mesh.hpp"
 #include "zero/core/hash.hpp"
 #include "zero/zero.hpp"
 
@@ -157,6 +158,30 @@ std::uint64_t collective_fingerprint(Comm& c) {
 }
 
 }  // namespace
+
+TEST_CASE("mesh: every dp x tp shape of the job's ranks over comm::mpi, and a shape that does not fit refused") {
+  zero::comm::mpi world;
+  const int n = world.size();
+  for (int tp = 1; tp <= n; ++tp) {
+    if (n % tp != 0) continue;
+    const zero::comm::mesh_shape shape{n / tp, tp};
+    CAPTURE(tp);
+    zero::comm::mesh<zero::comm::mpi> m(world, shape);
+    const zero::comm::mesh_coordinates at = m.coordinates();
+    CHECK(at == zero::comm::mesh_coordinates{world.rank() / tp, world.rank() % tp});
+    CHECK(m.tp().size() == tp);
+    CHECK(m.dp().size() == n / tp);
+    const std::int64_t me = world.rank();
+    std::vector<std::int64_t> tp_members(static_cast<std::size_t>(tp)), dp_members(static_cast<std::size_t>(n / tp));
+    m.tp().all_gather(&me, tp_members.data(), 1);
+    m.dp().all_gather(&me, dp_members.data(), 1);
+    for (int k = 0; k < tp; ++k) CHECK(tp_members[static_cast<std::size_t>(k)] == at.dp * tp + k);
+    for (int k = 0; k < n / tp; ++k) CHECK(dp_members[static_cast<std::size_t>(k)] == k * tp + at.tp);
+  }
+  CHECK_THROWS_WITH_AS(zero::comm::mesh<zero::comm::mpi>(world, {n + 1, 1}), doctest::Contains("ranks but the world has"),
+                       zero::error);
+  world.barrier();  // the refusal left every rank able to go on
+}
 
 TEST_CASE("comm::mpi: the deterministic mode is bit-identical to comm::threads with the same N") {
   const int n = world_size();
