@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../../examples/mlp.hpp"
+#include "../tp_model.hpp"
 #include "zero/comm/backends/mpi.hpp"
 #include "zero/comm/backends/threads.hpp"
 #include "zero/comm/conformance.hpp"
@@ -387,6 +388,57 @@ std::vector<std::uint64_t> stage_hashes(Comm& comm) {
 }
 
 }  // namespace
+
+namespace {
+
+// The tensor-parallel test model trained for 3 steps; the hash of the whole model's parameters.
+template <class Stage, class Engine>
+std::uint64_t tp_trained_hash(Engine& e, int dp_rank) {
+  e.initialize(zero::from_whole_tensors(tp_model::whole_init()));
+  for (std::uint64_t t = 0; t < 3; ++t) tp_model::mesh_step(e, dp_rank, t);
+  const auto p = e.full_model_params();
+  return zero::fnv1a64(p.data(), p.size() * sizeof(float));
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: a dp x tp mesh over comm::mpi trains what a plain engine on threads trains, every stage") {
+  // tp = 2 where the job's size is even (1 x 2, 2 x 2), else 3 (1 x 3): the model's split dimensions
+  // take both; the reference is the whole model at tp = 1 on the same data-parallel size.
+  const int n = world_size(), tp = n % 2 == 0 ? 2 : 3, dp = n / tp;
+  REQUIRE(dp * tp == n);
+  zero::engine_options clipped;
+  clipped.clip_norm = 0.05f;
+  clipped.reproducible = true;
+  for (const zero::engine_options& eo : {zero::engine_options{}, clipped}) {
+    CAPTURE(eo.reproducible);
+    std::vector<std::uint64_t> mine, reference(4);
+    mpi::run([&](mpi& c) {
+      zero::comm::mesh<mpi> m(c, {dp, tp});
+      zero::stages::for_each([&]<class Stage>() {
+        zero::engine<Stage, mpi, zero::optim::adamw> e(m, tp_model::model(), {}, eo);
+        mine.push_back(tp_trained_hash<Stage>(e, m.coordinates().dp));
+      });
+    });
+    if (world_rank() == 0)
+      zero::comm::threads::launch(dp, [&](zero::comm::threads& c) {
+        std::size_t k = 0;
+        zero::stages::for_each([&]<class Stage>() {
+          zero::engine<Stage, zero::comm::threads, zero::optim::adamw> e(c, tp_model::model(), {}, eo);
+          const std::uint64_t h = tp_trained_hash<Stage>(e, c.rank());
+          if (c.rank() == 0) reference[k] = h;
+          ++k;
+        });
+      });
+    MPI_Bcast(reference.data(), 4, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    REQUIRE(mine.size() == 4);
+    for (std::size_t s = 0; s < 4; ++s) {
+      CAPTURE(s);
+      for (auto h : gather_u64(mine[s])) CHECK(h == mine[s]);  // every rank of the mesh holds the same model
+      CHECK(mine[s] == reference[s]);
+    }
+  }
+}
 
 TEST_CASE("stage equivalence: stages 0-3 on comm::mpi give the same parameters as on comm::threads") {
   const int n = world_size();

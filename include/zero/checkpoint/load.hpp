@@ -78,6 +78,12 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
   const int rank = comm.rank();
   ZERO_CHECK(rank == e.rank() && comm.size() == e.world_size(), invalid_argument, "checkpoint load: the communicator (rank ",
              rank, " of ", comm.size(), ") is not the engine's (rank ", e.rank(), " of ", e.world_size(), ")");
+  if constexpr (requires { e.tensor_parallel_size(); })
+    ZERO_CHECK(e.tensor_parallel_size() == 1, invalid_argument,
+               "checkpoint load: the engine is in a tensor-parallel mesh of ", e.tensor_parallel_size(),
+               " ranks per group, whose checkpoints this format does not hold "
+               "(it holds one copy of each element of spec(), and there each group's ranks hold other pieces); "
+               "full_model_params() gives the whole model's weights");
   const std::size_t units = e.spec().num_units();
 
   // 1. Rank 0 picks the version, so that every rank reads the same one.

@@ -184,6 +184,12 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
   const int rank = comm.rank(), world = comm.size();
   ZERO_CHECK(rank == e.rank() && world == e.world_size(), invalid_argument, "checkpoint save: the communicator (rank ",
              rank, " of ", world, ") is not the engine's (rank ", e.rank(), " of ", e.world_size(), ")");
+  if constexpr (requires { e.tensor_parallel_size(); })
+    ZERO_CHECK(e.tensor_parallel_size() == 1, invalid_argument,
+               "checkpoint save: the engine is in a tensor-parallel mesh of ", e.tensor_parallel_size(),
+               " ranks per group, whose checkpoints this format does not hold "
+               "(it holds one copy of each element of spec(), and there each group's ranks hold other pieces); "
+               "full_model_params() gives the whole model's weights");
   ZERO_CHECK(options.keep >= 1, invalid_argument, "checkpoint save: keep must be at least 1");
   const model_spec& spec = e.spec();
   const std::size_t units = spec.num_units();

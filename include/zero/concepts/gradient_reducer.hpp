@@ -16,6 +16,10 @@ struct engine_options;  // engine/options.hpp: the concept only passes it by ref
 struct agreement_terms {
   const double* fingerprint = nullptr;  // detail::fingerprint_words terms
   std::uint64_t optimizer_hash = 0;
+  // In a tensor-parallel mesh: whether the data-parallel group's own check (where the step made one
+  // apart from the norm) found its optimizers equal; the norm's exchange carries the verdict across
+  // the mesh, so that no group throws while another goes on.
+  bool agreed = true;
 };
 // A reducer's global sum of squares, and whether the ranks' optimizers agreed on the way.
 struct norm_result {
@@ -53,7 +57,9 @@ struct gradient_probe {
 //                                  memory_limit_bytes (a reduce in flight can always complete)
 //   r.complete_all()               everything started and completed, the store readable
 //   r.sum_of_squares(divisor, a)   norm_result: the sum of squares of store / divisor over the real
-//                                  elements, identical on every rank and at every stage
+//                                  elements, identical on every rank and at every stage; in a
+//                                  tensor-parallel mesh (ctx.tp_size > 1) that of the whole mesh's
+//                                  model (engine/tensor_parallel.hpp)
 //   r.averaging_count()            what the rank-ordered sum is divided by (with the loss scale)
 //   r.sharded()                    whether the store holds only this rank's slices
 //   r.with_gradients(f)            calls f(const T* base) with the store (element_index addresses it)

@@ -13,11 +13,58 @@
 
 namespace zero {
 
+// How a tensor lies across the ranks of a tensor-parallel group (an engine built over comm::mesh):
+// the same whole tensor on every rank of the group (replicated, the default: biases, norms' gains, the
+// embeddings of a model that does not split them), or cut along one dimension into as many equal,
+// contiguous pieces as the group has ranks, rank t holding the t-th (Megatron's column- and
+// row-parallel matrices). Outside a mesh (a group of one rank) both are the whole tensor.
+struct tensor_parallel {
+  int split_dim = -1;  // the dimension cut into pieces; -1: replicated
+  bool split() const { return split_dim >= 0; }
+  bool operator==(const tensor_parallel&) const = default;
+};
+inline constexpr tensor_parallel tp_replicated{};
+constexpr tensor_parallel tp_split(int dim) { return tensor_parallel{dim}; }
+
 struct tensor_spec {
   std::string name;
   std::vector<std::size_t> shape;
   std::size_t numel = 0;  // product of shape
+  tensor_parallel tp{};   // replicated, or split along a dimension, across a tensor-parallel group
+  // In a model's pieces (model_spec::piece): the number of pieces the tensor is cut into (1 where it
+  // is replicated or the group has one rank) and which of them this tensor is; shape is the piece's.
+  int tp_parts = 1;
+  int tp_index = 0;
 };
+
+// The shape of the whole tensor a piece was cut from (the piece's own shape where it is not cut).
+inline std::vector<std::size_t> whole_shape(const tensor_spec& t) {
+  std::vector<std::size_t> s = t.shape;
+  if (t.tp.split()) s[static_cast<std::size_t>(t.tp.split_dim)] *= static_cast<std::size_t>(t.tp_parts);
+  return s;
+}
+
+// A piece's elements as runs of consecutive elements of the whole tensor (row-major): the piece is
+// `outer` blocks of `block` elements, block k at whole index k x block x tp_parts + tp_index x block.
+struct piece_runs {
+  std::size_t outer = 1;   // the number of runs in the whole piece
+  std::size_t block = 0;   // elements per run
+  std::size_t stride = 0;  // whole-tensor elements from one run to the next (block x tp_parts)
+  std::size_t first = 0;   // whole index of the piece's first element (tp_index x block)
+};
+inline piece_runs runs_of(const tensor_spec& t) {
+  if (!t.tp.split() || t.tp_parts == 1) return {1, t.numel, t.numel, 0};
+  const auto d = static_cast<std::size_t>(t.tp.split_dim);
+  std::size_t outer = 1;
+  for (std::size_t k = 0; k < d; ++k) outer *= t.shape[k];
+  const std::size_t block = t.numel / outer, parts = static_cast<std::size_t>(t.tp_parts);
+  return {outer, block, block * parts, static_cast<std::size_t>(t.tp_index) * block};
+}
+// The whole-tensor index of a piece's element i (row-major both).
+inline std::size_t whole_index(const tensor_spec& t, std::size_t i) {
+  const piece_runs r = runs_of(t);
+  return i / r.block * r.stride + r.first + i % r.block;
+}
 
 struct unit_spec {
   std::string name;
@@ -46,6 +93,12 @@ class unit_builder {
     return tensor(name, std::vector<std::size_t>(shape));
   }
   unit_builder& tensor(const std::string& name, const std::vector<std::size_t>& shape);
+  // A tensor with its tensor-parallel layout (tp_split(dim) or tp_replicated), declared whole: the
+  // shape of the whole tensor, not of a rank's piece.
+  unit_builder& tensor(const std::string& name, std::initializer_list<std::size_t> shape, tensor_parallel tp) {
+    return tensor(name, std::vector<std::size_t>(shape), tp);
+  }
+  unit_builder& tensor(const std::string& name, const std::vector<std::size_t>& shape, tensor_parallel tp);
   // Declares a shared unit: gathered `times` times per forward pass and per backward pass (>= 1).
   unit_builder& gathers(int times);
   operator unit_id() const { return unit_id{index_}; }
@@ -91,6 +144,20 @@ class model_spec {
   // Unpadded parameter count of the whole model (at most max_elements).
   std::size_t numel() const { return numel_; }
 
+  // Whether any tensor is split across a tensor-parallel group (tp_split).
+  bool has_split_tensors() const {
+    for (const auto& u : units_)
+      for (const auto& t : u.tensors)
+        if (t.tp.split()) return true;
+    return false;
+  }
+
+  // What rank `index` of a tensor-parallel group of `parts` ranks holds: the same units and tensors,
+  // each split tensor replaced by its index-th piece (its split dimension divided by parts, tp_parts
+  // and tp_index set), each replicated tensor whole. The model itself at parts = 1. Refused
+  // (invalid_argument) where a split dimension is not a multiple of parts, naming the tensor.
+  model_spec piece(int parts, int index) const;
+
   // Throws unless the spec can be trained: at least one unit, each with at least one tensor.
   void validate() const {
     ZERO_CHECK(!units_.empty(), invalid_argument, "model_spec: the model has no units");
@@ -119,6 +186,17 @@ class model_spec {
   std::unordered_set<std::string> tensor_names_;
   std::size_t numel_ = 0;
 };
+
+inline unit_builder& unit_builder::tensor(const std::string& name, const std::vector<std::size_t>& shape,
+                                          tensor_parallel tp) {
+  const unit_spec& u = spec_->units_[index_];
+  ZERO_CHECK(tp.split_dim >= -1 && tp.split_dim < static_cast<int>(shape.size()), invalid_argument,
+             "model_spec: unit '", u.name, "', tensor '", name, "': tp_split(", tp.split_dim, ") of a tensor with ",
+             shape.size(), " dimension(s) (the dimension counts from 0)");
+  tensor(name, shape);
+  spec_->units_[index_].tensors.back().tp = tp;
+  return *this;
+}
 
 inline unit_builder& unit_builder::tensor(const std::string& name, const std::vector<std::size_t>& shape) {
   unit_spec& u = spec_->units_[index_];
@@ -155,6 +233,33 @@ inline unit_builder& unit_builder::gathers(int times) {
              "): a unit is gathered at least once per pass");
   u.gathers = times;
   return *this;
+}
+
+inline model_spec model_spec::piece(int parts, int index) const {
+  ZERO_CHECK(parts >= 1 && index >= 0 && index < parts, invalid_argument, "model_spec::piece(", parts, ", ", index,
+             "): a group of at least one rank, and an index within it");
+  model_spec out;
+  for (const unit_spec& u : units_) {
+    unit_builder b = out.unit(u.name);
+    b.gathers(u.gathers);
+    for (const tensor_spec& t : u.tensors) {
+      ZERO_CHECK(t.tp_parts == 1, invalid_argument, "model_spec::piece: unit '", u.name, "', tensor '", t.name,
+                 "' is already a piece (1 of ", t.tp_parts, "): cut the whole model");
+      std::vector<std::size_t> shape = t.shape;
+      if (t.tp.split()) {
+        std::size_t& d = shape[static_cast<std::size_t>(t.tp.split_dim)];
+        ZERO_CHECK(d % static_cast<std::size_t>(parts) == 0, invalid_argument, "model_spec: unit '", u.name,
+                   "', tensor '", t.name, "': dimension ", t.tp.split_dim, " (", d, ") cannot be cut into ", parts,
+                   " equal pieces for a tensor-parallel group of ", parts, " ranks");
+        d /= static_cast<std::size_t>(parts);
+      }
+      b.tensor(t.name, shape, t.tp);
+      tensor_spec& p = out.units_.back().tensors.back();
+      p.tp_parts = t.tp.split() ? parts : 1;
+      p.tp_index = t.tp.split() ? index : 0;
+    }
+  }
+  return out;
 }
 
 }  // namespace zero

@@ -52,6 +52,13 @@ struct part_context {
   link* node = nullptr;
   Comm* cross_backend = nullptr;
   link* cross = nullptr;
+  // The tensor-parallel group of an engine built over comm::mesh (tensor_parallel.hpp): its link (the
+  // norm's exchange, the whole-model consolidation), the world's backend (agreement checks of the whole
+  // mesh), the group's size and this rank's index in it. A plain engine has a group of one: no link.
+  link* tp = nullptr;
+  Comm* world = nullptr;
+  int tp_size = 1;
+  int tp_rank = 0;
   // Frees room for `bytes` more under memory_limit_bytes (completes reduces in flight, drops
   // prefetches): the engine's schedule, which a part calls before each transient allocation.
   std::function<void(std::size_t)> make_room{};

@@ -13,11 +13,13 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/all_to_all.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
+#include "zero/comm/mesh.hpp"
 #include "zero/comm/split.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/concepts/optimizer_state.hpp"
@@ -52,6 +54,7 @@
 #include "zero/engine/reports.hpp"
 #include "zero/engine/schedule.hpp"
 #include "zero/engine/sweep.hpp"
+#include "zero/engine/tensor_parallel.hpp"
 #include "zero/engine/tensor_view.hpp"
 #include "zero/engine/zeropp.hpp"
 #include "zero/error.hpp"
@@ -95,18 +98,46 @@ class engine {
   using grad_buffers = detail::grad_buffers_handle<engine>;
 
   engine(Comm& comm, const model_spec& spec, Opt opt = {}, engine_options options = {})
+      : engine(comm, nullptr, nullptr, spec, spec, std::move(opt), options) {}
+
+  // An engine in a tensor-parallel mesh (comm::mesh, docs/parallelism.md): ZeRO over the mesh's
+  // data-parallel group, over this rank's pieces of `model` (model_spec::piece: each tp_split tensor
+  // cut along its dimension, each replicated tensor whole). spec() is the pieces, model() the model.
+  // The gradient norm, the skip decision, the loss scale, the optimizer and settings checks and the
+  // init check are the whole mesh's (engine/tensor_parallel.hpp); the norm is computed at every step.
+  // A collective on the whole mesh. At tp = 1 it is the plain engine over dp(), bit for bit.
+  template <class Mesh>
+  requires comm::splittable<Comm> && std::same_as<Mesh, comm::mesh<Comm>> engine(Mesh& mesh, const model_spec& model,
+                                                                                 Opt opt = {},
+                                                                                 engine_options options = {})
+      : engine(mesh.dp(), mesh.shape().tp > 1 ? &mesh.tp() : nullptr, mesh.shape().tp > 1 ? &mesh.world() : nullptr,
+               model.piece(mesh.shape().tp, mesh.coordinates().tp), model, std::move(opt), options) {}
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+ private:
+  engine(Comm& comm, Comm* tp_group, Comm* world, const model_spec& spec, const model_spec& model, Opt opt,
+         engine_options options)
       : sys_(system_of(comm)),
         comm_(comm),
         other_comm_(comm),
         control_comm_(comm),
         eval_comm_(comm),
+        tp_comm_(tp_group ? std::make_unique<comm::counted<Comm>>(*tp_group) : nullptr),
         spec_(spec),
+        model_(model),
         layout_(layout::make(spec, comm.size())),
         opt_(validated(opt, comm.rank())),
         options_(detail::checked_options<P>(options, comm.rank())),
         scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
         rank_(comm.rank()),
         units_(spec.num_units()) {
+    if (tp_group) {
+      ctx_.tp = tp_comm_.get();
+      ctx_.world = world;
+      ctx_.tp_size = tp_group->size();
+      ctx_.tp_rank = tp_group->rank();
+    }
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
     ctx_.make_room = [this](std::size_t bytes) { make_room(bytes); };
     ctx_.has_room = [this](std::size_t bytes) { return has_room(bytes); };
@@ -130,9 +161,8 @@ class engine {
     sweep_.allocate();
     connect_nodes();
   }
-  engine(const engine&) = delete;
-  engine& operator=(const engine&) = delete;
 
+ public:
   // ---- set-up ------------------------------------------------------------------------------
 
   // Fills every tensor from fn; a collective. With every_rank, every rank produces every value, so
@@ -279,7 +309,7 @@ class engine {
     reducer().complete_all();
     complete_parameter_gathers();
     schedule_.end_step();  // the next step's prefetch follows this one's gathers
-    agreement_.finish(opt_);
+    agreement_.finish(opt_);  // in a mesh, the verdict rides on the norm's exchange instead
     step_report r;
     r.loss_scale = scaler_.scale();
     // The gradient the optimizer sees: the rank-ordered sum divided by N and by the loss scale, in
@@ -393,6 +423,19 @@ class engine {
     return out;
   }
 
+  // The fp32 (master) parameters of the whole model() across the tensor-parallel group, unpadded,
+  // tensors in declaration order with their whole shapes: each split tensor put together from its
+  // pieces, each replicated tensor once (tp rank 0's; the ranks of a group hold the same bits). A
+  // collective on the whole mesh (full_params() over the data-parallel group, then an all-gather of
+  // the pieces over the tensor-parallel group, taken from the system outside memory()). full_params()
+  // outside a mesh.
+  std::vector<float> full_model_params() {
+    std::vector<float> mine = full_params();
+    if (ctx_.tp_size == 1) return mine;
+    const std::vector<float> all = tensor_parallel_detail::over_group(ctx_, mine.data(), mine.size(), "consolidation");
+    return tensor_parallel_detail::whole_model(spec_, all, ctx_.tp_size);
+  }
+
   // ---- optimizer-state access (checkpoints) -------------------------------------------------
 
   // The unit-local, unpadded range of master weights and optimizer slots this rank holds: its owned
@@ -461,8 +504,13 @@ class engine {
     return r;
   }
   comm_report comm() const {
-    return comm_report{protocol_stats(),      last_step_,       other_comm_.stats(),
-                       control_comm_.stats(), step_ + skipped_, eval_comm_.stats()};
+    return comm_report{protocol_stats(),
+                       last_step_,
+                       other_comm_.stats(),
+                       control_comm_.stats(),
+                       step_ + skipped_,
+                       eval_comm_.stats(),
+                       tp_comm_ ? tp_comm_->stats() : comm::comm_stats{}};
   }
 
   // The formulas for this engine (engine/formula_report.hpp): the per-parameter sizes of the paper's
@@ -484,7 +532,13 @@ class engine {
   bool persistent(unit_id u) const { return placement_.persistent(u); }
   std::uint64_t persistent_elements() const { return placement_.persistent_elements(); }
 
+  // The units this engine trains: the model, or in a tensor-parallel mesh this rank's pieces of it.
   const model_spec& spec() const { return spec_; }
+  // The model as declared (whole tensors); spec() outside a tensor-parallel mesh.
+  const model_spec& model() const { return model_; }
+  // The tensor-parallel group this engine's ranks belong to: 1 outside a mesh (or in a mesh of tp = 1).
+  int tensor_parallel_size() const { return ctx_.tp_size; }
+  int tensor_parallel_rank() const { return ctx_.tp_rank; }
   const zero::layout& layout() const { return layout_; }
   // The optimizer's current hyper-parameters (as built, or as last set): what a checkpoint records.
   // (Its slots, the optimizer *state*, are read through read_state.)
@@ -676,8 +730,11 @@ class engine {
     return detail::concat(": ", done, " of ", reduces_per_step(), " micro-batch reduces");
   }
   // The reproducible mode always computes it: it is the overflow check of an exact sum.
+  // In a tensor-parallel mesh too: the norm's exchange is where the mesh agrees on the skip and the
+  // optimizer and checks the replicated tensors' gradients.
   bool needs_norm() const {
-    return Prec::separate_master || options_.clip_norm > 0.0f || options_.compute_grad_norm || options_.reproducible;
+    return Prec::separate_master || options_.clip_norm > 0.0f || options_.compute_grad_norm || options_.reproducible ||
+           ctx_.tp_size > 1;
   }
 
   void state_check(unit_id u) const {
@@ -720,8 +777,11 @@ class engine {
   comm::counted<Comm> other_comm_;    // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's norm all-reduce and the optimizer's fingerprint
   comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
+  // The tensor-parallel group's traffic (the norm's exchange, full_model_params): in a mesh only.
+  std::unique_ptr<comm::counted<Comm>> tp_comm_;
   node_links<context> nodes_;         // ZeRO++'s node and cross-node links, over comm_'s backend
-  const model_spec spec_;
+  const model_spec spec_;             // what this rank's units hold
+  const model_spec model_;            // the model as declared (spec_ outside a tensor-parallel mesh)
   const zero::layout layout_;
   Opt opt_;
   engine_options options_;

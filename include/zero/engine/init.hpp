@@ -1,9 +1,12 @@
 // Initial values: the init functions an engine takes (whole tensors, or element ranges) and where they run.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "zero/core/layout.hpp"
 #include "zero/core/model_spec.hpp"
@@ -27,6 +30,42 @@ using init_fn = std::function<void(const unit_spec& unit, const tensor_spec& ten
 // size gives the same parameters. A function cannot write outside its range: it only gets the span.
 using init_range_fn =
     std::function<void(const unit_spec& unit, const tensor_spec& tensor, range elements, std::span<float> values)>;
+
+// For an engine in a tensor-parallel mesh, whose init functions are asked for the pieces its ranks
+// hold (tensor_spec::tp_parts and tp_index say which piece): adapts a function of the whole tensors,
+// as declared in the model, so that each piece receives the whole tensor's values at its elements.
+// The same function then gives the same model at every tensor-parallel size. The whole-tensor
+// function sees the tensor's whole shape (and the unit as the engine holds it).
+inline tensor_spec whole_tensor_of(const tensor_spec& piece) {
+  tensor_spec w = piece;
+  w.shape = whole_shape(piece);
+  w.numel = piece.numel * static_cast<std::size_t>(piece.tp_parts);
+  w.tp_parts = 1;
+  w.tp_index = 0;
+  return w;
+}
+inline init_range_fn from_whole_tensors(init_range_fn whole) {
+  return [whole = std::move(whole)](const unit_spec& u, const tensor_spec& t, range r, std::span<float> v) {
+    if (t.tp_parts == 1) return whole(u, t, r, v);
+    const tensor_spec w = whole_tensor_of(t);
+    const piece_runs runs = runs_of(t);
+    for (std::size_t i = r.begin; i < r.end;) {  // one call per run of the piece inside r
+      const std::size_t within = i % runs.block, n = std::min(runs.block - within, r.end - i);
+      const std::size_t at = i / runs.block * runs.stride + runs.first + within;
+      whole(u, w, range{at, at + n}, v.subspan(i - r.begin, n));
+      i += n;
+    }
+  };
+}
+inline init_fn from_whole_tensors(init_fn whole) {
+  return [whole = std::move(whole)](const unit_spec& u, const tensor_spec& t, std::span<float> v) {
+    if (t.tp_parts == 1) return whole(u, t, v);
+    const tensor_spec w = whole_tensor_of(t);
+    std::vector<float> all(w.numel);
+    whole(u, w, std::span<float>(all));
+    for (std::size_t i = 0; i < t.numel; ++i) v[i] = all[whole_index(t, i)];
+  };
+}
 
 // Calls f(piece) for consecutive pieces of r, each at most `chunk` elements (chunk > 0), in order.
 template <class F>

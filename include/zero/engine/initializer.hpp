@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -40,6 +41,7 @@ class initializer {
     std::vector<float> host;
     const bool check = ctx_.options.verify_init && source == init_source::every_rank && ctx_.layout.ranks() > 1;
     std::vector<std::uint64_t> hashes;
+    mesh_values stored;
     for (std::size_t u = 0; u < ctx_.spec.num_units(); ++u) {
       const unit_spec& us = ctx_.spec.units()[u];
       for (std::size_t t = 0; t < us.tensors.size(); ++t) {
@@ -55,9 +57,13 @@ class initializer {
           ctx_.sys.copy_to_host(host.data(), wire.data(), ts.numel * sizeof(float));
         }
         store(unit_id{u}, ctx_.layout.unit(unit_id{u}).tensors[t], host.data());
+        stored.add(host.data(), host.size());
       }
     }
-    if (check) agreement_.check_init(hashes);
+    if (mesh_check())
+      agreement_.check_mesh_init(stored.hashes, stored.constant, check);
+    else if (check)
+      agreement_.check_init(hashes);
   }
 
   // Fills what this rank keeps from fn, chunk by chunk (at most options().init_chunk_elements values
@@ -77,6 +83,7 @@ class initializer {
     const bool broadcast = source == init_source::broadcast_from_rank0;
     const bool check = ctx_.options.verify_init && !broadcast && !P::shards_optimizer_states && ctx_.layout.ranks() > 1;
     std::vector<std::uint64_t> hashes;
+    mesh_values stored;
     buffer<float, system> wire;
     for (std::size_t u = 0; u < ctx_.spec.num_units(); ++u) {
       const unit_spec& us = ctx_.spec.units()[u];
@@ -86,6 +93,7 @@ class initializer {
         const range tr = ul.tensors[t];
         // The tensor's hash, chained over its chunks in order (the chunks are the same on every rank).
         std::uint64_t h = 0;
+        stored.begin_tensor();
         for_each_chunk(intersect(tr, keep), chunk, [&](range c) {
           const range local{c.begin - tr.begin, c.end - tr.begin};  // what the init function sees
           host.resize(std::max(host.size(), c.size()));
@@ -100,16 +108,52 @@ class initializer {
           }
           if (check) h = run_hash64(host.data(), c.size() * sizeof(float), h);
           store(unit_id{u}, c, host.data());
+          stored.chain(host.data(), c.size());
         });
         if (check) hashes.push_back(h);
       }
     }
-    if (check) agreement_.check_init(hashes);
+    if (mesh_check())
+      agreement_.check_mesh_init(stored.hashes, stored.constant, check);
+    else if (check)
+      agreement_.check_init(hashes);
     // Each rank stored only what it keeps: the units kept whole gather the other ranks' slices.
     if (!broadcast) params_.refresh_whole(ctx_.other, "parameter refresh");
   }
 
  private:
+  // In a tensor-parallel mesh (verify_init): what each tensor's stored values were, for the check
+  // of the whole mesh (rank_agreement::check_mesh_init): their hash, chained over the chunks this rank
+  // stored, and whether they were all one value.
+  struct mesh_values {
+    std::vector<std::uint64_t> hashes;
+    std::vector<bool> constant;
+    std::uint32_t first_bits = 0;
+    bool seen = false;
+    void begin_tensor() {
+      hashes.push_back(0);
+      constant.push_back(true);
+      seen = false;
+    }
+    void chain(const float* v, std::size_t n) {
+      if (n == 0) return;
+      hashes.back() = run_hash64(v, n * sizeof(float), hashes.back());
+      if (!seen) first_bits = std::bit_cast<std::uint32_t>(v[0]);
+      seen = true;
+      if (constant.back())
+        for (std::size_t i = 0; i < n; ++i)
+          if (std::bit_cast<std::uint32_t>(v[i]) != first_bits) {
+            constant.back() = false;
+            break;
+          }
+    }
+    void add(const float* v, std::size_t n) {
+      begin_tensor();
+      chain(v, n);
+    }
+  };
+  bool mesh_check() const { return ctx_.tp_size > 1 && ctx_.options.verify_init; }
+
   // Initial values of the unit-local elements r (values[i] is element r.begin + i) into whatever part
   // of them the parameters and the master weights this rank holds.
   void store(unit_id u, range r, const float* values) {

@@ -16,6 +16,7 @@
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/context.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/tensor_parallel.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -42,12 +43,15 @@ class rank_agreement {
                ": engine: ", ctx_.ranks(),
                " ranks, more than the 2^21 whose settings fingerprint the step checks exactly");
     fingerprint(opt);
-    if (ctx_.ranks() == 1) return;
+    Comm& everyone = whole();
+    if (everyone.size() == 1) return;
     detail::settings all = detail::options_settings(ctx_.options);
     all.append(detail::optimizer_settings(opt));
-    const std::string d = detail::disagreement(all, gather_words(all.words(), "settings check"), ctx_.ranks());
+    const std::string d =
+        detail::disagreement(all, gather_words(all.words(), "settings check", everyone), everyone.size());
     ZERO_CHECK(d.empty(), invalid_argument, "rank ", ctx_.rank, ": engine: the ranks' settings differ: ", d,
-               " (every rank must build its engine with the same engine_options and optimizer hyper-parameters)");
+               " (every rank", ctx_.world ? " of the mesh (ranks counted in the world)" : "",
+               " must build its engine with the same engine_options and optimizer hyper-parameters)");
   }
   // The optimizer's hash and fingerprint terms, after each change of its hyper-parameters.
   void fingerprint(const Opt& opt) {
@@ -55,13 +59,14 @@ class rank_agreement {
     detail::fingerprint_terms(hash_, fingerprint_.data());
   }
   // What a reducer's norm collective carries for the check.
-  agreement_terms terms() const { return {fingerprint_.data(), hash_}; }
+  agreement_terms terms() const { return {fingerprint_.data(), hash_, agreed_}; }
 
   // The step's own all-reduce of the fingerprint (where the norm carries none: `separate`), started at
   // its first reduce (nonblocking where the backend overlaps) and completed by finish().
   void start(bool separate) {
     if (started_ || !separate) return;
     started_ = true;
+    agreed_ = true;
     double* wire = host_.data();  // host memory, or a wire taken from the system once
     if constexpr (!Ctx::host_memory) {
       if (!wire_) wire_.reset(static_cast<double*>(system::allocate(sizeof fingerprint_)));
@@ -77,13 +82,21 @@ class rank_agreement {
     ctx_.control.wait(request_);
     std::array<double, detail::fingerprint_words> sums{};
     ctx_.sys.copy_to_host(sums.data(), Ctx::host_memory ? host_.data() : wire_.get(), sizeof sums);
-    if (!detail::fingerprints_agree(fingerprint_.data(), sums.data(), ctx_.ranks())) optimizers_disagree(opt);
+    if (detail::fingerprints_agree(fingerprint_.data(), sums.data(), ctx_.ranks())) return;
+    // In a mesh the other data-parallel groups may agree: the verdict rides on the norm's exchange
+    // (terms().agreed), and every rank of the mesh throws there together.
+    if (ctx_.world) {
+      agreed_ = false;
+      return;
+    }
+    optimizers_disagree(opt);
   }
   // Reached by every rank of a step whose fingerprints differ (they all see the same sums): gathers
   // the hyper-parameters to name the fields and ranks, and throws before any rank updates.
   [[noreturn]] void optimizers_disagree(const Opt& opt) {
     const detail::settings s = detail::optimizer_settings(opt);
-    const std::string d = detail::disagreement(s, gather_words(s.words(), "settings check"), ctx_.ranks());
+    Comm& everyone = whole();
+    const std::string d = detail::disagreement(s, gather_words(s.words(), "settings check", everyone), everyone.size());
     fail(error_kind::invalid_argument, "rank ", ctx_.rank,
          ": step(): the ranks' optimizer hyper-parameters differ: ", d,
          "; set_optimizer() and set_learning_rate() must make the same change on every rank (no rank applied this "
@@ -139,6 +152,70 @@ class rank_agreement {
     }
   }
 
+  // In a tensor-parallel mesh, after either form of initialize(): per tensor of spec (the pieces),
+  // the hash of the values this rank stored and whether they were all the same value. One all-gather
+  // over the whole mesh (on the world's backend, outside comm()), from which every rank reaches the
+  // same verdict: all return, or all throw invalid_argument naming the first tensor, in declaration
+  // order, where
+  //   - a data-parallel rank produced other values than its group's rank 0 (`dp_check`: the every_rank
+  //     forms where values are produced by several ranks, as check_init);
+  //   - a replicated tensor differs across a tensor-parallel group;
+  //   - the pieces of a split tensor are the same values, not all equal, on every rank of a group: an
+  //     init function that gave every rank the same tensor instead of its piece (from_whole_tensors
+  //     does the cutting).
+  // The ranks of a tensor-parallel group hold the same element ranges (their layouts are equal), so
+  // their hashes compare.
+  void check_mesh_init(const std::vector<std::uint64_t>& hashes, const std::vector<bool>& constant, bool dp_check) {
+    const std::size_t m = hashes.size();
+    std::vector<std::int64_t> mine(2 * m);
+    for (std::size_t i = 0; i < m; ++i) {
+      mine[2 * i] = static_cast<std::int64_t>(hashes[i]);
+      mine[2 * i + 1] = constant[i] ? 1 : 0;
+    }
+    const std::vector<std::int64_t> table =
+        tensor_parallel_detail::over_world(ctx_, mine.data(), mine.size(), "init check");
+    const std::size_t T = static_cast<std::size_t>(ctx_.tp_size), D = table.size() / (2 * m * T);
+    const auto hash = [&](std::size_t i, std::size_t t, std::size_t k) { return table[(i * T + t) * 2 * m + 2 * k]; };
+    const auto flat = [&](std::size_t i, std::size_t t, std::size_t k) {
+      return table[(i * T + t) * 2 * m + 2 * k + 1] != 0;
+    };
+    std::size_t k = 0;
+    for (const unit_spec& us : ctx_.spec.units())
+      for (const tensor_spec& ts : us.tensors) {
+        const std::string where = detail::concat("rank ", ctx_.rank, " (tensor-parallel rank ", ctx_.tp_rank,
+                                                 "): initialize: unit '", us.name, "', tensor '", ts.name, "': ");
+        for (std::size_t t = 0; t < T && dp_check; ++t)
+          for (std::size_t i = 1; i < D; ++i)
+            ZERO_CHECK(hash(i, t, k) == hash(0, t, k), invalid_argument, where, "data-parallel rank ", i,
+                       " of tensor-parallel rank ", t,
+                       " produced other values than data-parallel rank 0; every_rank needs an init function that "
+                       "gives every data-parallel rank the same values (deterministic, not seeded by rank). The "
+                       "parameters now disagree across ranks: initialize again before training");
+        for (std::size_t i = 0; i < D; ++i) {
+          bool same = true;
+          for (std::size_t t = 1; t < T; ++t) same = same && hash(i, t, k) == hash(i, 0, k);
+          if (!ts.tp.split()) {
+            std::size_t t = 1;
+            while (t < T && hash(i, t, k) == hash(i, 0, k)) ++t;
+            ZERO_CHECK(same, invalid_argument, where,
+                       "a replicated tensor (tp_replicated) has other values on tensor-parallel rank ", t,
+                       " than on tensor-parallel rank 0 (data-parallel rank ", i,
+                       "): give every rank of the group the same values, or declare the tensor tp_split if each "
+                       "rank holds a piece. The parameters now disagree across ranks: initialize again before "
+                       "training");
+          } else {
+            ZERO_CHECK(!same || flat(i, 0, k), invalid_argument, where, "every tensor-parallel rank holds the same ",
+                       "values for its piece of a split tensor (tp_split(", ts.tp.split_dim,
+                       ")), not all equal: the init function filled each piece as if it were the whole tensor (wrap "
+                       "a function of whole tensors in zero::from_whole_tensors), or the tensor is replicated and "
+                       "should be declared tp_replicated. The parameters are not the model's: initialize again "
+                       "before training");
+          }
+        }
+        ++k;
+      }
+  }
+
  private:
   // Frees memory taken from the system directly (outside memory()); system::deallocate takes the size.
   struct system_free {
@@ -148,10 +225,9 @@ class rank_agreement {
 
   // Every rank's words in rank order, all-gathered on the backend itself (through the system's memory
   // where it is not host memory), outside comm() and memory(): construction and failure paths only.
-  std::vector<std::uint64_t> gather_words(const std::vector<std::uint64_t>& mine, const char* phase) {
-    const std::size_t n = mine.size(), me = static_cast<std::size_t>(ctx_.rank);
-    std::vector<std::uint64_t> all(n * static_cast<std::size_t>(ctx_.ranks()));
-    Comm& backend = ctx_.protocol.inner();
+  std::vector<std::uint64_t> gather_words(const std::vector<std::uint64_t>& mine, const char* phase, Comm& backend) {
+    const std::size_t n = mine.size(), me = static_cast<std::size_t>(backend.rank());
+    std::vector<std::uint64_t> all(n * static_cast<std::size_t>(backend.size()));
     if constexpr (Ctx::host_memory) {
       std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(me * n));
       auto* words = reinterpret_cast<std::int64_t*>(all.data());  // the signed view of the same words
@@ -170,6 +246,8 @@ class rank_agreement {
     ctx_.sys.copy_to_host(all.data(), wire.get(), bytes);
     return all;
   }
+  // The ranks that must agree: the engine's, or in a tensor-parallel mesh the whole mesh's (the world).
+  Comm& whole() const { return ctx_.world ? *ctx_.world : ctx_.protocol.inner(); }
   static std::string hex(std::uint64_t h) {
     static constexpr char digits[] = "0123456789abcdef";
     std::string s(16, '0');
@@ -186,6 +264,7 @@ class rank_agreement {
   std::unique_ptr<double, system_free> wire_{nullptr, system_free{sizeof(fingerprint_)}};
   typename Ctx::request request_{};
   bool started_ = false;
+  bool agreed_ = true;  // the separate check's verdict, in a mesh (finish())
 };
 
 }  // namespace zero

@@ -37,6 +37,9 @@ struct comm_report {
   comm::comm_stats control;    // the step's norm all-reduce and the optimizer's fingerprint (agreement.hpp)
   std::uint64_t steps = 0;     // step() calls, skipped ones included
   comm::comm_stats evaluation;  // gathers inside engine::evaluation() scopes, since construction: in no step
+  // In a tensor-parallel mesh: the tensor-parallel group's traffic (the norm's exchange at each step,
+  // full_model_params()); zero outside a mesh.
+  comm::comm_stats tensor_parallel;
 };
 
 // What the overlap of communication with computation did (engine_options::overlap), since

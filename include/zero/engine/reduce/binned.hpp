@@ -1,6 +1,8 @@
 // The binned gradient reducer (the reproducible mode): exact integer sums of fixed bins, rounded once.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "zero/core/reduce_op.hpp"
 #include "zero/engine/context.hpp"
 #include "zero/engine/reduce/reducer.hpp"
+#include "zero/engine/tensor_parallel.hpp"
 
 namespace zero::reduce {
 
@@ -180,6 +183,7 @@ class binned_method {
   // collective). A non-finite gradient gives +inf (NaN where a NaN was among the values), the same on
   // every rank.
   norm_result sum_of_squares(float divisor, const agreement_terms& a) {
+    if (ctx_.tp_size > 1) return mesh_sum_of_squares(divisor, a);
     constexpr std::size_t KS = binned::words + 1;
     const zero::layout& lay = ctx_.layout;
     auto non_finite = [](binned::summary s) {
@@ -222,6 +226,82 @@ class binned_method {
         for (std::size_t k = 0; k < KS; ++k) w[k] += all[r * KS + k];
     }
     return {binned::round<double>(w, top), true};
+  }
+  // In a tensor-parallel mesh: the same exact sum over the whole mesh's model, so the norm is the
+  // same bits at every tensor-parallel size. The squares' top bin is agreed over the data-parallel
+  // group and then over the tensor-parallel group (with each group's optimizer verdict and hash); the
+  // words of the split tensors' pieces and of the replicated tensors are summed apart over the
+  // data-parallel group, then the split words over the tensor-parallel group and the replicated once
+  // (tp rank 0's, which every rank's must equal: engine/tensor_parallel.hpp), rounded once.
+  norm_result mesh_sum_of_squares(float divisor, const agreement_terms& a) {
+    namespace tpd = tensor_parallel_detail;
+    constexpr std::size_t KS = binned::words + 1;
+    const zero::layout& lay = ctx_.layout;
+    auto non_finite = [](binned::summary s) {
+      return (s.flags & binned::summary::not_a_number) ? std::numeric_limits<double>::quiet_NaN()
+                                                       : std::numeric_limits<double>::infinity();
+    };
+    binned::summary flagged;
+    for (const auto& s : sums_) flagged.flags |= s.flags;
+    std::array<std::vector<const float*>, 3> segments;  // [0]: split, [1]: replicated, [2]: both
+    std::array<std::vector<std::size_t>, 3> sizes;
+    for (std::size_t u = 0; u < sums_.size(); ++u) {
+      const unit_layout& ul = lay.unit(unit_id{u});
+      const range o = P::shards_optimizer_states ? lay.owned_real(unit_id{u}, ctx_.rank) : range{0, ul.numel};
+      tpd::for_each_tensor_part(ctx_.spec.units()[u], ul, o, [&](range p, bool split) {
+        const float* at = grads32_.data() + element_index(ul, p.begin, sharded(), ctx_.rank);
+        for (std::size_t k : {split ? std::size_t{0} : std::size_t{1}, std::size_t{2}}) {
+          segments[k].push_back(at);
+          sizes[k].push_back(p.size());
+        }
+      });
+    }
+    // Where the step is to be skipped, the flags alone travel.
+    binned::summary s = flagged.finite() ? binned::unpack(square_summary(segments[2], sizes[2], divisor)) : flagged;
+    bool agree = a.agreed;
+    if constexpr (P::shards_optimizer_states) {
+      const std::int64_t mine[2] = {binned::pack(s), static_cast<std::int64_t>(a.optimizer_hash)};
+      const std::vector<std::int64_t> all = all_gather_control(mine, 2);
+      for (std::size_t r = 0; r < all.size(); r += 2) {
+        s = binned::merge(s, binned::unpack(all[r]));
+        if (all[r + 1] != mine[1]) agree = false;
+      }
+    }
+    const std::int64_t group_mine[3] = {binned::pack(s), agree ? 1 : 0, static_cast<std::int64_t>(a.optimizer_hash)};
+    const std::vector<std::int64_t> group = tpd::over_group(ctx_, group_mine, 3, "grad norm");
+    for (std::size_t t = 0; t < group.size(); t += 3) {
+      s = binned::merge(s, binned::unpack(group[t]));
+      if (group[t + 1] != 1 || group[t + 2] != group_mine[2]) agree = false;
+    }
+    if (!agree) return {0.0, false};
+    if (!s.finite()) return {non_finite(s), true};
+    if (s.bin < 0) return {0.0, true};
+    const int top = s.bin + 1;
+    std::int64_t w[2 * KS] = {};  // the split tensors' words, then the replicated ones'
+    sum_of_squares_words(segments[0], sizes[0], divisor, top, w);
+    sum_of_squares_words(segments[1], sizes[1], divisor, top, w + KS);
+    if constexpr (P::shards_optimizer_states) {
+      const std::vector<std::int64_t> all = all_gather_control(w, 2 * KS);
+      for (std::size_t k = 0; k < 2 * KS; ++k) w[k] = 0;
+      for (std::size_t r = 0; r < all.size() / (2 * KS); ++r)
+        for (std::size_t k = 0; k < 2 * KS; ++k) w[k] += all[r * 2 * KS + k];
+    }
+    const std::vector<std::int64_t> words = tpd::over_group(ctx_, w, 2 * KS, "grad norm");
+    const auto rounded = [&](const std::int64_t* p) {
+      std::int64_t v[KS];
+      std::copy(p, p + KS, v);
+      return binned::round<double>(v, top);
+    };
+    std::int64_t total[KS] = {};
+    for (std::size_t t = 0; t < words.size() / (2 * KS); ++t) {
+      const std::int64_t* mine = words.data() + t * 2 * KS;
+      for (std::size_t k = 0; k < KS; ++k) total[k] += mine[k];
+      if (!std::equal(mine + KS, mine + 2 * KS, words.data() + KS))
+        tpd::replicated_gradients_differ(ctx_.rank, ctx_.tp_rank, rounded(words.data() + KS), static_cast<int>(t),
+                                         rounded(mine + KS));
+    }
+    for (std::size_t k = 0; k < KS; ++k) total[k] += words[KS + k];
+    return {binned::round<double>(total, top), true};
   }
   // The global number of micro-batches N x M (the trainer does not divide by M here).
   std::size_t averaging_count() const {

@@ -18,6 +18,7 @@
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/context.hpp"
 #include "zero/engine/reduce/reducer.hpp"
+#include "zero/engine/tensor_parallel.hpp"
 
 namespace zero::reduce {
 
@@ -59,6 +60,7 @@ class summing_store {
   // and in every stage: each rank sums its owned slice unit by unit, and the partial sums are added in
   // rank order (by the all-reduce, or locally over the N slices where gradients are replicated).
   norm_result sum_of_squares(float divisor, const agreement_terms& a) {
+    if (ctx_.tp_size > 1) return mesh_sum_of_squares(divisor, a);
     const zero::layout& lay = ctx_.layout;
     // Rank r's slices of every unit, summed by one call of the system (a device system waits once).
     auto partial = [&](int r) {
@@ -97,6 +99,54 @@ class summing_store {
       for (int r = 1; r < lay.ranks(); ++r) total += partial(r);
       return {total, true};
     }
+  }
+  // In a tensor-parallel mesh: the same sums kept apart for the split tensors' pieces and the
+  // replicated tensors (one call of the system each), and combined over the mesh
+  // (engine/tensor_parallel.hpp): the split sums in tensor-parallel rank order, the replicated once.
+  norm_result mesh_sum_of_squares(float divisor, const agreement_terms& a) {
+    namespace tpd = tensor_parallel_detail;
+    const zero::layout& lay = ctx_.layout;
+    auto partial = [&](int r) {
+      std::array<double, 2> acc{};
+      with_store([&](const auto& store) {
+        using T = std::remove_pointer_t<decltype(store.data())>;
+        std::array<std::vector<const T*>, 2> segments;  // [0]: split, [1]: replicated
+        std::array<std::vector<std::size_t>, 2> sizes;
+        for (std::size_t u = 0; u < lay.num_units(); ++u) {
+          const unit_layout& ul = lay.unit(unit_id{u});
+          tpd::for_each_tensor_part(ctx_.spec.units()[u], ul, lay.owned_real(unit_id{u}, r), [&](range p, bool split) {
+            segments[split ? 0 : 1].push_back(store.data() + element_index(ul, p.begin, P::shards_gradients, r));
+            sizes[split ? 0 : 1].push_back(p.size());
+          });
+        }
+        for (std::size_t k = 0; k < 2; ++k)
+          acc[k] = ctx_.sys.sum_of_squares(segments[k].data(), sizes[k].data(), segments[k].size(), divisor);
+      });
+      return acc;
+    };
+    tpd::norm_parts parts{0.0, 0.0, a.agreed};
+    if constexpr (P::shards_optimizer_states) {
+      std::array<double, 2 + detail::fingerprint_words> v{};
+      const auto mine = partial(ctx_.rank);
+      v[0] = mine[0];
+      v[1] = mine[1];
+      std::copy(a.fingerprint, a.fingerprint + detail::fingerprint_words, v.begin() + 2);
+      buffer<double, system> wire(v.size(), mem_category::transient, ctx_.acct);
+      ctx_.sys.copy_from_host(wire.data(), v.data(), sizeof v);
+      {
+        const comm::scoped_label<typename Ctx::comm_backend> l(ctx_.protocol.inner(), "grad norm");
+        ctx_.control.all_reduce(wire.data(), wire.data(), v.size(), reduce_op::sum);
+      }
+      ctx_.sys.copy_to_host(v.data(), wire.data(), sizeof v);
+      parts = {v[0], v[1], a.agreed && detail::fingerprints_agree(a.fingerprint, v.data() + 2, lay.ranks())};
+    } else {
+      for (int r = 0; r < lay.ranks(); ++r) {
+        const auto p = partial(r);
+        parts.split += p[0];
+        parts.replicated += p[1];
+      }
+    }
+    return tpd::combine_norm(ctx_, parts, a.optimizer_hash);
   }
   std::size_t averaging_count() const { return static_cast<std::size_t>(ctx_.layout.ranks()); }
   // Calls f with the store's base: fp32 or the precision's gradient type.
