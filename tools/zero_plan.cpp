@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mlp.hpp"  // the trainers' model, for their --layers/--hidden/--in/--classes flags
+#include "paper_tables.hpp"
 #include "tool_cli.hpp"
 #include "trainer_cli.hpp"  // the trainers' ZeRO++ flags and their refusals
 #include "zero/plan_by_name.hpp"
@@ -210,8 +211,32 @@ int main(int argc, char** argv) {
                  "call (comm::threads, or overlap off)")
       ->check(toolcli::one_of({"on", "off"}))
       ->capture_default_str();
-  app.add_flag("--json", json, "print a JSON object instead of the table");
+  auto* json_flag = app.add_flag("--json", json, "print a JSON object instead of the table");
+  bool paper_tables = false;
+  auto* paper_flag = app.add_flag(
+      "--paper-tables", paper_tables,
+      "instead of a model's plan: the ZeRO paper's Table 1 (model-state memory per device of its 7.5B, 128B and 1T "
+      "models, K = 12, DP 1 to 1024) and Table 2 (the largest model in 32 GB per device with model parallelism), "
+      "each figure computed by the planner beside the paper's; exit 1 if one differs (takes only --json)");
   if (const auto code = toolcli::parse(app, argc, argv)) return *code;
+  if (paper_tables) {
+    for (const CLI::Option* o : app.get_options())
+      if (o != paper_flag && o != json_flag && o->count() > 0)
+        return toolcli::usage_error(app, "--paper-tables prints the paper's fixed models; it takes only --json, not " +
+                                             o->get_name());
+    try {
+      const paper::result r = paper::compute();
+      if (json)
+        std::cout << paper::to_json(r).dump(2) << "\n";
+      else
+        paper::print(r);
+      return r.agreeing == r.figures ? 0 : 1;
+    } catch (...) {
+      std::fprintf(stderr, "zero_plan: %s\n",
+                   toolcli::printable_message(zero::as_error(std::current_exception()).what()).c_str());
+      return 1;
+    }
+  }
   if (slice_flag->count() > 0 && offload != "disk")
     return toolcli::usage_error(app, "--offload-slice sets the disk tier's slices; it needs --offload disk");
   if (const std::string p = trainer::zeropp_flags_problem(app, flags); !p.empty()) return toolcli::usage_error(app, p);

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""zero_plan --paper-tables against the ZeRO paper (Rajbhandari et al., SC'20, arXiv:1910.02054): every
+planner figure of Table 1 (model-state GB per device of the 7.5B, 128B and 1T models at DP 1-1024) and of
+Table 2 (the largest model in 32 GB per device, MP 1-16 at DP 64) equals the paper's figure under the
+documented rule (rounded half up or truncated to the decimals the paper prints; Table 2's rows are MP
+times the MP = 1 figure as printed), and equals, byte for byte, the paper's formulas at the library's
+padded Psi (each unit padded to a multiple of N x 32 elements):
+  Pos: 4 Psi + K Psi/N    Pos+g: 2 Psi + (2 + K) Psi/N    Pos+g+p: (4 + K) Psi/N    baseline: (4 + K) Psi
+with K = 12 and GB = 10^9 bytes. The paper's figures below are transcribed from its tables, apart from the
+tool's copy, so a change to either the formulas or the tool's figures fails here.
+
+Usage: zero_plan_paper.py ZERO_PLAN"""
+import json
+import subprocess
+import sys
+
+zero_plan = sys.argv[1]
+failures = 0
+
+
+def fail(msg):
+    global failures
+    failures += 1
+    print("FAIL:", msg)
+
+
+# Table 1 (GB): model -> (parameters, {DP: (Pos, Pos+g, Pos+g+p)}).
+TABLE1 = {
+    "7.5B": (7_500_000_000, {1: ("120", "120", "120"), 4: ("52.5", "41.3", "30"), 16: ("35.6", "21.6", "7.5"),
+                             64: ("31.4", "16.6", "1.88"), 256: ("30.4", "15.4", "0.47"),
+                             1024: ("30.1", "15.1", "0.12")}),
+    "128B": (128_000_000_000, {1: ("2048", "2048", "2048"), 4: ("896", "704", "512"), 16: ("608", "368", "128"),
+                               64: ("536", "284", "32"), 256: ("518", "263", "8"), 1024: ("513", "257", "2")}),
+    "1T": (1_000_000_000_000, {1: ("16000", "16000", "16000"), 4: ("7000", "5500", "4000"),
+                               16: ("4750", "2875", "1000"), 64: ("4187", "2218", "250"),
+                               256: ("4046", "2054", "62.5"), 1024: ("4011", "2013", "15.6")}),
+}
+# Table 2: MP -> (Baseline, Pos, Pos+g, Pos+g+p), on 64 x MP GPUs.
+TABLE2 = {1: ("2B", "7.6B", "14.4B", "128B"), 2: ("4B", "15.2B", "28.8B", "256B"),
+          4: ("8B", "30.4B", "57.6B", "0.5T"), 8: ("16B", "60.8B", "115.2B", "1T"),
+          16: ("32B", "121.6B", "230.4B", "2T")}
+GB, K, MEMORY, DP2 = 10**9, 12, 32 * 10**9, 64
+
+
+def padded(psi, n):
+    quantum = n * 32
+    return -(-psi // quantum) * quantum
+
+
+def formula_bytes(stage, psi, n):
+    """The paper's model-state bytes per device (section 5), at the padded Psi the library allocates."""
+    p = padded(psi, n)
+    return {0: (4 + K) * p, 1: 4 * p + K * p // n, 2: 2 * p + (2 + K) * p // n, 3: (4 + K) * p // n}[stage]
+
+
+def figure(text, unit):
+    """(digits, quantum): '52.5' in GB is (525, 10^8 bytes); '0.5T' is (5, 10^11 parameters)."""
+    if text[-1] in "BT":
+        unit, text = (10**9 if text[-1] == "B" else 10**12), text[:-1]
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return int(text.replace(".", "")), unit // 10**decimals
+
+
+def agrees(text, unit, exact):
+    digits, q = figure(text, unit)
+    return digits in (exact // q, (exact + q // 2) // q)
+
+
+def run(*args):
+    return subprocess.run([zero_plan, *args], capture_output=True, text=True, timeout=60)
+
+
+r = run("--paper-tables", "--json")
+try:  # exit 1 (a figure differs) still prints the tables: every cell is then checked below
+    j = json.loads(r.stdout)
+except json.JSONDecodeError:
+    print(f"FAIL: zero_plan --paper-tables --json exited {r.returncode} without JSON: {r.stderr[-2000:]}")
+    sys.exit(1)
+if r.returncode != 0:
+    fail(f"zero_plan --paper-tables --json exited {r.returncode}, expected 0 (every figure agreeing)")
+
+# Table 1: every cell the paper prints, with the tool's planner bytes = the formula = the paper under the rule.
+seen = 0
+for model in j["table1"]:
+    psi, rows = TABLE1[model["model"]]
+    if model["parameters"] != psi:
+        fail(f"{model['model']}: {model['parameters']} parameters, expected {psi}")
+    if [row["dp"] for row in model["rows"]] != list(rows):
+        fail(f"{model['model']}: DP rows {[row['dp'] for row in model['rows']]}, expected {list(rows)}")
+    for row in model["rows"]:
+        for cell, paper in zip(row["cells"], rows[row["dp"]]):
+            seen += 1
+            where = f"Table 1, {model['model']}, DP {row['dp']}, {cell['name']}"
+            b = cell["planner_bytes"]
+            if cell["paper"] != paper:
+                fail(f"{where}: the tool prints the paper's figure as {cell['paper']}, the paper has {paper}")
+            if b != formula_bytes(cell["stage"], psi, row["dp"]):
+                fail(f"{where}: planner {b} bytes, the paper's formula at padded Psi {formula_bytes(cell['stage'], psi, row['dp'])}")
+            if not agrees(paper, GB, b):
+                fail(f"{where}: planner {b / GB:.6f} GB is not the paper's {paper} GB rounded or truncated")
+            if cell["agrees"] != agrees(paper, GB, b):
+                fail(f"{where}: the tool's verdict {cell['agrees']} differs from the rule's")
+if seen != 54:
+    fail(f"Table 1 has {seen} cells, expected 54 (3 models x 6 DP degrees x 3 stages)")
+
+# Table 2: the largest one-device share per stage fits 32 GB by the formula and one parameter more does not;
+# each row's figure is MP x that share rounded to the MP = 1 row's precision, under the rule.
+t2 = j["table2"]
+if (t2["memory_bytes"], t2["dp"]) != (MEMORY, DP2):
+    fail(f"Table 2 plans {t2['memory_bytes']} bytes at DP {t2['dp']}, expected {MEMORY} at {DP2}")
+names = ["Baseline", "Pos", "Pos+g", "Pos+g+p"]
+share = {}
+for stage, name in enumerate(names):
+    s = t2["largest_share"][name]
+    share[stage] = s
+    if not (formula_bytes(stage, s, DP2) <= MEMORY < formula_bytes(stage, s + 1, DP2)):
+        fail(f"Table 2, {name}: {s} parameters is not the largest one-device share within {MEMORY} bytes")
+seen = 0
+for row in t2["rows"]:
+    mp = row["mp"]
+    if row["gpus"] != DP2 * mp:
+        fail(f"Table 2, MP {mp}: {row['gpus']} GPUs, expected {DP2 * mp}")
+    for stage, (cell, paper) in enumerate(zip(row["cells"], TABLE2[mp])):
+        seen += 1
+        where = f"Table 2, MP {mp}, {names[stage]}"
+        if cell["paper"] != paper:
+            fail(f"{where}: the tool prints the paper's figure as {cell['paper']}, the paper has {paper}")
+        if cell["planner_parameters"] != mp * share[stage]:
+            fail(f"{where}: planner {cell['planner_parameters']}, expected MP x share = {mp * share[stage]}")
+        _, q1 = figure(TABLE2[1][stage], 1)
+        compared = mp * ((share[stage] + q1 // 2) // q1 * q1)
+        if cell["compared_parameters"] != compared:
+            fail(f"{where}: compared {cell['compared_parameters']}, expected {compared}")
+        if not agrees(paper, 1, compared):
+            fail(f"{where}: MP x the MP = 1 figure, {compared}, is not the paper's {paper}")
+        if cell["agrees"] != agrees(paper, 1, compared):
+            fail(f"{where}: the tool's verdict {cell['agrees']} differs from the rule's")
+if seen != 20:
+    fail(f"Table 2 has {seen} cells, expected 20")
+if (j["figures"], j["agreeing"]) != (74, 74):
+    fail(f"the tool counts {j['agreeing']} of {j['figures']} figures agreeing, expected 74 of 74")
+
+# The table as printed: exit 0, each Table 1 cell as "planner | paper", and the verdict line.
+r = run("--paper-tables")
+if r.returncode != 0:
+    fail(f"zero_plan --paper-tables exited {r.returncode}")
+for model in j["table1"]:
+    for row in model["rows"]:
+        for cell in row["cells"]:
+            text = f"{cell['planner_bytes'] / GB:.4f} | {cell['paper']}"
+            if text not in r.stdout:
+                fail(f"the printed table lacks '{text}' ({model['model']}, DP {row['dp']}, {cell['name']})")
+if "74 of 74 figures agree with the paper." not in r.stdout:
+    fail("the printed table does not end with '74 of 74 figures agree with the paper.'")
+# It plans the paper's fixed models: any other flag than --json is refused.
+r = run("--paper-tables", "--ranks", "4")
+if r.returncode != 2 or "takes only --json" not in r.stderr:
+    fail(f"--paper-tables --ranks 4: exit {r.returncode}, expected 2 and a refusal naming --json")
+
+if failures:
+    print(f"{failures} failure(s)")
+    sys.exit(1)
+print("zero_plan --paper-tables: 54 figures of Table 1 and 20 of Table 2 equal the paper's under the rule, "
+      "and the paper's formulas byte for byte")
