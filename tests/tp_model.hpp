@@ -2,8 +2,6 @@
 // only on an element's place in the whole model.
 #pragma once
 
-#include <doctest/doctest.h>
-
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -60,7 +58,8 @@ inline zero::init_range_fn whole_init() {
     const zero::unit_id id = m.find(u.name);
     std::size_t k = 0;
     while (m.units()[id.index].tensors[k].name != t.name) ++k;
-    REQUIRE(t.numel == m.units()[id.index].tensors[k].numel);  // the adapter shows the whole tensor
+    ZERO_CHECK(t.numel == m.units()[id.index].tensors[k].numel, invalid_argument, "tp_model: tensor '", t.name,
+               "' is a piece: whole_init takes whole tensors (wrap it in zero::from_whole_tensors)");
     for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial(bases[id.index][k] + r.begin + j);
   };
 }

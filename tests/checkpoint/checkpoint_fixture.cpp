@@ -4,7 +4,9 @@
 #include <fstream>
 #include <iostream>
 
+#include "../tp_model.hpp"
 #include "checkpoint_helpers.hpp"
+#include "zero/comm/mesh.hpp"
 
 namespace {
 
@@ -43,6 +45,22 @@ int main(int argc, char** argv) {
                                                        {"slots", {"master", "m", "v"}}}
                                                 .dump(1)
                                          << "\n";
+    // A checkpoint of a 2 x 2 tensor-parallel mesh (split tensors stored in pieces), and the whole
+    // model's expected values from the same training at tp = 1 (which gives the same bits).
+    const zero::model_spec whole = tp_model::model();
+    ckpt_test::state_arrays w = ckpt_test::sized_arrays<ckpt_test::adamw>(whole);
+    for (const int tp : {2, 1})
+      zero::comm::threads::launch(2 * tp, [&](zero::comm::threads& c) {
+        zero::comm::mesh<zero::comm::threads> m(c, {2, tp});
+        zero::engine<zero::stage2, zero::comm::threads, ckpt_test::adamw> e(m, whole);
+        e.initialize(zero::from_whole_tensors(tp_model::whole_init()));
+        for (std::uint64_t t = 0; t < 3; ++t) tp_model::mesh_step(e, m.coordinates().dp, t);
+        if (tp == 2) ckpt::save(e, m.world(), out / "mesh_ckpt");
+        if (tp == 1) ckpt_test::read_state(e, w);
+      });
+    write_raw(out / "expected_mesh_master.f32", w.master);
+    write_raw(out / "expected_mesh_m.f32", w.slots[0]);
+    write_raw(out / "expected_mesh_v.f32", w.slots[1]);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "checkpoint_fixture: " << e.what() << "\n";

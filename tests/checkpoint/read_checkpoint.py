@@ -69,9 +69,21 @@ def read_slots(vdir, m):
             numel = 1
             for d in t["shape"]:
                 numel *= d
-            at = 0
+            # A tensor a tensor-parallel mesh split is stored in pieces (section 4.4): piece p's
+            # element i is element (i // B) * B * parts + p * B + i % B of the tensor.
+            parts = t.get("tp_parts", 1)
+            block = numel // parts
+            if parts > 1:
+                block = 1
+                for d in t["shape"][t["tp_split"] :]:
+                    block *= d
+                block //= parts
+            whole = {name: bytearray(numel * 4) for name in m["slots"]}
+            at, piece = 0, 0
             for s in t["segments"]:
-                if s["begin"] != at or not s["begin"] < s["end"] <= numel:
+                if at == numel // parts and parts > 1:
+                    at, piece = 0, piece + 1
+                if s.get("piece", 0) != piece or s["begin"] != at or not s["begin"] < s["end"] <= numel // parts:
                     fail("segments of %s.%s do not tile it" % (unit["name"], t["name"]))
                 n = (s["end"] - s["begin"]) * 4
                 for k, name in enumerate(m["slots"]):
@@ -79,10 +91,18 @@ def read_slots(vdir, m):
                     chunk = files[s["file"]][o : o + n]
                     if len(chunk) != n:
                         fail("segment beyond the end of its file")
-                    out[name] += chunk
+                    i = s["begin"]
+                    while i < s["end"]:  # one run of consecutive elements of the tensor at a time
+                        run = min(block - i % block, s["end"] - i)
+                        w = (i // block) * block * parts + piece * block + i % block
+                        src = (i - s["begin"]) * 4
+                        whole[name][w * 4 : (w + run) * 4] = chunk[src : src + run * 4]
+                        i += run
                 at = s["end"]
-            if at != numel:
-                fail("segments of %s.%s cover %d of %d elements" % (unit["name"], t["name"], at, numel))
+            if at != numel // parts or piece != parts - 1:
+                fail("segments of %s.%s cover %d of %d elements" % (unit["name"], t["name"], piece * (numel // parts) + at, numel))
+            for name in m["slots"]:
+                out[name] += whole[name]
     # Every byte of every data file holds one value: the slots' byte ranges tile each file exactly.
     ranges = [[] for _ in files]
     for unit in m["model"]["units"]:
@@ -127,6 +147,19 @@ def main():
                 fail("slot %s differs from the engine's values" % name)
         print("ok: %d files, %d tensors, %d elements per slot, step %d, all bit-identical" % (
             len(m["files"]), len(names), len(slots["master"]) // 4, m["training_state"]["step"]))
+        # A tensor-parallel mesh's checkpoint: split tensors in pieces, put together here.
+        vdir = newest_version(os.path.join(tmp, "mesh_ckpt"))
+        m = read_manifest(vdir)
+        if m["saved_by"] != {"world_size": 4, "stage": 2, "tensor_parallel": 2}:
+            fail("saved_by %r" % m["saved_by"])
+        split = sum(1 for u in m["model"]["units"] for t in u["tensors"] if t.get("tp_parts", 1) == 2)
+        if split == 0:
+            fail("the mesh checkpoint has no tensor stored in pieces")
+        slots = read_slots(vdir, m)
+        for name, raw in (("master", "expected_mesh_master.f32"), ("m", "expected_mesh_m.f32"), ("v", "expected_mesh_v.f32")):
+            if bytes(slots[name]) != open(os.path.join(tmp, raw), "rb").read():
+                fail("mesh checkpoint: slot %s differs from the engine's values" % name)
+        print("ok: the mesh checkpoint, %d of its tensors in pieces, equals the whole model bit for bit" % split)
     return 0
 
 

@@ -116,6 +116,14 @@ def main():
         run([tool, "--no-such-flag", ckpt, out], 2)
         run([tool, "--help"], 0)
         print("ok: %d tensors, %d values bit-identical; zero_export agrees" % (len(tensors), len(values)))
+
+        # A tensor-parallel mesh's checkpoint exports as one file of the whole model.
+        mesh_out = os.path.join(tmp, "mesh.safetensors")
+        run([tool, os.path.join(tmp, "mesh_ckpt"), mesh_out], 0)
+        _, mesh_tensors = read_safetensors(mesh_out)
+        if b"".join(t[4] for t in mesh_tensors) != open(os.path.join(tmp, "expected_mesh_master.f32"), "rb").read():
+            fail("the mesh checkpoint's export differs from the whole model")
+        print("ok: the mesh checkpoint exports the whole model, %d tensors" % len(mesh_tensors))
     return 0
 
 

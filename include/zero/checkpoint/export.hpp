@@ -1,6 +1,7 @@
 // checkpoint::export_safetensors: the fp32 master weights of a checkpoint as one .safetensors file, one tensor in memory at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -12,10 +13,10 @@
 
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/manifest.hpp"
-#include "zero/checkpoint/versions.hpp"
 #include "zero/checkpoint/printable.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/checkpoint/shared_manifest.hpp"
+#include "zero/checkpoint/versions.hpp"
 #include "zero/error.hpp"
 
 namespace zero::checkpoint {
@@ -83,9 +84,25 @@ inline export_result export_safetensors(const fs::path& dir, const fs::path& out
         fail(error_kind::io, "export: out of memory staging tensor ", quote_name(u.name + "." + t.name), " (",
              t.numel * sizeof(float), " bytes)");
       }
-      for (const auto& s : t.segments)
-        files.get(s.file).pread_exact(staged.data() + s.begin, static_cast<std::size_t>(s.end - s.begin) * sizeof(float),
-                                  s.offsets[0]);
+      if (t.parts == 1) {
+        for (const auto& s : t.segments)
+          files.get(s.file).pread_exact(staged.data() + s.begin,
+                                        static_cast<std::size_t>(s.end - s.begin) * sizeof(float), s.offsets[0]);
+      } else {
+        // Saved by a tensor-parallel mesh in pieces: each read into its place in the whole tensor,
+        // run by run (a piece's runs of consecutive whole-tensor elements, runs_of).
+        for (const auto& s : t.segments) {
+          const piece_runs runs = runs_of(t.piece_spec(static_cast<int>(s.piece)));
+          std::uint64_t offset = s.offsets[0];
+          for (std::size_t i = static_cast<std::size_t>(s.begin); i < s.end;) {
+            const std::size_t within = i % runs.block, n = std::min<std::size_t>(runs.block - within, s.end - i);
+            files.get(s.file).pread_exact(staged.data() + i / runs.block * runs.stride + runs.first + within,
+                                          n * sizeof(float), offset);
+            offset += n * sizeof(float);
+            i += n;
+          }
+        }
+      }
       w.write(staged.data(), staged.size() * sizeof(float));
       if (options.on_tensor) options.on_tensor(planned[i].name, staged.capacity() * sizeof(float));
       ++i;

@@ -1,20 +1,23 @@
 // checkpoint::load: each rank reads the global ranges it holds, from a checkpoint of any world size and stage.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/checkpoint/collective.hpp"
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/mesh_place.hpp"
 #include "zero/checkpoint/optimizer_settings.hpp"
-#include "zero/checkpoint/versions.hpp"
 #include "zero/checkpoint/shared_manifest.hpp"
+#include "zero/checkpoint/versions.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/error.hpp"
@@ -36,23 +39,64 @@ struct planned_read {
   std::size_t count = 0, dst = 0;
 };
 
-// For each unit, the reads that fill held[u] (unit-local) from the manifest's segments.
-inline std::vector<std::vector<planned_read>> plan_reads(const manifest& m, const std::vector<range>& held) {
+// Calls f(seg, x) for each part x of `piece`-local elements r of tensor t (its coordinates: the
+// tensor's, or its piece's where it was saved in pieces) that segment seg holds, in order.
+template <class F>
+void for_each_stored(const tensor_entry& t, std::uint32_t piece, range r, F&& f) {
+  auto it = std::lower_bound(t.segments.begin(), t.segments.end(), std::pair{piece, r.begin},
+                             [](const segment& s, const std::pair<std::uint32_t, std::size_t>& at) {
+                               return s.piece != at.first ? s.piece < at.first : s.end <= at.second;
+                             });
+  for (; it != t.segments.end() && it->piece == piece && it->begin < r.end; ++it) {
+    const range x = intersect(range{static_cast<std::size_t>(it->begin), static_cast<std::size_t>(it->end)}, r);
+    if (!x.empty()) f(*it, x);
+  }
+}
+
+// For each unit, the reads that fill held[u] (unit-local in `spec`, the engine's units: the model,
+// or a rank's pieces of it in a tensor-parallel mesh) from the manifest's segments. Each held
+// element is found by its index in the whole tensor (whole_index), then where the checkpoint keeps
+// that element: in the tensor, or in the piece of the mesh that saved it.
+inline std::vector<std::vector<planned_read>> plan_reads(const manifest& m, const model_spec& spec,
+                                                         const std::vector<range>& held) {
   std::vector<std::vector<planned_read>> plan(m.units.size());
   for (std::size_t u = 0; u < m.units.size(); ++u) {
     const range r = held[u];
-    std::size_t base = 0;  // unit-local offset of the tensor
-    for (const tensor_entry& t : m.units[u].tensors) {
-      const range tr{base, base + static_cast<std::size_t>(t.numel)};
+    std::size_t base = 0;  // unit-local offset of the tensor in the engine's unit
+    for (std::size_t k = 0; k < m.units[u].tensors.size(); ++k) {
+      const tensor_entry& t = m.units[u].tensors[k];
+      const tensor_spec& mine = spec.units()[u].tensors[k];
+      const range tr{base, base + mine.numel};
       base = tr.end;
-      if (intersect(tr, r).empty()) continue;
-      for (const segment& s : t.segments) {
-        const range sr{tr.begin + static_cast<std::size_t>(s.begin), tr.begin + static_cast<std::size_t>(s.end)};
-        const range x = intersect(sr, r);
-        if (x.empty()) continue;
-        planned_read pr{s.file, {}, x.size(), x.begin - r.begin};
-        for (std::uint64_t o : s.offsets) pr.offsets.push_back(o + static_cast<std::uint64_t>(x.begin - sr.begin) * 4);
+      const range want = intersect(tr, r);
+      if (want.empty()) continue;
+      const piece_runs runs = runs_of(mine);  // the engine's piece in the whole tensor
+      const piece_runs saved = runs_of(t.piece_spec(0));
+      auto read = [&](const segment& s, range x, std::size_t dst) {
+        planned_read pr{s.file, {}, x.size(), dst};
+        for (std::uint64_t o : s.offsets) pr.offsets.push_back(o + static_cast<std::uint64_t>(x.begin - s.begin) * 4);
         plan[u].push_back(std::move(pr));
+      };
+      // Runs of consecutive whole-tensor elements, each cut where the saved pieces are.
+      for (std::size_t i = want.begin - tr.begin; i < want.end - tr.begin;) {
+        const std::size_t within = i % runs.block, n = std::min(runs.block - within, want.end - tr.begin - i);
+        const std::size_t w0 = i / runs.block * runs.stride + runs.first + within;  // whole index of element i
+        const std::size_t dst0 = tr.begin + i - r.begin;
+        if (t.parts == 1) {
+          for_each_stored(t, 0, range{w0, w0 + n},
+                          [&](const segment& s, range x) { read(s, x, dst0 + (x.begin - w0)); });
+        } else {
+          for (std::size_t w = w0; w < w0 + n;) {
+            const std::size_t row = w / saved.stride, at = w % saved.stride;
+            const auto piece = static_cast<std::uint32_t>(at / saved.block);
+            const std::size_t off = at % saved.block, len = std::min(saved.block - off, w0 + n - w);
+            const std::size_t local = row * saved.block + off;  // in the saved piece
+            for_each_stored(t, piece, range{local, local + len},
+                            [&](const segment& s, range x) { read(s, x, dst0 + (w - w0) + (x.begin - local)); });
+            w += len;
+          }
+        }
+        i += n;
       }
     }
   }
@@ -76,14 +120,8 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
   using Opt = typename Engine::optimizer;
   constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
   const int rank = comm.rank();
-  ZERO_CHECK(rank == e.rank() && comm.size() == e.world_size(), invalid_argument, "checkpoint load: the communicator (rank ",
-             rank, " of ", comm.size(), ") is not the engine's (rank ", e.rank(), " of ", e.world_size(), ")");
-  if constexpr (requires { e.tensor_parallel_size(); })
-    ZERO_CHECK(e.tensor_parallel_size() == 1, invalid_argument,
-               "checkpoint load: the engine is in a tensor-parallel mesh of ", e.tensor_parallel_size(),
-               " ranks per group, whose checkpoints this format does not hold "
-               "(it holds one copy of each element of spec(), and there each group's ranks hold other pieces); "
-               "full_model_params() gives the whole model's weights");
+  const detail::mesh_place mesh = detail::mesh_place_of(e);
+  detail::check_communicator(e, comm, mesh, "load");
   const std::size_t units = e.spec().num_units();
 
   // 1. Rank 0 picks the version, so that every rank reads the same one.
@@ -118,10 +156,10 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
     const fs::path mp = vdir / manifest_name;
     shared = read_manifest_shared(mp);
     result.info = *shared;
-    check_model(result.info, e.spec(), mp.string());
+    check_model(result.info, *mesh.model, mp.string());
     check_optimizer<Opt>(result.info, mp.string());
     for (std::size_t u = 0; u < units; ++u) held[u] = e.held_range(unit_id{u});
-    plan = detail::plan_reads(result.info, held);
+    plan = detail::plan_reads(result.info, e.spec(), held);
     files.emplace(vdir, result.info.files);
     std::vector<bool> used(result.info.files.size(), false);
     std::vector<std::size_t> which;

@@ -52,10 +52,13 @@ struct file_entry {
 
 // Elements [begin, end) of one tensor (tensor-local, row-major, unpadded), stored in files[file];
 // slot k (in manifest::slots order) starts at byte offsets[k] and holds end - begin float32 values.
+// In a tensor saved in pieces (tensor_entry::parts > 1) the elements are the piece's (piece-local,
+// row-major in the piece's shape).
 struct segment {
   std::uint64_t begin = 0, end = 0;
   std::size_t file = 0;
   std::vector<std::uint64_t> offsets;
+  std::uint32_t piece = 0;  // which piece, where the tensor was saved in pieces
 };
 
 struct tensor_entry {
@@ -63,7 +66,20 @@ struct tensor_entry {
   std::vector<std::size_t> shape;
   std::uint64_t numel = 0;
   std::string dtype{stored_dtype};
-  std::vector<segment> segments;  // sorted, tiling [0, numel)
+  std::vector<segment> segments;  // sorted, tiling [0, numel), or each piece's [0, numel / parts) in piece order
+  // Saved by a tensor-parallel mesh with the tensor split (tp_split): cut along split_dim into
+  // `parts` equal pieces, each stored in its own coordinates. 1 piece (and split_dim -1) otherwise.
+  int split_dim = -1;
+  int parts = 1;
+  // The tensor_spec of piece `index`, what runs_of and whole_index map to the whole tensor.
+  tensor_spec piece_spec(int index) const {
+    tensor_spec t{name, shape, numel, tensor_parallel{split_dim}, parts, index};
+    if (parts > 1) {
+      t.shape[static_cast<std::size_t>(split_dim)] /= static_cast<std::size_t>(parts);
+      t.numel /= static_cast<std::uint64_t>(parts);
+    }
+    return t;
+  }
 };
 
 struct unit_entry {
@@ -77,6 +93,7 @@ struct manifest {
   std::string library;                     // the writer, for people: "zero 0.1.0"
   int world_size = 0;                      // at save time; a load may use any other
   int stage = 0;                           // at save time
+  int tensor_parallel = 1;                 // the tensor-parallel size of the mesh that saved it (world = dp x tp)
   std::string precision;                   // Engine::precision::name at save time
   std::string optimizer;                   // Engine::optimizer::name
   json hyper_parameters = json::object();  // at most 64 members: numbers, booleans, short strings
@@ -179,6 +196,7 @@ inline std::string serialize_manifest(const manifest& m) {
   j[std::string(checksum_member)] = std::string(16, '0');  // replaced below by the checksum of the text
   j["library"] = m.library;
   j["saved_by"] = json{{"world_size", m.world_size}, {"stage", m.stage}};
+  if (m.tensor_parallel > 1) j["saved_by"]["tensor_parallel"] = m.tensor_parallel;
   j["precision"] = m.precision;
   j["optimizer"] = json{{"name", m.optimizer}, {"hyper_parameters", m.hyper_parameters}};
   j["training_state"] = json{{"step", m.state.step},
@@ -195,9 +213,17 @@ inline std::string serialize_manifest(const manifest& m) {
     json tensors = json::array();
     for (const auto& t : u.tensors) {
       json segs = json::array();
-      for (const auto& s : t.segments)
+      for (const auto& s : t.segments) {
         segs.push_back(json{{"begin", s.begin}, {"end", s.end}, {"file", s.file}, {"offsets", s.offsets}});
-      tensors.push_back(json{{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"segments", std::move(segs)}});
+        if (t.parts > 1) segs.back()["piece"] = s.piece;
+      }
+      json te{{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}};
+      if (t.parts > 1) {
+        te["tp_split"] = t.split_dim;
+        te["tp_parts"] = t.parts;
+      }
+      te["segments"] = std::move(segs);
+      tensors.push_back(std::move(te));
     }
     units.push_back(json{{"name", u.name}, {"tensors", std::move(tensors)}});
   }
@@ -337,6 +363,13 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     if (st > 1000) rd.bad("manifest.saved_by.stage", "out of range: " + std::to_string(st));
     m.world_size = static_cast<int>(ws);
     m.stage = static_cast<int>(st);
+    if (by.find("tensor_parallel") != by.end()) {
+      const std::uint64_t tp = rd.u64(by, "tensor_parallel", "manifest.saved_by");
+      if (tp < 2 || tp > ws || ws % tp != 0)
+        rd.bad("manifest.saved_by.tensor_parallel",
+               std::to_string(tp) + " does not divide the world size " + std::to_string(ws) + " (or is below 2)");
+      m.tensor_parallel = static_cast<int>(tp);
+    }
     m.precision = rd.str(j, "precision", "manifest");
 
     const parsed_json& opt = rd.member(j, "optimizer", "manifest");
@@ -438,18 +471,37 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
         te.dtype = rd.str(tensors[t], "dtype", tw2);
         if (te.dtype != stored_dtype)
           rd.bad(tw2 + ".dtype", tn + " has dtype " + quote_name(te.dtype) + "; format version 1 stores F32 only");
+        if (tensors[t].find("tp_parts") != tensors[t].end()) {
+          const std::uint64_t parts = rd.u64(tensors[t], "tp_parts", tw2);
+          const std::uint64_t dim = rd.u64(tensors[t], "tp_split", tw2);
+          if (parts < 2 || parts != static_cast<std::uint64_t>(m.tensor_parallel))
+            rd.bad(tw2 + ".tp_parts", tn + ": " + std::to_string(parts) + " pieces, but the mesh that saved it has " +
+                                          std::to_string(m.tensor_parallel) + " tensor-parallel ranks");
+          if (dim >= te.shape.size() || te.shape[dim] % parts != 0)
+            rd.bad(tw2 + ".tp_split", tn + ": dimension " + std::to_string(dim) + " cannot be cut into " +
+                                          std::to_string(parts) + " equal pieces");
+          te.parts = static_cast<int>(parts);
+          te.split_dim = static_cast<int>(dim);
+        }
+        // Each piece's segments tile it in order, the pieces in order (one piece: the tensor).
+        const std::uint64_t piece_numel = te.numel / static_cast<std::uint64_t>(te.parts);
         const parsed_json& segs = rd.array(tensors[t], "segments", tw2);
-        std::uint64_t covered = 0;
+        std::uint64_t covered = 0, piece = 0;
         for (std::size_t s = 0; s < segs.size(); ++s) {
           const std::string sw = tw2 + ".segments[" + std::to_string(s) + "]";
           segment sg;
           sg.begin = rd.u64(segs[s], "begin", sw);
           sg.end = rd.u64(segs[s], "end", sw);
           const std::uint64_t fi = rd.u64(segs[s], "file", sw);
+          if (covered == piece_numel && te.parts > 1) covered = 0, ++piece;
+          if (te.parts > 1 && rd.u64(segs[s], "piece", sw) != piece)
+            rd.bad(sw + ".piece",
+                   tn + ": segments must tile the pieces in order; expected piece " + std::to_string(piece));
+          sg.piece = static_cast<std::uint32_t>(piece);
           if (sg.begin != covered)
             rd.bad(sw, tn + ": segments must tile the tensor in order; expected begin " + std::to_string(covered) +
                            ", found " + std::to_string(sg.begin));
-          if (sg.end <= sg.begin || sg.end > te.numel) rd.bad(sw, tn + ": segment end out of range");
+          if (sg.end <= sg.begin || sg.end > piece_numel) rd.bad(sw, tn + ": segment end out of range");
           if (fi >= m.files.size()) rd.bad(sw + ".file", tn + ": file index " + std::to_string(fi) + " out of range");
           sg.file = static_cast<std::size_t>(fi);
           const parsed_json& offs = rd.array(segs[s], "offsets", sw);
@@ -465,9 +517,9 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
           covered = sg.end;
           te.segments.push_back(std::move(sg));
         }
-        if (covered != te.numel)
-          rd.bad(tw2 + ".segments", tn + ": the segments cover " + std::to_string(covered) + " of " +
-                                        std::to_string(te.numel) + " elements");
+        if (covered != piece_numel || piece + 1 != static_cast<std::uint64_t>(te.parts))
+          rd.bad(tw2 + ".segments", tn + ": the segments cover " + std::to_string(piece * piece_numel + covered) +
+                                        " of " + std::to_string(te.numel) + " elements");
         ue.tensors.push_back(std::move(te));
       }
       m.units.push_back(std::move(ue));
@@ -513,7 +565,7 @@ inline model_spec spec_of(const manifest& m) {
   model_spec s;
   for (const auto& u : m.units) {
     auto b = s.unit(u.name);
-    for (const auto& t : u.tensors) b.tensor(t.name, t.shape);
+    for (const auto& t : u.tensors) b.tensor(t.name, t.shape, tensor_parallel{t.parts > 1 ? t.split_dim : -1});
   }
   return s;
 }

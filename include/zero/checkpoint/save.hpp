@@ -18,6 +18,7 @@
 #include "zero/checkpoint/collective.hpp"
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/mesh_place.hpp"
 #include "zero/checkpoint/optimizer_settings.hpp"
 #include "zero/checkpoint/versions.hpp"
 #include "zero/concepts/comm_backend.hpp"
@@ -67,8 +68,10 @@ struct planned_piece {
 // The contents of the data file of a rank responsible for unit-local ranges `ranges[u]`: units in
 // order, each tensor that meets the range in order, and for it every slot, one after the other.
 // The writer and the manifest are both derived from this one plan.
+// In a tensor-parallel mesh the spec is a rank's pieces, and only the ranks of tensor-parallel index 0
+// write the replicated tensors (`replicated` false elsewhere): each element of the model once.
 inline std::vector<planned_piece> plan_data_file(const model_spec& spec, const std::vector<range>& ranges,
-                                                 std::size_t nslots, std::uint64_t& bytes) {
+                                                 std::size_t nslots, std::uint64_t& bytes, bool replicated = true) {
   std::vector<planned_piece> plan;
   bytes = 0;
   for (std::size_t u = 0; u < spec.num_units(); ++u) {
@@ -76,6 +79,7 @@ inline std::vector<planned_piece> plan_data_file(const model_spec& spec, const s
     for (std::size_t t = 0; t < spec.units()[u].tensors.size(); ++t) {
       const range tr{at, at + spec.units()[u].tensors[t].numel};
       at = tr.end;
+      if (!replicated && spec.units()[u].tensors[t].tp_parts == 1) continue;
       const range x = intersect(tr, ranges[u]);
       if (x.empty()) continue;
       plan.push_back({u, t, x.begin - tr.begin, x.end - tr.begin, bytes});
@@ -173,7 +177,10 @@ inline void remove_old_versions(const fs::path& dir, std::uint64_t current, std:
 }  // namespace detail
 
 // Saves the engine's master weights, optimizer slots and training state into a new version under
-// `dir`. A collective: every rank of comm (the communicator the engine was built with) calls it.
+// `dir`. A collective: every rank of comm (the communicator the engine was built with; for an
+// engine in a tensor-parallel mesh, the mesh's world) calls it. In a mesh the checkpoint holds the
+// whole model, each split tensor as its pieces, each replicated tensor once (written by the ranks of
+// tensor-parallel index 0); it loads into any mesh, stage and world size.
 // Each rank writes the slice canonical_range() names, concurrently; rank 0 then writes the manifest,
 // the commit record, and removes older versions. A process killed at any point leaves the previous
 // checkpoint loadable. Every rank returns the same result or throws (see docs/checkpoint-format.md).
@@ -182,14 +189,8 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
   using Opt = typename Engine::optimizer;
   constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
   const int rank = comm.rank(), world = comm.size();
-  ZERO_CHECK(rank == e.rank() && world == e.world_size(), invalid_argument, "checkpoint save: the communicator (rank ",
-             rank, " of ", world, ") is not the engine's (rank ", e.rank(), " of ", e.world_size(), ")");
-  if constexpr (requires { e.tensor_parallel_size(); })
-    ZERO_CHECK(e.tensor_parallel_size() == 1, invalid_argument,
-               "checkpoint save: the engine is in a tensor-parallel mesh of ", e.tensor_parallel_size(),
-               " ranks per group, whose checkpoints this format does not hold "
-               "(it holds one copy of each element of spec(), and there each group's ranks hold other pieces); "
-               "full_model_params() gives the whole model's weights");
+  const detail::mesh_place mesh = detail::mesh_place_of(e);
+  detail::check_communicator(e, comm, mesh, "save");
   ZERO_CHECK(options.keep >= 1, invalid_argument, "checkpoint save: keep must be at least 1");
   const model_spec& spec = e.spec();
   const std::size_t units = spec.num_units();
@@ -228,7 +229,7 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     phase(save_phase::version_created);
     for (std::size_t u = 0; u < units; ++u) ranges[u] = e.canonical_range(unit_id{u});
     std::uint64_t bytes = 0;
-    const auto plan = detail::plan_data_file(spec, ranges, nslots, bytes);
+    const auto plan = detail::plan_data_file(spec, ranges, nslots, bytes, mesh.tp_rank == 0);
     durable_writer w(my_file, existing_file::refuse);
     // One array of one piece at a time, in chunks: the staging is one chunk whatever the units' sizes
     // (an offloaded engine streams its states from the tier, never holding a unit's in memory).
@@ -283,6 +284,7 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     manifest m;
     m.library = detail::library_name();
     m.world_size = world;
+    m.tensor_parallel = mesh.tp_size;
     m.stage = Engine::partitioner::stage;
     m.precision = std::string(Engine::precision::name);
     m.optimizer = std::string(Opt::name);
@@ -292,9 +294,14 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
                "checkpoint save: the loss scale ", m.state.loss_scale, " is not a positive finite number");
     m.slots.push_back(std::string(master_slot));
     for (auto& s : slot_names<Opt>()) m.slots.push_back(s);
-    for (const auto& u : spec.units()) {
+    // The whole model; in a mesh each split tensor in its pieces, each replicated tensor once.
+    for (const auto& u : mesh.model->units()) {
       unit_entry ue{u.name, {}};
-      for (const auto& t : u.tensors) ue.tensors.push_back(tensor_entry{t.name, t.shape, t.numel, std::string(stored_dtype), {}});
+      for (const auto& t : u.tensors) {
+        tensor_entry te{t.name, t.shape, t.numel, std::string(stored_dtype), {}};
+        if (mesh.tp_size > 1 && t.tp.split()) te.split_dim = t.tp.split_dim, te.parts = mesh.tp_size;
+        ue.tensors.push_back(std::move(te));
+      }
       m.units.push_back(std::move(ue));
     }
     for (int r = 0; r < world; ++r) {
@@ -303,8 +310,11 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
       for (std::size_t u = 0; u < units; ++u)
         rr[u] = range{static_cast<std::size_t>(all[at + sd + 4 + 2 * u]), static_cast<std::size_t>(all[at + sd + 5 + 2 * u])};
       std::uint64_t planned = 0;
-      for (const auto& piece : detail::plan_data_file(spec, rr, nslots, planned)) {
-        segment s{piece.begin, piece.end, static_cast<std::size_t>(r), {}};
+      const int tp_index = r % mesh.tp_size;  // comm::mesh's order: tensor-parallel ranks adjacent
+      for (const auto& piece : detail::plan_data_file(spec, rr, nslots, planned, tp_index == 0)) {
+        const bool split = m.units[piece.unit].tensors[piece.tensor].parts > 1;
+        segment s{
+            piece.begin, piece.end, static_cast<std::size_t>(r), {}, split ? static_cast<std::uint32_t>(tp_index) : 0u};
         for (std::size_t k = 0; k < nslots; ++k) s.offsets.push_back(piece.offset + k * (piece.end - piece.begin) * 4);
         m.units[piece.unit].tensors[piece.tensor].segments.push_back(std::move(s));
       }
@@ -325,7 +335,9 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     }
     for (auto& u : m.units)
       for (auto& t : u.tensors)
-        std::sort(t.segments.begin(), t.segments.end(), [](const segment& a, const segment& b) { return a.begin < b.begin; });
+        std::sort(t.segments.begin(), t.segments.end(), [](const segment& a, const segment& b) {
+          return a.piece != b.piece ? a.piece < b.piece : a.begin < b.begin;
+        });
     const std::string text = serialize_manifest(m);
     // The reader checks what the writer wrote: ranges that fail to tile a tensor never get committed.
     (void)parse_manifest(text, (vdir / manifest_name).string());
