@@ -151,6 +151,38 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("tensor parallel: zero::plan of a rank's pieces at N = dp is the mesh engine's memory and control traffic") {
+  for (const bool repro : {false, true})
+    zero::stages::for_each([&]<class Stage>() {
+      CAPTURE(repro);
+      CAPTURE(Stage::stage);
+      zero::engine_options eo;
+      eo.reproducible = repro;
+      std::size_t transient = 0, total = 0;
+      zero::comm::comm_stats control;
+      threads::launch(4, [&](threads& c) {
+        mesh<threads> m(c, {2, 2});
+        zero::engine<Stage, threads, zero::optim::adamw> e(m, model(), {}, eo);
+        e.initialize(zero::from_whole_tensors(whole_init()));
+        for (std::uint64_t t = 0; t < 2; ++t) mesh_step(e, m.coordinates().dp, t);
+        if (c.rank() == 0) {
+          transient = e.memory().peak_bytes(zero::mem_category::transient);
+          total = e.memory().peak_total;
+          control = e.comm().control;
+        }
+      });
+      const zero::model_spec pieces = model().piece(2, 0);
+      CHECK(pieces.tensor_parallel_parts() == 2);
+      const zero::plan_report p = zero::plan_for<Stage, zero::optim::adamw, zero::precision::fp32>(pieces, 2, eo);
+      CHECK(p.step_transient_peak == transient);
+      CHECK(p.peak_bytes == total);
+      for (int k = 0; k < zero::comm::collective_count; ++k) {
+        CHECK(2 * p.control_comm.bytes[static_cast<std::size_t>(k)] == control.bytes[static_cast<std::size_t>(k)]);
+        CHECK(2 * p.control_comm.calls[static_cast<std::size_t>(k)] == control.calls[static_cast<std::size_t>(k)]);
+      }
+    });
+}
+
 TEST_CASE("tensor parallel: a non-finite gradient on one rank of the mesh skips the step on every rank") {
   for (const plant p : {plant::nan_in_split_piece, plant::nan_in_replicated_on_tp1}) {
     CAPTURE(static_cast<int>(p));

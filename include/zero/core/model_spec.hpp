@@ -157,6 +157,9 @@ class model_spec {
   // and tp_index set), each replicated tensor whole. The model itself at parts = 1. Refused
   // (invalid_argument) where a split dimension is not a multiple of parts, naming the tensor.
   model_spec piece(int parts, int index) const;
+  // The size of the tensor-parallel group whose rank's pieces this spec is (model_spec::piece's
+  // `parts`), 1 for a model: what zero::plan reads to plan an engine in a mesh.
+  int tensor_parallel_parts() const { return tp_parts_; }
 
   // Throws unless the spec can be trained: at least one unit, each with at least one tensor.
   void validate() const {
@@ -185,6 +188,7 @@ class model_spec {
   // Every unit's tensor names, as "<unit index>:<name>": a duplicate is found in O(1).
   std::unordered_set<std::string> tensor_names_;
   std::size_t numel_ = 0;
+  int tp_parts_ = 1;
 };
 
 inline unit_builder& unit_builder::tensor(const std::string& name, const std::vector<std::size_t>& shape,
@@ -239,6 +243,7 @@ inline model_spec model_spec::piece(int parts, int index) const {
   ZERO_CHECK(parts >= 1 && index >= 0 && index < parts, invalid_argument, "model_spec::piece(", parts, ", ", index,
              "): a group of at least one rank, and an index within it");
   model_spec out;
+  out.tp_parts_ = parts;
   for (const unit_spec& u : units_) {
     unit_builder b = out.unit(u.name);
     b.gathers(u.gathers);

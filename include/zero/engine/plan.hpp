@@ -104,7 +104,8 @@ struct plan_report {
   std::uint64_t wire_bytes = 0;  // reproducible: the largest unit's binned words, beside its bucket in reduce(u)
   // step()'s buffer of the norm's collective (stages 1-3, when a norm is computed): one double and the
   // optimizer's fingerprint (8 doubles), or in the reproducible mode the all-gathered words of every
-  // rank (8 x 4 x N bytes)
+  // rank (8 x 4 x N bytes); twice the sums for a rank's pieces of a tensor-parallel mesh (the split and
+  // the replicated tensors' apart), whose engine computes the norm at every step
   std::uint64_t norm_bytes = 0;
   // = memory().peak_bytes(transient) after steps of the loop above: under options.memory_limit_bytes
   // where set (with overlap the engine then completes reduces and drops prefetches to make room).
@@ -625,7 +626,12 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   // are sharded or several reduced micro-batches must be added up (the reducers' uses_bucket).
   const int reduces = options.accumulate == accumulation::reduce_each_micro_batch ? options.micro_batches : 1;
   const bool bucket = repro || shards_grads || reduces > 1;
-  const bool norm = precision.separate_master || options.clip_norm > 0.0f || options.compute_grad_norm || repro;
+  // An engine in a tensor-parallel mesh (spec is a rank's pieces) computes the norm at every step, and
+  // its data-parallel collective carries the split and the replicated tensors' sums apart
+  // (engine/tensor_parallel.hpp); the exchange over the tensor-parallel group is outside memory().
+  const bool mesh = spec.tensor_parallel_parts() > 1;
+  const bool norm = precision.separate_master || options.clip_norm > 0.0f || options.compute_grad_norm || repro || mesh;
+  const std::uint64_t sums = mesh ? 2 : 1;
   std::size_t largest_tensor = 0;
   std::vector<detail::loop_replay::unit> replay_units;
   for (std::size_t u = 0; u < l.num_units(); ++u) {
@@ -657,11 +663,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
     // The squares' summary and the optimizer's hash, then four words, of every rank, all-gathered
     // (the binned reducer's sum_of_squares, engine/reduce/binned.hpp).
     const auto n = static_cast<std::uint64_t>(ranks);
-    r.norm_bytes = 4 * sizeof(std::int64_t) * n;
+    r.norm_bytes = sums * 4 * sizeof(std::int64_t) * n;
     detail::plan_count(r.control_comm, comm::collective::all_gather, 2 * sizeof(std::int64_t) * n, ranks, 1, node_size);
     detail::plan_count(r.control_comm, comm::collective::all_gather, r.norm_bytes, ranks, 1, node_size);
   } else if (norm && shards_states) {
-    r.norm_bytes = sizeof(double) + fingerprint;
+    r.norm_bytes = sums * sizeof(double) + fingerprint;
     detail::plan_count(r.control_comm, comm::collective::all_reduce, r.norm_bytes, ranks, 1, node_size);
   } else if (ranks > 1) {
     detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, ranks, 1, node_size);
