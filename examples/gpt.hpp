@@ -43,14 +43,14 @@ inline constexpr zero::unit_id wpe{1};  // position embedding [context, C]
 inline zero::unit_id block(int l) { return zero::unit_id{2 + static_cast<std::size_t>(l)}; }
 inline zero::unit_id ln_f(const config& c) { return block(c.layers); }  // the final layer norm
 
-//
 // Each block's matrices are declared in Megatron's tensor-parallel layout (used when the ranks form a
 // mesh with tp > 1; at tp = 1 every piece is the whole tensor). Weights are [out, in], as in PyTorch.
 // The query, key and value projections are split by heads: c_attn is declared [3, C, C] (q, k and v
-// stacked, the same elements in the same order as a [3C, C] matrix) and cut along its rows of each,
-// dimension 1; the MLP's first matrix and its bias are split by output (column-parallel); the second
-// matrices, attention's c_proj and the MLP's, by input (row-parallel, dimension 1). Norms, the
-// row-parallel biases and the embeddings (the tied output layer too) are replicated, the default.
+// stacked: the elements of a [3C, C] matrix, in its order) and split along dimension 1, so a rank
+// holds the rows of its heads in each of q, k and v. The MLP's first matrix and its bias are split by
+// output (column-parallel), the second matrices, attention's c_proj and the MLP's, by input
+// (row-parallel, dimension 1). Norms, the row-parallel biases and the embeddings (the tied output
+// layer too) are replicated, the default.
 inline zero::model_spec make_spec(const config& c) {
   const auto V = static_cast<std::size_t>(c.vocab), T = static_cast<std::size_t>(c.context),
              C = static_cast<std::size_t>(c.embd);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # train_gpt --tp (Megatron's tensor parallelism inside the ZeRO mesh) end to end on a small model: at
-# 2 x 2 (fp32, bf16) and 4 x 2 (dp x tp) stages 0-3 print the same param_hash, with model states and traffic equal
-# to the formulas over the data-parallel group; the loss stays within the stated tolerance of --tp 1
-# at the same dp; --reproducible gives the same bits at dp = 1 and 2 for a fixed tp; the usage errors.
+# 2 x 2 (fp32, bf16, fp16 with its loss scale) and 4 x 2 (dp x tp) stages 0-3 print the same
+# param_hash, with model states and traffic equal to the formulas over the data-parallel group; the
+# loss stays within the stated tolerance of --tp 1 at the same dp; --reproducible gives the same bits
+# at dp = 1 and 2 for a fixed tp; the usage errors.
 # (tests/mpi/train_gpt_mpi.sh: mpirun -np 4 --tp 2 equals --ranks 4 --tp 2 on threads.)
 # Usage: train_gpt_tp.sh TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
@@ -36,6 +37,7 @@ stages() {  # label, flags...: stages 0-3 must agree
 stages "2 x 2" --ranks 4 --tp 2 --batch 8
 hash_22=$first
 stages "2 x 2 bf16" --ranks 4 --tp 2 --batch 8 --precision bf16
+stages "2 x 2 fp16" --ranks 4 --tp 2 --batch 8 --precision fp16
 stages "4 x 2 accum 2 clip 0.5" --ranks 8 --tp 2 --batch 16 --accum 2 --clip 0.5
 echo "$runs runs: stages bit-identical at a fixed mesh"
 
