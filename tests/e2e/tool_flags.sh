@@ -46,7 +46,7 @@ numbers "$train_mlp" "" --steps --ranks --stage --lr --clip --seed --batch --lay
 numbers "$train_mlp" "--offload host" --offload-slice
 numbers "$train_mlp" "--save $tmp/s" --save-every
 numbers "$train_mlp" "--qgz" --quant-block --qwz-bits --qgz-bits
-numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --heads --context --held-out \
+numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --heads --context --tp --held-out \
   --eval-windows --sample --temperature --beta2 --data-limit --comm-timeout
 numbers "$train_loop" "" --steps --ranks --stage --seed --eval-every --schedule-steps
 numbers "$train_loop" "--save $tmp/l" --save-every
