@@ -388,11 +388,6 @@ int main(int argc, char** argv) {
   if (g.model.heads % g.tp != 0)
     return usage_error("--tp " + std::to_string(g.tp) + " must divide --heads " + std::to_string(g.model.heads) +
                        ": each tensor-parallel rank computes whole attention heads");
-  if (g.tp > 1 && (!o.save.empty() || !o.resume.empty() || !o.export_file.empty()))
-    return usage_error(std::string(!o.save.empty() ? "--save" : !o.resume.empty() ? "--resume" : "--export") +
-                       " with --tp " + std::to_string(g.tp) +
-                       ": checkpoints of a tensor-parallel run are not supported (each group's ranks hold other "
-                       "pieces of the model); drop --tp or the checkpoint flag");
   if (g.prompt.empty()) return usage_error("--prompt must not be empty");
   if (g.sample == 0 && (temperature_flag->count() > 0 || prompt_flag->count() > 0))
     return usage_error(std::string(temperature_flag->count() > 0 ? "--temperature" : "--prompt") +

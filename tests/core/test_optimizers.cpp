@@ -161,10 +161,10 @@ TEST_CASE("the gradient's divisor: a power of two multiplies by its exact recipr
       if (!(d > 0.0f) || !std::isfinite(d)) continue;
       const gradient_divisor g(d);
       by_inverse += g.by_inverse ? 1 : 0;
-      // Only a power of two takes the reciprocal, and only where the reciprocal is a normal float.
+      // Only a normal power of two takes the reciprocal, and only where the reciprocal is normal too.
       int e = 0;
       const bool pow2 = std::frexp(d, &e) == 0.5f;
-      CHECK(g.by_inverse == (pow2 && std::isnormal(1.0f / d)));
+      CHECK(g.by_inverse == (pow2 && std::isnormal(d) && std::isnormal(1.0f / d)));
       for (const float x : xs) {
         const float want = x / d, got = g.divide(x);
         CAPTURE(x);

@@ -3,7 +3,8 @@
 # 2 x 2 (fp32, bf16, fp16 with its loss scale) and 4 x 2 (dp x tp) stages 0-3 print the same
 # param_hash, with model states and traffic equal to the formulas over the data-parallel group; the
 # loss stays within the stated tolerance of --tp 1 at the same dp; --reproducible gives the same bits
-# at dp = 1 and 2 for a fixed tp; the usage errors.
+# at dp = 1 and 2 for a fixed tp; a checkpoint saved at 2 x 2 resumes at 4 x 1 and 1 x 2; the usage
+# errors.
 # (tests/mpi/train_gpt_mpi.sh: mpirun -np 4 --tp 2 equals --ranks 4 --tp 2 on threads.)
 # Usage: train_gpt_tp.sh TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
@@ -86,6 +87,23 @@ e2e_expect 2 "--tp 8 must divide --heads 4" "$train_gpt" "${small[@]}" --ranks 8
 e2e_expect 2 "--tp 2 must divide --ranks 3" "$train_gpt" "${small[@]}" --ranks 3 --tp 2 --batch 6
 e2e_expect 2 "multiple of the 2 data-parallel ranks \(--ranks 4 / --tp 2\) times --accum 3" \
   "$train_gpt" "${small[@]}" --ranks 4 --tp 2 --batch 8 --accum 3
-e2e_expect 2 "--save with --tp 2: checkpoints of a tensor-parallel run are not supported" \
-  "$train_gpt" "${small[@]}" --ranks 4 --tp 2 --batch 8 --save "$e2e_work/ckpt"
+
+# Checkpoints move across the mesh: saved at 2 x 2 (dp x tp) after 20 steps, resumed at 4 x 1 and at
+# 1 x 2 for 20 more, the loss stays within the tolerance of 40 uninterrupted steps at 2 x 2 (the
+# whole model is stored once, split tensors as their pieces; every element is found again at the
+# other tensor-parallel size); the export is the whole model, the size of a tp 1 run's.
+e2e_run "$train_gpt" "${small[@]}" --steps 40 --ranks 4 --tp 2 --batch 8 --stage 1
+e2e_json whole_last loss_last number
+e2e_run "$train_gpt" "${small[@]}" --steps 20 --ranks 4 --tp 2 --batch 8 --stage 1 --save "$e2e_work/ckpt" \
+  --export "$e2e_work/tp2.safetensors"
+for mesh in "--ranks 4 --tp 1 --stage 3" "--ranks 2 --tp 2 --stage 0"; do
+  # shellcheck disable=SC2086
+  e2e_run "$train_gpt" "${small[@]}" --steps 20 $mesh --batch 8 --resume "$e2e_work/ckpt"
+  e2e_json resumed_last loss_last number
+  echo "saved at 2 x 2, resumed with $mesh: last loss $resumed_last (uninterrupted: $whole_last)"
+  near "$resumed_last" "$whole_last" 1e-4 "resumed with $mesh"
+done
+e2e_run "$train_gpt" "${small[@]}" --steps 1 --ranks 2 --batch 8 --export "$e2e_work/tp1.safetensors"
+[ "$(stat -c %s "$e2e_work/tp2.safetensors")" = "$(stat -c %s "$e2e_work/tp1.safetensors")" ] ||
+  e2e_fail "the export at --tp 2 is not the whole model's size"
 echo "1 passed, 0 failed"

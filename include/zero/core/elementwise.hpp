@@ -75,7 +75,7 @@ concept update_over = requires(const typename Opt::step_constants& c, V& w, V g,
 // apply<float>. Calls are unqualified (with `using namespace zero::fp`) so that a pack's operations
 // are found by argument-dependent lookup.
 
-// How the update divides the gradient by N x loss scale. Where the divisor is a power of two whose
+// How the update divides the gradient by N x loss scale. Where the divisor is a normal power of two whose
 // reciprocal is a normal float (the loss scale always is a power of two, N often; a divisor of 1
 // is one), by a multiplication with that exact reciprocal: x / 2^k and x * 2^-k are the same real
 // number, rounded once, so the bits are those of the division, at the cost of a multiply. Any other
