@@ -1,4 +1,5 @@
-// activation_store: checkpoints kept whole, as tensor-parallel slices (Pa) or in host memory (Pa+cpu), restored bit for bit; memory and traffic equal to the formulas and the plan.
+// activation_store: checkpoints kept whole, as tensor-parallel slices (Pa) or in host memory (Pa+cpu), restored bit for
+// bit; memory and traffic equal to the formulas and the plan.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -117,7 +118,8 @@ void check_against_plan(int tp, activation_mode mode, std::size_t layers, std::s
 
 }  // namespace
 
-TEST_CASE("activation_store: none, Pa and Pa+cpu restore bit for bit; memory and traffic equal the formulas and the plan") {
+TEST_CASE(
+    "activation_store: none, Pa and Pa+cpu restore bit for bit; memory and traffic equal the formulas and the plan") {
   for (int tp : {1, 2, 4})
     for (activation_mode mode : modes) {
       check_against_plan<float>(tp, mode, 3, 1001);  // 1001 is no multiple of 2 or 4: the last slice is padded

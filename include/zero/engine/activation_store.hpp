@@ -1,4 +1,5 @@
-// activation_store<Comm>: a layer's checkpointed input kept whole, as this rank's 1/tp slice (Pa), or as that slice in host memory (Pa+cpu), and given back whole for the recomputation.
+// activation_store<Comm>: a layer's checkpointed input kept whole, as this rank's 1/tp slice (Pa), or as that slice in
+// host memory (Pa+cpu), and given back whole for the recomputation.
 #pragma once
 
 // ZeRO-R's partitioned activation checkpointing. With activation checkpointing the forward pass keeps
@@ -63,22 +64,29 @@ enum class activation_mode : int { none, partitioned, partitioned_cpu };
 
 inline const char* to_string(activation_mode m) {
   switch (m) {
-    case activation_mode::none: return "none";
-    case activation_mode::partitioned: return "Pa";
-    case activation_mode::partitioned_cpu: return "Pa+cpu";
+    case activation_mode::none:
+      return "none";
+    case activation_mode::partitioned:
+      return "Pa";
+    case activation_mode::partitioned_cpu:
+      return "Pa+cpu";
   }
   return "?";
 }
 
 // The element types a checkpoint may have, and their names in messages.
 template <class T>
-inline constexpr bool activation_element = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+inline constexpr bool activation_element =
+    std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
 
 template <class T>
 constexpr const char* activation_type_name() {
-  if constexpr (std::is_same_v<T, float>) return "fp32";
-  else if constexpr (std::is_same_v<T, bf16>) return "bf16";
-  else return "fp16";
+  if constexpr (std::is_same_v<T, float>)
+    return "fp32";
+  else if constexpr (std::is_same_v<T, bf16>)
+    return "bf16";
+  else
+    return "fp16";
 }
 
 // Bytes the store holds on this rank, now and at most.
@@ -92,9 +100,9 @@ struct activation_memory {
 
 // What the store has moved on this rank.
 struct activation_traffic {
-  comm::comm_stats gather;           // the restores' all-gathers over the group, as comm::counted counts them
-  std::uint64_t to_host_bytes = 0;   // Pa+cpu: slices copied to host memory by save()
-  std::uint64_t from_host_bytes = 0; // Pa+cpu: slices copied back by restore() or prefetch()
+  comm::comm_stats gather;            // the restores' all-gathers over the group, as comm::counted counts them
+  std::uint64_t to_host_bytes = 0;    // Pa+cpu: slices copied to host memory by save()
+  std::uint64_t from_host_bytes = 0;  // Pa+cpu: slices copied back by restore() or prefetch()
   std::uint64_t saves = 0, restores = 0;
 };
 
@@ -140,7 +148,8 @@ class activation_store {
     e.type = activation_type_name<T>();
     const std::size_t slice = kept_elements(n);
     const std::size_t bytes = slice * sizeof(T);
-    const std::size_t begin = mode_ == activation_mode::none ? 0 : std::min(n, slice * static_cast<std::size_t>(group_rank()));
+    const std::size_t begin =
+        mode_ == activation_mode::none ? 0 : std::min(n, slice * static_cast<std::size_t>(group_rank()));
     const std::size_t real = std::min(n - begin, slice);  // the rest of the last slice is padding
     const auto* src = reinterpret_cast<const unsigned char*>(data + begin);
     const std::size_t real_bytes = real * sizeof(T);
@@ -229,15 +238,20 @@ class activation_store {
   };
 
   static system system_of(Comm& c) {
-    if constexpr (requires { c.make_system(); }) return c.make_system();
-    else return system{};
+    if constexpr (requires { c.make_system(); })
+      return c.make_system();
+    else
+      return system{};
   }
-  std::string who() const { return detail::concat("activation_store rank ", comm_.rank(), " (", to_string(mode_), "): "); }
+  std::string who() const {
+    return detail::concat("activation_store rank ", comm_.rank(), " (", to_string(mode_), "): ");
+  }
 
   template <class T>
   entry& find(std::size_t layer, const char* call) {
     auto it = layers_.find(layer);
-    ZERO_CHECK(it != layers_.end(), protocol, who(), call, " of layer ", layer, ", which is not saved (or was released)");
+    ZERO_CHECK(it != layers_.end(), protocol, who(), call, " of layer ", layer,
+               ", which is not saved (or was released)");
     entry& e = it->second;
     ZERO_CHECK(e.element_bytes == sizeof(T) && std::string(e.type) == activation_type_name<T>(), invalid_argument,
                who(), call, " of layer ", layer, " as ", activation_type_name<T>(), ": it was saved as ", e.type);
@@ -278,8 +292,10 @@ class activation_store {
   void* allocate(std::size_t layer, std::size_t bytes, bool host) {
     try {
       if (!host) return system::allocate(bytes);
-      if constexpr (requires { system::allocate_pinned(bytes); }) return system::allocate_pinned(bytes);
-      else return ::operator new(bytes, std::align_val_t{64});
+      if constexpr (requires { system::allocate_pinned(bytes); })
+        return system::allocate_pinned(bytes);
+      else
+        return ::operator new (bytes, std::align_val_t{64});
     } catch (const std::bad_alloc& x) {
       fail(error_kind::out_of_memory, who(), "layer ", layer, ": allocating ", bytes, " bytes of ",
            host ? "host" : "system", " memory failed (", x.what(), ")");
@@ -297,8 +313,10 @@ class activation_store {
   }
   void free_kept(entry& e) noexcept {
     if (mode_ == activation_mode::partitioned_cpu) {
-      if constexpr (requires { system::deallocate_pinned(e.kept); }) system::deallocate_pinned(e.kept);
-      else ::operator delete(e.kept, std::align_val_t{64});
+      if constexpr (requires { system::deallocate_pinned(e.kept); })
+        system::deallocate_pinned(e.kept);
+      else
+        ::operator delete (e.kept, std::align_val_t{64});
     } else {
       system::deallocate(e.kept, e.kept_bytes);
     }

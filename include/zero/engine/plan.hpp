@@ -712,9 +712,9 @@ struct activation_plan {
   std::size_t element_bytes = 2;
   std::uint64_t kept_elements = 0;  // per checkpoint and rank: E (none) or ceil(E / tp)
   // Held once the forward pass is done: = memory().peak_saved and memory().peak_host.
-  std::uint64_t saved_bytes = 0;  // in the system's memory (none: L E b; Pa: L ceil(E/tp) b; Pa+cpu: 0)
-  std::uint64_t host_bytes = 0;   // in host memory (Pa+cpu: L ceil(E/tp) b)
-  std::uint64_t restore_bytes = 0;  // one restored checkpoint, padded (Pa, Pa+cpu): = memory().peak_restored
+  std::uint64_t saved_bytes = 0;        // in the system's memory (none: L E b; Pa: L ceil(E/tp) b; Pa+cpu: 0)
+  std::uint64_t host_bytes = 0;         // in host memory (Pa+cpu: L ceil(E/tp) b)
+  std::uint64_t restore_bytes = 0;      // one restored checkpoint, padded (Pa, Pa+cpu): = memory().peak_restored
   std::uint64_t peak_system_bytes = 0;  // saved + one restore, at the first restore: = memory().peak_system
   // Per backward pass: the restores' all-gathers (bus bytes and calls, = traffic().gather), and the
   // Pa+cpu copies to host memory (forward) and back (backward).
@@ -722,8 +722,8 @@ struct activation_plan {
   std::uint64_t to_host_bytes = 0, from_host_bytes = 0;
 };
 
-inline activation_plan plan_activations(std::uint64_t layers, std::uint64_t elements, std::size_t element_bytes,
-                                        int tp, activation_mode mode) {
+inline activation_plan plan_activations(std::uint64_t layers, std::uint64_t elements, std::size_t element_bytes, int tp,
+                                        activation_mode mode) {
   ZERO_CHECK(tp >= 1, invalid_argument, "plan_activations: a tensor-parallel group of ", tp, " ranks");
   ZERO_CHECK(elements >= 1 && element_bytes >= 1, invalid_argument, "plan_activations: checkpoints of ", elements,
              " elements of ", element_bytes, " bytes");
