@@ -17,9 +17,10 @@
 //                                     system has pinned memory, as sys::cuda does); restore() copies it
 //                                     back into its place in the system's memory, then all-gathers.
 //
-// Ranks of the group must save the same tensor under the same layer id, in the same order of calls:
-// the slices are cut from identical data, so no rank needs another's. The store does not compare the
-// tensors across the group: doing so costs a read of every saved tensor and a collective per save.
+// Ranks of the group must save the same tensor under the same layer id (saves are local: their order
+// may differ): the slices are cut from identical data, so no rank needs another's. The store does not
+// compare the tensors across the group: doing so costs a read of every saved tensor and a collective
+// per save.
 // What each rank saved is checked where it is cheap: a restore's all-gather carries the layer, the
 // element count and the type in the backend's call fingerprint where the backend keeps one
 // (comm::threads, comm::mpi), so ranks that disagree fail together; a tensor whose values differ
@@ -27,8 +28,9 @@
 //
 // Calls per layer: save(layer, data, n) in the forward pass; optionally prefetch(layer) ahead of its
 // use; restore<T>(layer) in the backward pass (a view valid until release); release(layer) when the
-// recomputation is done, which frees the checkpoint and the restored tensor. restore, prefetch and
-// (for Pa and Pa+cpu) nothing else are collectives over the group; save and release are local.
+// recomputation is done, which frees the checkpoint and the restored tensor. In modes Pa and Pa+cpu,
+// restore and prefetch are collectives over the group (every rank calls them for the same layers in
+// the same order); save and release are always local.
 //
 // prefetch(layer) does the restore's work (the copy back from host memory and the all-gather) ahead
 // of restore(), which then returns at once. The system interface copies synchronously today (sys::host
