@@ -22,9 +22,9 @@
 // compare the tensors across the group: doing so costs a read of every saved tensor and a collective
 // per save.
 // What each rank saved is checked where it is cheap: a restore's all-gather carries the layer, the
-// element count and the type in the backend's call fingerprint where the backend keeps one
-// (comm::threads, comm::mpi), so ranks that disagree fail together; a tensor whose values differ
-// across the group comes back as a mix of the ranks' slices.
+// element count and the type in the backend's call fingerprint where the backend compares one
+// (comm::threads always, comm::mpi with mpi_options::verify), so ranks that disagree fail together;
+// a tensor whose values differ across the group comes back as a mix of the ranks' slices.
 //
 // Calls per layer: save(layer, data, n) in the forward pass; optionally prefetch(layer) ahead of its
 // use; restore<T>(layer) in the backward pass (a view valid until release); release(layer) when the
@@ -269,8 +269,8 @@ class activation_store {
     void* whole = allocate(layer, bytes, false);
     T* out = static_cast<T*>(whole);
     T* mine = out + slice * static_cast<std::size_t>(group_rank());
-    // The layer in the call's fingerprint, where the backend keeps one: ranks restoring different layers
-    // fail together instead of exchanging slices of different tensors.
+    // The layer in the call's fingerprint, where the backend compares one: ranks restoring different
+    // layers fail together instead of exchanging slices of different tensors.
     const std::string layer_name = "layer " + std::to_string(layer);
     comm::scoped_label<Comm> label(comm_.inner(), "restore", layer_name);
     try {
