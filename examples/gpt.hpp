@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,20 +43,29 @@ inline constexpr zero::unit_id wpe{1};  // position embedding [context, C]
 inline zero::unit_id block(int l) { return zero::unit_id{2 + static_cast<std::size_t>(l)}; }
 inline zero::unit_id ln_f(const config& c) { return block(c.layers); }  // the final layer norm
 
+// Each block's matrices are declared in Megatron's tensor-parallel layout (used when the ranks form a
+// mesh with tp > 1; at tp = 1 every piece is the whole tensor). Weights are [out, in], as in PyTorch.
+// The query, key and value projections are split by heads: c_attn is declared [3, C, C] (q, k and v
+// stacked: the elements of a [3C, C] matrix, in its order) and split along dimension 1, so a rank
+// holds the rows of its heads in each of q, k and v. The MLP's first matrix and its bias are split by
+// output (column-parallel), the second matrices, attention's c_proj and the MLP's, by input
+// (row-parallel, dimension 1). Norms, the row-parallel biases and the embeddings (the tied output
+// layer too) are replicated, the default.
 inline zero::model_spec make_spec(const config& c) {
   const auto V = static_cast<std::size_t>(c.vocab), T = static_cast<std::size_t>(c.context),
              C = static_cast<std::size_t>(c.embd);
+  const auto by_heads = zero::tp_split(1), column_parallel = zero::tp_split(0), row_parallel = zero::tp_split(1);
   zero::model_spec spec;
   spec.unit("wte").tensor("weight", {V, C}).gathers(2);
   spec.unit("wpe").tensor("weight", {T, C});
   for (int l = 0; l < c.layers; ++l)
     spec.unit("h." + std::to_string(l))
         .tensor("ln_1.weight", {C}).tensor("ln_1.bias", {C})
-        .tensor("attn.c_attn.weight", {3 * C, C}).tensor("attn.c_attn.bias", {3 * C})
-        .tensor("attn.c_proj.weight", {C, C}).tensor("attn.c_proj.bias", {C})
+        .tensor("attn.c_attn.weight", {3, C, C}, by_heads).tensor("attn.c_attn.bias", {3, C}, by_heads)
+        .tensor("attn.c_proj.weight", {C, C}, row_parallel).tensor("attn.c_proj.bias", {C})
         .tensor("ln_2.weight", {C}).tensor("ln_2.bias", {C})
-        .tensor("mlp.c_fc.weight", {4 * C, C}).tensor("mlp.c_fc.bias", {4 * C})
-        .tensor("mlp.c_proj.weight", {C, 4 * C}).tensor("mlp.c_proj.bias", {C});
+        .tensor("mlp.c_fc.weight", {4 * C, C}, column_parallel).tensor("mlp.c_fc.bias", {4 * C}, column_parallel)
+        .tensor("mlp.c_proj.weight", {C, 4 * C}, row_parallel).tensor("mlp.c_proj.bias", {C});
   spec.unit("ln_f").tensor("weight", {C}).tensor("bias", {C});
   return spec;
 }
@@ -65,7 +75,8 @@ inline zero::model_spec make_spec(const config& c) {
 // GPT-2's initialization, drawn by element: biases 0, layer-norm gains 1, other weights with the
 // standard deviation of N(0, 0.02) (uniform, so one draw per element), the residual projections
 // scaled by 1/sqrt(2 x layers). Element i of a tensor depends only on the seed, the tensor's name
-// and i, so a rank can produce just the range the engine asks for, at any N and stage.
+// and i, so a rank can produce just the range the engine asks for, at any N and stage. A function of
+// the whole tensors: in a tensor-parallel mesh, zero::from_whole_tensors hands each piece its elements.
 inline zero::init_range_fn initializer(const config& c) {
   return [c](const zero::unit_spec& u, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
     const std::string_view name = t.name;
@@ -114,6 +125,101 @@ class fp32_unit {
 };
 // tutorial:end
 
+// The tensor-parallel group a rank computes its blocks with (comm::mesh's tp()), or none (tp = 1).
+// The blocks need one collective from it: Megatron's sum of partial activations, of the row-parallel
+// layers' outputs in the forward pass and of the column-parallel layers' input gradients in the
+// backward pass. It is an all-gather of the partial sums, added on every rank in rank order, so that
+// every rank of the group gets the same bits on any backend (the replicated tensors' gradients, which
+// the engine requires equal across the group, are computed from them).
+class tp_group {
+ public:
+  tp_group() = default;  // no group: one rank holds every piece
+  // `group` must outlive this object.
+  template <class Comm>
+  explicit tp_group(Comm& group)
+      : size_(group.size()),
+        rank_(group.rank()),
+        all_gather_([&group](const float* send, float* recv, std::size_t n) { group.all_gather(send, recv, n); }) {}
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  // v <- the sum over the group of every rank's v, ((v_0 + v_1) + v_2) + ... Collective over the group
+  // (every rank with the same v.size()); nothing at size 1.
+  void sum(std::vector<float>& v) const {
+    if (size_ == 1 || v.empty()) return;
+    const std::size_t n = v.size();
+    std::vector<float> all(n * static_cast<std::size_t>(size_));
+    all_gather_(v.data(), all.data(), n);
+    std::copy_n(all.data(), n, v.data());
+    for (int r = 1; r < size_; ++r)
+      for (std::size_t i = 0; i < n; ++i) v[i] += all[static_cast<std::size_t>(r) * n + i];
+  }
+
+ private:
+  int size_ = 1, rank_ = 0;
+  std::function<void(const float*, float*, std::size_t)> all_gather_;
+};
+
+// Throws zero::error (invalid_argument), naming the unit and tensor, unless `pieces` (an engine's
+// spec()) has the shapes the kernels below compute with at tp.size() ranks: the model of make_spec,
+// each split tensor as this rank's piece. A tensor declared replicated that the kernels treat as split,
+// or the reverse, is refused here, before a kernel reads past a piece or trains another model.
+inline void check_pieces(const config& c, const tp_group& tp, const zero::model_spec& pieces) {
+  const auto V = static_cast<std::size_t>(c.vocab), T = static_cast<std::size_t>(c.context),
+             C = static_cast<std::size_t>(c.embd), P = static_cast<std::size_t>(tp.size());
+  const std::size_t Cp = C / P;  // this rank's channels of attention (its heads' q, k, v)
+  struct expected {
+    std::string unit, tensor;
+    std::vector<std::size_t> shape;
+    bool split;
+  };
+  std::vector<expected> all = {{"wte", "weight", {V, C}, false}, {"wpe", "weight", {T, C}, false}};
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string u = "h." + std::to_string(l);
+    for (const expected& e : std::vector<expected>{{u, "ln_1.weight", {C}, false},
+                                                   {u, "ln_1.bias", {C}, false},
+                                                   {u, "attn.c_attn.weight", {3, Cp, C}, true},
+                                                   {u, "attn.c_attn.bias", {3, Cp}, true},
+                                                   {u, "attn.c_proj.weight", {C, Cp}, true},
+                                                   {u, "attn.c_proj.bias", {C}, false},
+                                                   {u, "ln_2.weight", {C}, false},
+                                                   {u, "ln_2.bias", {C}, false},
+                                                   {u, "mlp.c_fc.weight", {4 * Cp, C}, true},
+                                                   {u, "mlp.c_fc.bias", {4 * Cp}, true},
+                                                   {u, "mlp.c_proj.weight", {C, 4 * Cp}, true},
+                                                   {u, "mlp.c_proj.bias", {C}, false}})
+      all.push_back(e);
+  }
+  all.push_back({"ln_f", "weight", {C}, false});
+  all.push_back({"ln_f", "bias", {C}, false});
+  const auto shape_text = [](const std::vector<std::size_t>& s) {
+    std::string t = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
+  };
+  for (const expected& e : all) {
+    const zero::unit_id u = pieces.find(e.unit);
+    const zero::tensor_spec* t = nullptr;
+    for (const auto& x : pieces.at(u).tensors)
+      if (x.name == e.tensor) t = &x;
+    ZERO_CHECK(t != nullptr, invalid_argument, "gpt: unit '", e.unit, "' has no tensor '", e.tensor, "'");
+    const int parts = e.split ? tp.size() : 1, index = e.split ? tp.rank() : 0;
+    ZERO_CHECK(t->shape == e.shape && t->tp_parts == parts && t->tp_index == index, invalid_argument, "gpt: tensor '",
+               e.unit, ".", e.tensor, "' is held as ", shape_text(t->shape), ", piece ", t->tp_index, " of ",
+               t->tp_parts, "; at tensor-parallel rank ", tp.rank(), " of ", tp.size(), " the model computes with ",
+               shape_text(e.shape), ", ", e.split ? "split" : "replicated", " (piece ", index, " of ", parts, ")");
+  }
+}
+
+// A row-parallel linear layer (input split across the group): out = b + the sum over the group of
+// in_piece w_piece^T. At tp = 1, linear_forward itself (the same bits as without a group).
+inline void row_parallel_forward(const tp_group& tp, std::vector<float>& out, const float* in, const float* w,
+                                 const float* b, int rows, int n_in, int n_out) {
+  if (tp.size() == 1) return kernels::linear_forward(out.data(), in, w, b, rows, n_in, n_out);
+  kernels::linear_forward(out.data(), in, w, nullptr, rows, n_in, n_out);
+  tp.sum(out);
+  for (int r = 0; r < rows; ++r) kernels::axpy(out.data() + static_cast<std::size_t>(r) * n_out, 1.0f, b, n_out);
+}
+
 // What the backward pass needs from the forward pass of one block.
 struct block_acts {
   std::vector<float> in, ln1, ln1_mean, ln1_rstd, qkv, probs, att, x1, ln2, ln2_mean, ln2_rstd, fc, gelu;
@@ -129,56 +235,63 @@ struct activations {
   std::vector<float> logits;                       // [rows x t_len, vocab]
 };
 
-// x <- x + block(x), keeping what the backward needs in s.
-inline void block_forward(const config& c, const fp32_unit& w, int rows, int t_len, std::vector<float>& x,
-                          block_acts& s) {
+// x <- x + block(x), keeping what the backward needs in s. In a tensor-parallel group this rank
+// computes its heads and its columns of the MLP (C / tp channels, 4 C / tp hidden units); x is the
+// whole residual stream, the same on every rank of the group.
+inline void block_forward(const config& c, const tp_group& tp, const fp32_unit& w, int rows, int t_len,
+                          std::vector<float>& x, block_acts& s) {
   namespace k = kernels;
-  const int R = rows * t_len, C = c.embd;
-  const auto n = static_cast<std::size_t>(R) * C;
+  const int R = rows * t_len, C = c.embd, Cp = C / tp.size(), heads = c.heads / tp.size();
+  const auto n = static_cast<std::size_t>(R) * C, np = static_cast<std::size_t>(R) * Cp;
   s.in = x;
   s.ln1.resize(n), s.ln1_mean.resize(R), s.ln1_rstd.resize(R);
   k::layernorm_forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.in.data(), w["ln_1.weight"],
                        w["ln_1.bias"], R, C);
-  s.qkv.resize(3 * n);
-  k::linear_forward(s.qkv.data(), s.ln1.data(), w["attn.c_attn.weight"], w["attn.c_attn.bias"], R, C, 3 * C);
-  s.probs.resize(static_cast<std::size_t>(rows) * c.heads * t_len * t_len), s.att.resize(n);
-  k::attention_forward(s.att.data(), s.probs.data(), s.qkv.data(), rows, t_len, C, c.heads);
+  s.qkv.resize(3 * np);  // per row: this rank's q, k, v, each Cp channels, as attention_forward reads them
+  k::linear_forward(s.qkv.data(), s.ln1.data(), w["attn.c_attn.weight"], w["attn.c_attn.bias"], R, C, 3 * Cp);
+  s.probs.resize(static_cast<std::size_t>(rows) * heads * t_len * t_len), s.att.resize(np);
+  k::attention_forward(s.att.data(), s.probs.data(), s.qkv.data(), rows, t_len, Cp, heads);
   s.x1.resize(n);
-  k::linear_forward(s.x1.data(), s.att.data(), w["attn.c_proj.weight"], w["attn.c_proj.bias"], R, C, C);
+  row_parallel_forward(tp, s.x1, s.att.data(), w["attn.c_proj.weight"], w["attn.c_proj.bias"], R, Cp, C);
   for (std::size_t i = 0; i < n; ++i) s.x1[i] += s.in[i];
   s.ln2.resize(n), s.ln2_mean.resize(R), s.ln2_rstd.resize(R);
   k::layernorm_forward(s.ln2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), s.x1.data(), w["ln_2.weight"],
                        w["ln_2.bias"], R, C);
-  s.fc.resize(4 * n), s.gelu.resize(4 * n);
-  k::linear_forward(s.fc.data(), s.ln2.data(), w["mlp.c_fc.weight"], w["mlp.c_fc.bias"], R, C, 4 * C);
-  k::gelu_forward(s.gelu.data(), s.fc.data(), 4 * n);
-  k::linear_forward(x.data(), s.gelu.data(), w["mlp.c_proj.weight"], w["mlp.c_proj.bias"], R, 4 * C, C);
+  s.fc.resize(4 * np), s.gelu.resize(4 * np);
+  k::linear_forward(s.fc.data(), s.ln2.data(), w["mlp.c_fc.weight"], w["mlp.c_fc.bias"], R, C, 4 * Cp);
+  k::gelu_forward(s.gelu.data(), s.fc.data(), 4 * np);
+  row_parallel_forward(tp, x, s.gelu.data(), w["mlp.c_proj.weight"], w["mlp.c_proj.bias"], R, 4 * Cp, C);
   for (std::size_t i = 0; i < n; ++i) x[i] += s.x1[i];
 }
 
 // Given dx at the block's output, accumulates the block's gradients into g and leaves dx at its input.
-inline void block_backward(const config& c, const fp32_unit& w, fp32_unit& g, int rows, int t_len,
-                           const block_acts& s, std::vector<float>& dx) {
+// In a tensor-parallel group the column-parallel layers' input gradients (c_fc's and c_attn's, at the
+// layer norms' outputs) are partial sums of this rank's columns, summed over the group before the
+// layer norms' backward: dx, and with it every replicated tensor's gradient, is the same on every rank.
+inline void block_backward(const config& c, const tp_group& tp, const fp32_unit& w, fp32_unit& g, int rows,
+                           int t_len, const block_acts& s, std::vector<float>& dx) {
   namespace k = kernels;
-  const int R = rows * t_len, C = c.embd;
-  const auto n = static_cast<std::size_t>(R) * C;
+  const int R = rows * t_len, C = c.embd, Cp = C / tp.size(), heads = c.heads / tp.size();
+  const auto n = static_cast<std::size_t>(R) * C, np = static_cast<std::size_t>(R) * Cp;
   std::vector<float> dx1 = dx;  // the residual path around the MLP
-  std::vector<float> dgelu(4 * n, 0.0f), dfc(4 * n, 0.0f), dln(n, 0.0f);
+  std::vector<float> dgelu(4 * np, 0.0f), dfc(4 * np, 0.0f), dln(n, 0.0f);
   k::linear_backward(dgelu.data(), g["mlp.c_proj.weight"], g["mlp.c_proj.bias"], dx.data(), s.gelu.data(),
-                     w["mlp.c_proj.weight"], R, 4 * C, C);
-  k::gelu_backward(dfc.data(), s.fc.data(), dgelu.data(), 4 * n);
+                     w["mlp.c_proj.weight"], R, 4 * Cp, C);
+  k::gelu_backward(dfc.data(), s.fc.data(), dgelu.data(), 4 * np);
   k::linear_backward(dln.data(), g["mlp.c_fc.weight"], g["mlp.c_fc.bias"], dfc.data(), s.ln2.data(),
-                     w["mlp.c_fc.weight"], R, C, 4 * C);
+                     w["mlp.c_fc.weight"], R, C, 4 * Cp);
+  tp.sum(dln);
   k::layernorm_backward(dx1.data(), g["ln_2.weight"], g["ln_2.bias"], dln.data(), s.x1.data(), s.ln2_mean.data(),
                         s.ln2_rstd.data(), w["ln_2.weight"], R, C);
   dx = dx1;  // the residual path around the attention
-  std::vector<float> datt(n, 0.0f), dqkv(3 * n, 0.0f);
+  std::vector<float> datt(np, 0.0f), dqkv(3 * np, 0.0f);
   k::linear_backward(datt.data(), g["attn.c_proj.weight"], g["attn.c_proj.bias"], dx1.data(), s.att.data(),
-                     w["attn.c_proj.weight"], R, C, C);
-  k::attention_backward(dqkv.data(), datt.data(), s.qkv.data(), s.probs.data(), rows, t_len, C, c.heads);
+                     w["attn.c_proj.weight"], R, Cp, C);
+  k::attention_backward(dqkv.data(), datt.data(), s.qkv.data(), s.probs.data(), rows, t_len, Cp, heads);
   std::fill(dln.begin(), dln.end(), 0.0f);
   k::linear_backward(dln.data(), g["attn.c_attn.weight"], g["attn.c_attn.bias"], dqkv.data(), s.ln1.data(),
-                     w["attn.c_attn.weight"], R, C, 3 * C);
+                     w["attn.c_attn.weight"], R, C, 3 * Cp);
+  tp.sum(dln);
   k::layernorm_backward(dx.data(), g["ln_1.weight"], g["ln_1.bias"], dln.data(), s.in.data(), s.ln1_mean.data(),
                         s.ln1_rstd.data(), w["ln_1.weight"], R, C);
 }
@@ -186,9 +299,10 @@ inline void block_backward(const config& c, const fp32_unit& w, fp32_unit& g, in
 // tutorial:begin forward
 // The forward pass. with_unit(u, f) calls f with unit u's parameters in fp32; in training it is
 // `gathered` below (gather, widen, release), so at most one unit is gathered at a time. The token
-// embedding is gathered twice: at the start, and again at the end as the output layer.
+// embedding is gathered twice: at the start, and again at the end as the output layer. tp: the
+// tensor-parallel group the blocks are split over (tp_group{} when there is none).
 template <class WithUnit>
-void forward(const config& c, WithUnit&& with_unit, activations& a) {
+void forward(const config& c, const tp_group& tp, WithUnit&& with_unit, activations& a) {
   const int R = a.rows * a.t_len, C = c.embd;
   a.x.assign(static_cast<std::size_t>(R) * C, 0.0f);
   with_unit(wte, [&](const fp32_unit& w) {  // x = wte[token] + wpe[position]
@@ -201,7 +315,7 @@ void forward(const config& c, WithUnit&& with_unit, activations& a) {
   });
   a.blocks.resize(static_cast<std::size_t>(c.layers));
   for (int l = 0; l < c.layers; ++l)
-    with_unit(block(l), [&](const fp32_unit& w) { block_forward(c, w, a.rows, a.t_len, a.x, a.blocks[l]); });
+    with_unit(block(l), [&](const fp32_unit& w) { block_forward(c, tp, w, a.rows, a.t_len, a.x, a.blocks[l]); });
   with_unit(ln_f(c), [&](const fp32_unit& w) {
     a.xf_in = a.x;
     a.xf.resize(a.x.size()), a.xf_mean.resize(R), a.xf_rstd.resize(R);
@@ -233,7 +347,7 @@ auto gathered(Engine& e) {
 // the output layer's, first, and the token embedding's, last; grads(wte) hands out the same buffer
 // both times (zero at its first use in the step), and wte is reduced once, after both.
 template <class Engine>
-void backward(Engine& e, const config& c, const activations& a, const std::vector<float>& dlogits) {
+void backward(Engine& e, const config& c, const tp_group& tp, const activations& a, const std::vector<float>& dlogits) {
   const int R = a.rows * a.t_len, C = c.embd;
   std::vector<float> dx(static_cast<std::size_t>(R) * C, 0.0f);
   {  // the output layer: dx = dlogits wte, dwte += dlogits^T xf; not reduced yet
@@ -263,7 +377,7 @@ void backward(Engine& e, const config& c, const activations& a, const std::vecto
     auto g = e.grads(block(l));
     const fp32_unit w(p.view());
     fp32_unit dw(g.view(), true);
-    block_backward(c, w, dw, a.rows, a.t_len, a.blocks[static_cast<std::size_t>(l)], dx);
+    block_backward(c, tp, w, dw, a.rows, a.t_len, a.blocks[static_cast<std::size_t>(l)], dx);
     dw.add_to(g.view());
     e.reduce(block(l));
     p.release();
@@ -322,10 +436,12 @@ inline void training_batch(const config& c, const corpus& data, std::uint64_t st
 // forward, the loss, backward; then the engine's step. The loss gradient is the mean over this
 // rank's tokens, times the loss scale (fp16), divided by the micro-batches: the engine sums over
 // ranks and divides by N and by the loss scale in step(). In the reproducible mode the engine divides
-// by all N x M micro-batches itself, so a micro-batch's gradient does not depend on M.
+// by all N x M micro-batches itself, so a micro-batch's gradient does not depend on M. In a mesh,
+// rank and ranks are the data-parallel ones: the ranks of a tensor-parallel group share their batch.
 template <class Engine>
-step_result train_step(Engine& e, const config& c, const corpus& data, std::uint64_t step, int rank, int ranks,
-                       int micro_batches) {
+step_result train_step(Engine& e, const config& c, const tp_group& tp, const corpus& data, std::uint64_t step,
+                       int rank, int ranks, int micro_batches) {
+  check_pieces(c, tp, e.spec());
   const int rows = c.batch / ranks / micro_batches;  // sequences per micro-batch on this rank
   const int R = rows * c.context;
   step_result res;
@@ -333,7 +449,7 @@ step_result train_step(Engine& e, const config& c, const corpus& data, std::uint
   std::vector<float> dlogits(static_cast<std::size_t>(R) * c.vocab);
   for (int m = 0; m < micro_batches; ++m) {
     training_batch(c, data, step, (rank * micro_batches + m) * rows, rows, a);
-    forward(c, gathered(e), a);
+    forward(c, tp, gathered(e), a);
     const float per_step = e.options().reproducible ? 1.0f : static_cast<float>(micro_batches);
     const float grad_scale = e.loss_scale() / static_cast<float>(R) / per_step;
     int correct = 0;
@@ -341,7 +457,7 @@ step_result train_step(Engine& e, const config& c, const corpus& data, std::uint
         kernels::cross_entropy(a.logits.data(), a.targets.data(), dlogits.data(), grad_scale, R, c.vocab, correct);
     res.loss += loss_sum / R / micro_batches;
     res.correct += correct;
-    backward(e, c, a, dlogits);
+    backward(e, c, tp, a, dlogits);
   }
   res.report = e.step();
   return res;
@@ -351,10 +467,12 @@ step_result train_step(Engine& e, const config& c, const corpus& data, std::uint
 // Mean loss (nats per token) and next-token accuracy over the windows starting at `starts`, every
 // rank taking every N-th window: a forward pass through the engine (gathers, no grads, no reduce;
 // call it inside an e.evaluation() scope, between steps), `chunk` windows at a time. Every rank runs the same number of passes (the
-// last ones may be empty) because stage 3's gathers are collectives. Collective.
+// last ones may be empty) because stage 3's gathers are collectives. Collective. In a mesh, comm is
+// the data-parallel group: the ranks of a tensor-parallel group evaluate the same windows together.
 template <class Engine, class Comm>
-std::pair<double, double> evaluate(Engine& e, Comm& comm, const config& c, const corpus& data,
+std::pair<double, double> evaluate(Engine& e, Comm& comm, const config& c, const tp_group& tp, const corpus& data,
                                    const std::vector<std::size_t>& starts, int chunk) {
+  check_pieces(c, tp, e.spec());
   const int ranks = comm.size(), rank = comm.rank();
   std::vector<std::size_t> mine;
   for (std::size_t j = static_cast<std::size_t>(rank); j < starts.size(); j += static_cast<std::size_t>(ranks))
@@ -375,7 +493,7 @@ std::pair<double, double> evaluate(Engine& e, Comm& comm, const config& c, const
         a.tokens[j * c.context + t] = data.tokens[mine[first + j] + t];
         a.targets[j * c.context + t] = data.tokens[mine[first + j] + t + 1];
       }
-    forward(c, gathered(e), a);
+    forward(c, tp, gathered(e), a);
     int correct = 0;
     sums[0] += kernels::cross_entropy(a.logits.data(), a.targets.data(), nullptr, 0.0f,
                                       static_cast<int>(rows) * c.context, c.vocab, correct);
@@ -387,12 +505,13 @@ std::pair<double, double> evaluate(Engine& e, Comm& comm, const config& c, const
 }
 
 // Continues `prompt` by n bytes, sampling each from the softmax at `temperature` with the
-// counter-based generator (0: the most likely byte). Rank 0 computes; the other ranks make the same
-// gathers with no rows, since stage 3's gathers are collectives. Inside an e.evaluation() scope, like
-// evaluate. Collective; rank 0's result.
+// counter-based generator (0: the most likely byte). Rank 0 computes (in a mesh, the tensor-parallel
+// group of data-parallel rank 0); the other ranks make the same gathers with no rows, since stage 3's
+// gathers are collectives. Inside an e.evaluation() scope, like evaluate. Collective; rank 0's result.
 template <class Engine>
-std::string generate(Engine& e, const config& c, const corpus& data, const std::string& prompt, int n,
-                     float temperature, std::uint64_t seed) {
+std::string generate(Engine& e, const config& c, const tp_group& tp, const corpus& data, const std::string& prompt,
+                     int n, float temperature, std::uint64_t seed) {
+  check_pieces(c, tp, e.spec());
   std::vector<int> context;
   for (unsigned char ch : prompt) {
     ZERO_CHECK(data.id[ch] >= 0, invalid_argument, "gpt: the prompt's byte ", static_cast<int>(ch),
@@ -408,7 +527,7 @@ std::string generate(Engine& e, const config& c, const corpus& data, const std::
     a.rows = computes ? 1 : 0;
     a.t_len = t_len;
     a.tokens.assign(context.end() - (computes ? t_len : 0), context.end());
-    forward(c, gathered(e), a);
+    forward(c, tp, gathered(e), a);
     if (!computes) continue;
     const float* z = a.logits.data() + static_cast<std::size_t>(t_len - 1) * c.vocab;
     int next = static_cast<int>(std::max_element(z, z + c.vocab) - z);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -18,10 +19,9 @@
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
 #include "zero/comm/any_backend.hpp"
+#include "zero/comm/mesh.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
-#include <optional>
-
 #include "zero/comm/backends/mpi.hpp"
 #endif
 
@@ -33,6 +33,7 @@ using trainer::options;
 // those are the model's too).
 struct gpt_options {
   gpt::config model;
+  int tp = 1;  // --tp: ranks per tensor-parallel group (Megatron's layout; 1: none)
   std::vector<std::string> data;  // empty: this repository's README.md and docs/
   double held_out = 0.1;
   // AdamW's second-moment decay: 0.99 rather than the library's 0.999, as nanoGPT sets it for its
@@ -81,15 +82,23 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   // --clip (the global gradient norm's limit), --accum (reduce() calls per unit per step),
   // --memory-limit (bytes a rank may hold: model states are checked before they are allocated)
   const zero::engine_options eo = trainer::engine_options_of(o);
-  zero::engine<Stage, Comm, Opt, Prec> e(comm, spec, opt, eo);
+  // --tp T > 1: the ranks as an (N / T) x T mesh (comm::mesh). The engine runs ZeRO over this rank's
+  // data-parallel group, on its pieces of the model; the blocks sum their partial activations over
+  // its tensor-parallel group. T = 1: the engine over all ranks, every rank data-parallel.
+  std::optional<zero::comm::mesh<Comm>> mesh;
+  if (g.tp > 1) mesh.emplace(comm, zero::comm::mesh_shape{.dp = comm.size() / g.tp, .tp = g.tp});
+  using engine = zero::engine<Stage, Comm, Opt, Prec>;
+  engine e = mesh ? engine(*mesh, spec, opt, eo) : engine(comm, spec, opt, eo);
+  Comm& dp = mesh ? mesh->dp() : comm;
+  const gpt::tp_group tp = mesh ? gpt::tp_group(mesh->tp()) : gpt::tp_group();
   // A resumed run continues from the checkpoint's weights, optimizer state and step, whatever world
-  // size and stage saved it; otherwise each rank initializes the part it holds.
-  const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, gpt::initializer(c));
+  // size and stage saved it; otherwise each rank initializes the part it holds (of its pieces).
+  const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, zero::from_whole_tensors(gpt::initializer(c)));
   // tutorial:end
   s.setup_cpu_seconds = global_max(comm, trainer::thread_cpu_seconds() - setup_cpu_start);
   s.setup_seconds =
       global_max(comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count());
-  const int rank = comm.rank(), ranks = comm.size();
+  const int rank = dp.rank(), ranks = dp.size();  // the data-parallel ranks: they split the batch
   const double tokens_per_step = static_cast<double>(c.batch) * c.context;
   const auto start = std::chrono::steady_clock::now();
   auto last_print = start;
@@ -99,11 +108,11 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   for (int i = 0; i < o.steps; ++i) {
     // tutorial:begin loop
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
-    const auto r = gpt::train_step(e, c, data, t, rank, ranks, o.accum);
+    const auto r = gpt::train_step(e, c, tp, data, t, rank, ranks, o.accum);
     trainer::after_step(e, comm, o, i);  // --save-every K: a checkpoint every K steps
     // tutorial:end
-    const double loss = global_sum(comm, r.loss) / ranks;
-    const double correct = global_sum(comm, r.correct);
+    const double loss = global_sum(dp, r.loss) / ranks;
+    const double correct = global_sum(dp, r.correct);
     if (i == 0) s.loss_first = loss;
     s.loss_last = loss;
     s.accuracy_last = correct / tokens_per_step;
@@ -147,9 +156,9 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     const auto held = gpt::eval_windows(data.train_end, data.tokens.size(), c.context, g.eval_windows);
     const auto train_part = gpt::eval_windows(0, data.train_end, c.context, held.size());
     const int chunk = std::max(1, c.batch / ranks);
-    out.loss_train_eval = gpt::evaluate(e, comm, c, data, train_part, chunk).first;
-    std::tie(out.loss_held_out, out.accuracy_held_out) = gpt::evaluate(e, comm, c, data, held, chunk);
-    if (g.sample > 0) out.sample = gpt::generate(e, c, data, g.prompt, g.sample, g.temperature, c.seed);
+    out.loss_train_eval = gpt::evaluate(e, dp, c, tp, data, train_part, chunk).first;
+    std::tie(out.loss_held_out, out.accuracy_held_out) = gpt::evaluate(e, dp, c, tp, data, held, chunk);
+    if (g.sample > 0) out.sample = gpt::generate(e, c, tp, data, g.prompt, g.sample, g.temperature, c.seed);
     // Each evaluate() makes ceil(ceil(windows / N) / chunk) passes; generate() one per byte.
     const auto passes = [&](std::size_t windows) {
       const std::size_t per_rank = (windows + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
@@ -160,9 +169,16 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   out.eval_comm_bytes = e.comm().evaluation.total_bytes();
   out.eval_comm_formula = e.eval_comm_formula_bytes();
 
-  s.param_hash = mlp::param_hash(e);
+  // The hash of the whole model's parameters in declaration order (at tp > 1 the pieces put together:
+  // the hash a tp = 1 run with the same values prints). padded: this rank's pieces, the engine's Psi.
+  if (mesh) {
+    const std::vector<float> whole = e.full_model_params();
+    s.param_hash = zero::fnv1a64(whole.data(), whole.size() * sizeof(float));
+  } else {
+    s.param_hash = mlp::param_hash(e);
+  }
   s.padded = e.layout().padded();
-  s.numel = e.layout().numel();
+  s.numel = spec.numel();
   // tutorial:begin finish
   trainer::finish(e, comm, o);  // --save DIR: a checkpoint of the end; --export FILE: its weights as safetensors
   // tutorial:end
@@ -219,8 +235,27 @@ std::string shown(const std::string& text) {
   return zero::checkpoint::printable(text, text.size(), zero::checkpoint::printable_mode::message);
 }
 
+// Why --tp cannot split `ranks` ranks, or "" (`ranks_text` names them).
+std::string tp_problem(int tp, int ranks, const std::string& ranks_text) {
+  if (ranks % tp == 0) return "";
+  return "--tp " + std::to_string(tp) + " must divide " + ranks_text + ": the ranks form groups of --tp";
+}
+
+// The data-parallel ranks as a usage message names them: "--ranks 4", or "the 2 data-parallel ranks
+// (--ranks 4 / --tp 2)".
+std::string data_parallel_text(int tp, const std::string& ranks_name, int ranks) {
+  if (tp == 1) return ranks_name + " " + std::to_string(ranks);
+  return "the " + std::to_string(ranks / tp) + " data-parallel ranks (" + ranks_name + " " + std::to_string(ranks) +
+         " / --tp " + std::to_string(tp) + ")";
+}
+
 void print_gpt_summary(const options& o, const gpt_options& g, const gpt::corpus& data, const gpt_summary& s) {
   trainer::print_summary(o, s.base);
+  if (g.tp > 1)
+    std::printf("  tensor parallel: %d x %d ranks (data x tensor); the %llu parameters are the whole model's, "
+                "Psi = %llu the padded pieces of tensor-parallel rank 0, which ZeRO partitions over %d ranks\n",
+                o.ranks / g.tp, g.tp, static_cast<unsigned long long>(s.base.numel),
+                static_cast<unsigned long long>(s.base.padded), o.ranks / g.tp);
   const double entropy_train = gpt::unigram_entropy(data, 0, data.train_end);
   const double entropy_held = gpt::unigram_entropy(data, data.train_end, data.tokens.size());
   std::printf("  tied weight 'wte' (padded %llu) is declared gathered twice per pass: the traffic formula above "
@@ -249,6 +284,8 @@ nlohmann::json gpt_json(const options& o, const gpt_options& g, const gpt::corpu
   const auto& c = g.model;
   j["model"] = {{"vocab", c.vocab}, {"context", c.context}, {"embd", c.embd}, {"heads", c.heads},
                 {"layers", c.layers}, {"batch", c.batch}};
+  j["tp"] = g.tp;
+  j["dp"] = o.ranks / g.tp;
   j["corpus"] = {{"files", data.files.size()}, {"bytes", data.text.size()}, {"train_tokens", data.train_size()},
                  {"held_out_tokens", data.held_out_size()}};
   j["loss_train_eval"] = s.loss_train_eval;
@@ -306,6 +343,10 @@ int main(int argc, char** argv) {
   toolcli::add_integer(app, "--heads", g.model.heads, 1, 1 << 10, "attention heads (they split --embd)");
   toolcli::add_integer(app, "--context,--block", g.model.context, 1, 1 << 16,
                        "positions per sequence (the block size)");
+  toolcli::add_integer(app, "--tp", g.tp, 1, 1024,
+                       "ranks per tensor-parallel group (Megatron's layout: attention heads and the MLP split over "
+                       "them); it divides the ranks and --heads, and ZeRO runs over the ranks / --tp data-parallel "
+                       "ranks");
   app.add_option("--data", g.data,
                  "text files (any byte but NUL; not empty), or directories whose *.md and *.txt files are read in "
                  "name order (default: this repository's README.md and docs/)")
@@ -344,6 +385,14 @@ int main(int argc, char** argv) {
   if (g.model.embd % g.model.heads != 0)
     return usage_error("--embd " + std::to_string(g.model.embd) + " must be a multiple of --heads " +
                        std::to_string(g.model.heads));
+  if (g.model.heads % g.tp != 0)
+    return usage_error("--tp " + std::to_string(g.tp) + " must divide --heads " + std::to_string(g.model.heads) +
+                       ": each tensor-parallel rank computes whole attention heads");
+  if (g.tp > 1 && (!o.save.empty() || !o.resume.empty() || !o.export_file.empty()))
+    return usage_error(std::string(!o.save.empty() ? "--save" : !o.resume.empty() ? "--resume" : "--export") +
+                       " with --tp " + std::to_string(g.tp) +
+                       ": checkpoints of a tensor-parallel run are not supported (each group's ranks hold other "
+                       "pieces of the model); drop --tp or the checkpoint flag");
   if (g.prompt.empty()) return usage_error("--prompt must not be empty");
   if (g.sample == 0 && (temperature_flag->count() > 0 || prompt_flag->count() > 0))
     return usage_error(std::string(temperature_flag->count() > 0 ? "--temperature" : "--prompt") +
@@ -382,10 +431,11 @@ int main(int argc, char** argv) {
     if (ranks_flag->count() > 0 && o.ranks != world)
       problem = "--ranks " + std::to_string(o.ranks) + " contradicts the " + std::to_string(world) +
                 " MPI processes (under --backend mpi the ranks are the processes mpirun starts; drop --ranks)";
-    else if (problem =
-                 trainer::split_batch(o, g.model.batch, world, "the number of MPI processes " + std::to_string(world));
-             problem.empty())
-      problem = trainer::zeropp_problem(o, world);
+    if (problem.empty()) problem = tp_problem(g.tp, world, "the number of MPI processes " + std::to_string(world));
+    if (problem.empty())
+      problem = trainer::split_batch(o, g.model.batch, world / g.tp,
+                                     data_parallel_text(g.tp, "the number of MPI processes", world));
+    if (problem.empty()) problem = trainer::zeropp_problem(o, world / g.tp);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     zero::comm::mpi_options mpi_opt;
@@ -401,11 +451,13 @@ int main(int argc, char** argv) {
     return usage_error("--backend mpi: this train_gpt was built without MPI (configure with -Dmpi=enabled)");
 #endif
   } else {
+    if (const std::string p = tp_problem(g.tp, o.ranks, "--ranks " + std::to_string(o.ranks)); !p.empty())
+      return usage_error(p);
     if (const std::string problem =
-            trainer::split_batch(o, g.model.batch, o.ranks, "--ranks " + std::to_string(o.ranks));
+            trainer::split_batch(o, g.model.batch, o.ranks / g.tp, data_parallel_text(g.tp, "--ranks", o.ranks));
         !problem.empty())
       return usage_error(problem);
-    if (const std::string p = trainer::zeropp_problem(o, o.ranks); !p.empty()) return usage_error(p);
+    if (const std::string p = trainer::zeropp_problem(o, o.ranks / g.tp); !p.empty()) return usage_error(p);
     try {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;

@@ -22,6 +22,7 @@ namespace {
 struct tensor_text {
   std::string name;
   std::vector<std::size_t> shape;
+  zero::tensor_parallel tp{};
 };
 
 // A model description: a JSON list of units, each {"name": ..., "tensors": [{"name": ..., "shape": [...]}]}
@@ -65,10 +66,18 @@ zero::model_spec read_model(const std::string& file) {
                    " is not a positive integer");
         tt.shape.push_back(d.get<std::size_t>());
       }
+      if (tj.contains("tp_split")) {  // split across a tensor-parallel group along this dimension
+        const nlohmann::json& d = tj["tp_split"];
+        ZERO_CHECK(d.is_number_unsigned() && d.get<std::uint64_t>() < tt.shape.size(), invalid_argument, where,
+                   ": unit ", unit_name, " tensor ", toolcli::quote(tt.name), ": \"tp_split\" ",
+                   d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                   " is not a dimension of its shape (0 to ", tt.shape.size() - 1, ")");
+        tt.tp = zero::tp_split(static_cast<int>(d.get<std::uint64_t>()));
+      }
       tensors.push_back(std::move(tt));
     }
     auto builder = spec.unit(unit["name"].get<std::string>());
-    for (const auto& t : tensors) builder.tensor(t.name, t.shape);
+    for (const auto& t : tensors) builder.tensor(t.name, t.shape, t.tp);
     if (unit.contains("gathers")) {
       const nlohmann::json& g = unit["gathers"];
       ZERO_CHECK(g.is_number_unsigned() && g.get<std::uint64_t>() >= 1 && g.get<std::uint64_t>() <= 1000000,
@@ -128,15 +137,14 @@ nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
   return j;
 }
 
-// --activations: the three modes of activation_store at each tensor-parallel size, from plan_activations.
-int print_activation_plans(std::uint64_t layers, std::uint64_t elements, std::size_t element_bytes,
-                           const std::vector<int>& tps, bool json) {
+// --activations: the three modes of activation_store at a tensor-parallel size, from plan_activations.
+int print_activation_plans(std::uint64_t layers, std::uint64_t elements, std::size_t element_bytes, int tp,
+                           bool json) {
   try {
     std::vector<zero::activation_plan> plans;
-    for (int tp : tps)
-      for (auto mode : {zero::activation_mode::none, zero::activation_mode::partitioned,
-                        zero::activation_mode::partitioned_cpu})
-        plans.push_back(zero::plan_activations(layers, elements, element_bytes, tp, mode));
+    for (auto mode :
+         {zero::activation_mode::none, zero::activation_mode::partitioned, zero::activation_mode::partitioned_cpu})
+      plans.push_back(zero::plan_activations(layers, elements, element_bytes, tp, mode));
     if (json) {
       nlohmann::json j = {{"layers", layers}, {"elements", elements}, {"element_bytes", element_bytes},
                           {"plans", nlohmann::json::array()}};
@@ -194,7 +202,8 @@ int main(int argc, char** argv) {
   auto* model_flag =
       app.add_option("--model", model_file,
                      "JSON model description: a list of units, each {\"name\": ..., \"tensors\": [{\"name\": ..., "
-                     "\"shape\": [...]}, ...], \"gathers\": n (optional: a shared unit gathered n times per pass)}; a "
+                     "\"shape\": [...], \"tp_split\": d (optional: cut along dimension d across a tensor-parallel group, --tp)}, "
+                     "...], \"gathers\": n (optional: a shared unit gathered n times per pass)}; a "
                      "regular file of at most 64 MiB")
           ->check(toolcli::checked([](const std::string& t) { return toolcli::input_problem(t, S_IFREG); }, "FILE"));
   toolcli::add_integer(app, "--layers", model.layers, 1, 1000, "the trainers' MLP: linear layers")
@@ -259,6 +268,12 @@ int main(int argc, char** argv) {
                  "call (comm::threads, or overlap off)")
       ->check(toolcli::one_of({"on", "off"}))
       ->capture_default_str();
+  int tp = 1;
+  auto* tp_flag = toolcli::add_integer(
+      app, "--tp", tp, 1, 1 << 20,
+      "plan one rank of a dp x tp mesh (docs/parallelism.md): its pieces of a --model whose tensors "
+      "declare \"tp_split\": a dimension (the others replicated); each --ranks value is then the "
+      "data-parallel size, the mesh that many times tp ranks; with --activations, the tensor-parallel group");
   auto* json_flag = app.add_flag("--json", json, "print a JSON object instead of the table");
   bool paper_tables = false;
   auto* paper_flag = app.add_flag(
@@ -268,16 +283,11 @@ int main(int argc, char** argv) {
       "each figure computed by the planner beside the paper's; exit 1 if one differs (takes only --json)");
   // Activation checkpoints (activation_store): their memory per rank and traffic per backward pass.
   std::vector<std::uint64_t> activations;
-  std::vector<int> tps{1};
   auto* activations_flag = toolcli::add_integer_list<std::uint64_t>(
       app, "--activations", activations, 1, std::uint64_t{1} << 50,
       "instead of a model's plan: activation checkpoints (zero::activation_store) of L layers, E elements each, of "
-      "B bytes (2: bf16/fp16, 4: fp32), as L,E,B: bytes per rank kept whole, with Pa and with Pa+cpu, at each --tp");
-  auto* tp_flag = toolcli::add_integer_list(app, "--tp", tps, 1, 1 << 20,
-                                            "--activations: tensor-parallel group sizes, e.g. 1,2,16");
+      "B bytes (2: bf16/fp16, 4: fp32), as L,E,B: bytes per rank kept whole, with Pa and with Pa+cpu, at --tp");
   if (const auto code = toolcli::parse(app, argc, argv)) return *code;
-  if (tp_flag->count() > 0 && activations_flag->count() == 0)
-    return toolcli::usage_error(app, "--tp sizes the tensor-parallel group of --activations; it needs --activations");
   if (activations_flag->count() > 0) {
     for (const CLI::Option* o : app.get_options())
       if (o != activations_flag && o != tp_flag && o != json_flag && o->count() > 0)
@@ -286,7 +296,7 @@ int main(int argc, char** argv) {
     if (activations.size() != 3 || (activations[2] != 2 && activations[2] != 4))
       return toolcli::usage_error(app, "--activations takes L,E,B: layers, elements per checkpoint, and bytes per "
                                        "element (2 or 4)");
-    return print_activation_plans(activations[0], activations[1], static_cast<std::size_t>(activations[2]), tps,
+    return print_activation_plans(activations[0], activations[1], static_cast<std::size_t>(activations[2]), tp,
                                   json);
   }
   if (paper_tables) {
@@ -318,7 +328,12 @@ int main(int argc, char** argv) {
     }
 
   try {
-    const zero::model_spec spec = model_file.empty() ? mlp::make_spec(model) : read_model(model_file);
+    const zero::model_spec whole = model_file.empty() ? mlp::make_spec(model) : read_model(model_file);
+    if (tp > 1 && !whole.has_split_tensors())
+      return toolcli::usage_error(app, "--tp " + std::to_string(tp) +
+                                           " plans the pieces of split tensors, but no tensor of the model declares "
+                                           "\"tp_split\" (give a --model whose tensors do)");
+    const zero::model_spec spec = whole.piece(tp, 0);  // what each rank of a tensor-parallel group holds
     // The engine options exactly as the trainers set them from the same flags.
     flags.accum = accum;
     flags.clip = clip;
@@ -361,6 +376,7 @@ int main(int argc, char** argv) {
                           {"qwz_bits", flags.qwz_bits},
                           {"qgz_bits", flags.qgz_bits},
                           {"overlap", overlapping},
+                          {"tensor_parallel", tp},
                           {"plans", nlohmann::json::array()}};
       if (memory > 0) j["memory_bytes"] = memory;
       for (const auto& p : reports) j["plans"].push_back(report_json(p, memory));
@@ -373,6 +389,10 @@ int main(int argc, char** argv) {
                 precision.c_str(), optimizer.c_str(), accum, accum == 1 ? "" : "es", clip > 0 ? ", clipping" : "",
                 reproducible ? ", reproducible" : "", offload == "none" ? "" : (", offload " + offload).c_str(),
                 zeropp_text.c_str());
+    if (tp > 1)
+      std::printf("one rank of a dp x %d mesh: its pieces of the split tensors and the replicated ones whole "
+                  "(%zu of the model's %zu parameters); \"ranks\" is the data-parallel size\n",
+                  tp, spec.numel(), whole.numel());
     std::printf("bytes per rank; \"transient\" is the most held at once by a step's buffers, \"peak\" adds it to the "
                 "model states\n\n");
     if (offload != "none")

@@ -2,7 +2,10 @@
 // (tests/core/optimizer_golden.py).
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -141,4 +144,35 @@ TEST_CASE("the golden values discriminate: Lion's direction interpolated with be
     }
   }
   CHECK(worst > 100 * tolerance);
+}
+
+TEST_CASE("the gradient's divisor: a power of two multiplies by its exact reciprocal, with the division's bits") {
+  using zero::elementwise::gradient_divisor;
+  // Values whose quotients cover normals, subnormals (rounded), zeros of both signs, infinities,
+  // NaN and the largest and smallest floats.
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 3.0f, 0.1f, -7.3e-3f, 1e30f, -1e-30f,
+                           std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
+                           std::numeric_limits<float>::denorm_min(), 1.5e-39f, -2.9e-42f,
+                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (std::uint32_t b = 0x00000001u; b < 0x7f800000u; b += 0x00a3c5b7u) xs.push_back(std::bit_cast<float>(b));
+  int by_inverse = 0;
+  for (int k = -130; k <= 130; ++k) {
+    for (const float d : {std::ldexp(1.0f, k), std::ldexp(1.5f, k), std::ldexp(1.0f, k) * 3.0f, 65536.0f * 3.0f}) {
+      if (!(d > 0.0f) || !std::isfinite(d)) continue;
+      const gradient_divisor g(d);
+      by_inverse += g.by_inverse ? 1 : 0;
+      // Only a power of two takes the reciprocal, and only where the reciprocal is a normal float.
+      int e = 0;
+      const bool pow2 = std::frexp(d, &e) == 0.5f;
+      CHECK(g.by_inverse == (pow2 && std::isnormal(1.0f / d)));
+      for (const float x : xs) {
+        const float want = x / d, got = g.divide(x);
+        CAPTURE(x);
+        CAPTURE(d);
+        CHECK(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
+      }
+    }
+  }
+  CHECK(by_inverse > 200);  // the multiply is what most divisors (powers of two) take
+  CHECK(std::isnan(gradient_divisor(4.0f).divide(std::numeric_limits<float>::quiet_NaN())));
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <type_traits>
 
+#include "zero/comm/mesh.hpp"
 #include "zero/zero_cuda.cuh"
 
 namespace instantiate {
@@ -60,6 +61,15 @@ void every_member(typename E::comm_backend& comm, const zero::model_spec& spec) 
   (void)e.rank();
   (void)e.world_size();
   (void)e.steps();
+  // In a tensor-parallel mesh: the exchanges over the group go through the device's memory.
+  if constexpr (zero::comm::splittable<typename E::comm_backend>) {
+    zero::comm::mesh<typename E::comm_backend> m(comm, {1, 1});
+    E t(m, spec);
+    (void)t.full_model_params();
+    (void)t.model();
+    (void)t.tensor_parallel_size();
+    (void)t.tensor_parallel_rank();
+  }
 }
 
 // Every stage and every optimizer of the library's lists on backend Comm in precision Prec: each stage

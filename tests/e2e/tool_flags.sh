@@ -46,15 +46,14 @@ numbers "$train_mlp" "" --steps --ranks --stage --lr --clip --seed --batch --lay
 numbers "$train_mlp" "--offload host" --offload-slice
 numbers "$train_mlp" "--save $tmp/s" --save-every
 numbers "$train_mlp" "--qgz" --quant-block --qwz-bits --qgz-bits
-numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --heads --context --held-out \
+numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --heads --context --tp --held-out \
   --eval-windows --sample --temperature --beta2 --data-limit --comm-timeout
 numbers "$train_loop" "" --steps --ranks --stage --seed --eval-every --schedule-steps
 numbers "$train_loop" "--save $tmp/l" --save-every
-numbers "$zero_plan" "" --memory --clip --accum --ranks --stage --layers --hidden --in --classes
+numbers "$zero_plan" "" --memory --clip --accum --ranks --stage --layers --hidden --in --classes --tp
 numbers "$zero_plan" "--stage 3 --ranks 4" --hpz --node-size
 numbers "$zero_plan" "--stage 3 --qwz --qgz" --quant-block --qwz-bits --qgz-bits
 numbers "$zero_plan" "" --activations
-numbers "$zero_plan" "--activations 2,10,4" --tp
 if [ -n "$train_mlp_cuda" ]; then
   numbers "$train_mlp_cuda" "" --steps --ranks --lr --clip --seed --batch --memory-limit --offload-slice
 fi
@@ -126,10 +125,9 @@ refused -- '--qgz-error-feedback.*needs --qgz' "$zero_plan" --qgz-error-feedback
 refused -- '--qwz-bits.*needs --qwz' "$zero_plan" --qwz-bits 4 --stage 3
 refused -- '--reproducible.*drop one of them' "$zero_plan" --reproducible --qgz --stage 1
 refused -- 'overlap' "$zero_plan" --overlap "$esc"
-# --activations: three values, bytes of 2 or 4, --tp only with it, no model flags beside it.
+# --activations: three values, bytes of 2 or 4, no model flags beside it.
 refused -- '--activations takes L,E,B' "$zero_plan" --activations 2,10
 refused -- '--activations takes L,E,B' "$zero_plan" --activations 2,10,3
-refused -- '--tp sizes the tensor-parallel group of --activations' "$zero_plan" --tp 2
 refused -- 'takes only --tp and --json, not --stage' "$zero_plan" --activations 2,10,4 --stage 1
 
 # The corpus of the character model: empty, binary, a FIFO inside a directory's reach, and a 100 GB
@@ -156,6 +154,29 @@ out=$e2e_out$'\n'$e2e_err
 if [ "$e2e_rc" -ne 1 ] || [[ "$out" == *$'\e'* ]] || [[ "$out" != *"unit '\x1B[31mfc' tensor 'w\x1B[0m'"* ]]; then
   e2e_fail "zero_plan --model with control sequences in its names: exit $e2e_rc: $(cat -v <<<"$out")"
 fi
+
+# zero_plan --tp: one rank of a dp x tp mesh plans the pieces of the tensors a --model splits, the
+# same bytes as a model of those pieces written out, with the norm of every step a mesh computes
+# (two sums and the fingerprint: 80 bytes); refusals name what is wrong.
+printf '[{"name": "fc", "tensors": [{"name": "w", "shape": [64, 96], "tp_split": 1}, {"name": "b", "shape": [96], "tp_split": 0}, {"name": "g", "shape": [64]}]}]' >"$tmp/tp.json"
+printf '[{"name": "fc", "tensors": [{"name": "w", "shape": [64, 48]}, {"name": "b", "shape": [48]}, {"name": "g", "shape": [64]}]}]' >"$tmp/pieces.json"
+field() { python3 -c "import json, sys; print(json.loads(sys.argv[1])['plans'][0][sys.argv[2]])" "$1" "$2"; }
+e2e_run "$zero_plan" --model "$tmp/tp.json" --tp 2 --ranks 2 --stage 1 --json
+mesh=$e2e_out
+e2e_run "$zero_plan" --model "$tmp/pieces.json" --ranks 2 --stage 1 --json
+plain=$e2e_out
+checks=$((checks + 1))
+for f in params_bytes grads_bytes master_bytes optimizer_states_bytes; do
+  [ "$(field "$mesh" $f)" = "$(field "$plain" $f)" ] || e2e_fail "zero_plan --tp 2: $f differs from the pieces' model"
+done
+[ "$(field "$mesh" norm_bytes)" = 80 ] && [ "$(field "$plain" norm_bytes)" = 0 ] ||
+  e2e_fail "zero_plan --tp 2: norm_bytes $(field "$mesh" norm_bytes) (want 80; the plain model's: $(field "$plain" norm_bytes))"
+refused -- '--tp 2 plans the pieces of split tensors, but no tensor of the model declares' "$zero_plan" --tp 2
+e2e_expect 1 "tensor 'w': dimension 1 \\(96\\) cannot be cut into 5" "$zero_plan" --model "$tmp/tp.json" --tp 5
+checks=$((checks + 1))
+printf '[{"name": "fc", "tensors": [{"name": "w", "shape": [4, 4], "tp_split": 2}]}]' >"$tmp/tp_bad.json"
+e2e_expect 1 '"tp_split" 2 is not a dimension of its shape' "$zero_plan" --model "$tmp/tp_bad.json" --tp 2
+checks=$((checks + 1))
 
 # A corpus may hold any byte but NUL: a control sequence in it trains, and what train_gpt prints of
 # the corpus (the sample) shows it escaped.

@@ -1,4 +1,5 @@
-// The GPT example's model: its backward pass against finite differences, and the protocol calls it makes (the tied unit's).
+// The GPT example's model: its backward pass against finite differences, the protocol calls it makes (the tied unit's),
+// and its tensor-parallel layout (tp = 2 trains tp = 1's model; a mislabeled tensor is refused).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -7,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "../engine_instances.hpp"
 #include "gpt.hpp"
+#include "zero/comm/mesh.hpp"
 
 namespace {
 
@@ -71,13 +74,13 @@ double loss(recording_engine& e, const gpt::config& c, bool backward) {
     a.tokens.push_back((i * 3 + 1) % c.vocab);
     a.targets.push_back((i * 5 + 2) % c.vocab);
   }
-  gpt::forward(c, gpt::gathered(e), a);
+  gpt::forward(c, gpt::tp_group{}, gpt::gathered(e), a);
   const int rows = c.batch * c.context;
   std::vector<float> dlogits(static_cast<std::size_t>(rows) * c.vocab);
   int correct = 0;
   const double sum = gpt::kernels::cross_entropy(a.logits.data(), a.targets.data(), dlogits.data(),
                                                  1.0f / static_cast<float>(rows), rows, c.vocab, correct);
-  if (backward) gpt::backward(e, c, a, dlogits);
+  if (backward) gpt::backward(e, c, gpt::tp_group{}, a, dlogits);
   return sum / rows;
 }
 
@@ -148,4 +151,124 @@ TEST_CASE("gpt step protocol: the tied unit is gathered twice per pass, its grad
     CHECK(e.calls[std::string("reduce ") + u] == 1);
   }
   for (std::size_t u = 0; u < e.gathered.size(); ++u) CHECK_FALSE(e.gathered[u]);
+}
+
+namespace {
+
+using zero::comm::threads;
+
+// A corpus in memory for train_step: the vocabulary's bytes and a token sequence with some structure.
+gpt::corpus tiny_corpus(const gpt::config& c) {
+  gpt::corpus data;
+  data.id.fill(-1);
+  for (int k = 0; k < c.vocab; ++k) {
+    data.vocab.push_back(static_cast<char>('a' + k));
+    data.id[static_cast<std::size_t>('a' + k)] = k;
+  }
+  for (int i = 0; i < 200; ++i) data.tokens.push_back(static_cast<std::uint8_t>((i * i + i / 3) % c.vocab));
+  data.train_end = data.tokens.size();
+  return data;
+}
+
+// Rebuilds `whole` with one tensor's tensor-parallel layout replaced: a planted mistake.
+zero::model_spec relabeled(const zero::model_spec& whole, const std::string& unit, const std::string& tensor,
+                           zero::tensor_parallel layout) {
+  zero::model_spec s;
+  for (const auto& u : whole.units()) {
+    auto b = s.unit(u.name);
+    for (const auto& t : u.tensors) b.tensor(t.name, t.shape, u.name == unit && t.name == tensor ? layout : t.tp);
+    b.gathers(u.gathers);
+  }
+  return s;
+}
+
+struct tp_run {
+  std::vector<float> whole;  // full_model_params() after one step
+  double loss = 0;           // the step's loss
+};
+
+// One SGD step (lr 100, no momentum: the update is 100 x the gradient, far above the parameters'
+// rounding) of the GPT on a 1 x tp mesh of threads, stage 0 (in a mesh every stage is the same bits).
+tp_run one_step(const gpt::config& c, int tp, const zero::model_spec& spec) {
+  const gpt::corpus data = tiny_corpus(c);
+  tp_run out;
+  threads::launch(tp, [&](threads& comm) {
+    zero::comm::mesh<threads> m(comm, {1, tp});
+    zero::optim::sgd opt;
+    opt.lr = 100.0f;
+    opt.momentum = 0.0f;
+    zero::engine<zero::stage0, threads, zero::optim::sgd> e(m, spec, opt);
+    e.initialize(zero::from_whole_tensors(gpt::initializer(c)));
+    const gpt::tp_group group(m.tp());
+    const gpt::step_result r = gpt::train_step(e, c, group, data, 0, 0, 1, 1);
+    std::vector<float> whole = e.full_model_params();
+    if (comm.rank() == 0) out = {std::move(whole), r.loss};
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpt at tp = 2 (heads and MLP columns split, partial sums added over the group) trains tp = 1's model") {
+  gpt::config c = small();
+  c.heads = 4;  // two heads per tensor-parallel rank
+  const zero::model_spec spec = gpt::make_spec(c);
+  const tp_run one = one_step(c, 1, spec), two = one_step(c, 2, spec);
+  // The forward's sums are grouped differently (each rank's half, then the two halves), so the loss and
+  // gradients agree to float rounding, not bit for bit: about 1e-7 relative here, against 1e-4 below.
+  CHECK(std::abs(two.loss - one.loss) <= 1e-6 * one.loss);
+  std::vector<float> start(spec.numel());
+  {  // the initial values, in the same flat order: the update of each tensor is start - after
+    std::size_t at = 0;
+    const auto init = gpt::initializer(c);
+    for (const auto& u : spec.units())
+      for (const auto& t : u.tensors) {
+        init(u, t, zero::range{0, t.numel}, std::span<float>(start.data() + at, t.numel));
+        at += t.numel;
+      }
+  }
+  REQUIRE(one.whole.size() == start.size());
+  REQUIRE(two.whole.size() == start.size());
+  std::size_t at = 0;
+  for (const auto& u : spec.units())
+    for (const auto& t : u.tensors) {
+      double diff2 = 0, norm2 = 0;
+      for (std::size_t i = at; i < at + t.numel; ++i) {
+        const double u1 = static_cast<double>(start[i]) - one.whole[i];
+        const double u2 = static_cast<double>(start[i]) - two.whole[i];
+        diff2 += (u2 - u1) * (u2 - u1);
+        norm2 += u1 * u1;
+      }
+      at += t.numel;
+      INFO(u.name, ".", t.name, ": |update(tp 2) - update(tp 1)| = ", std::sqrt(diff2),
+           ", |update| = ", std::sqrt(norm2));
+      CHECK(norm2 > 0.0);
+      CHECK(std::sqrt(diff2) <= 1e-4 * std::sqrt(norm2));
+    }
+}
+
+TEST_CASE("gpt at tp = 2: a tensor declared with the wrong tensor-parallel layout is refused at the first step") {
+  gpt::config c = small();
+  c.heads = 4;
+  const zero::model_spec spec = gpt::make_spec(c);
+  // A split tensor declared replicated (each rank would hold all of c_fc's bias), and a replicated
+  // one declared split (each rank half of the row-parallel bias, which is zero at initialization: the
+  // engine's init check sees a valid layout either way).
+  const auto failure = [&](const zero::model_spec& planted) -> std::string {
+    try {
+      one_step(c, 2, planted);
+    } catch (const zero::error& x) {
+      CHECK(x.kind() == zero::error_kind::invalid_argument);
+      return x.what();
+    }
+    return "no error";
+  };
+  const std::string replicated = failure(relabeled(spec, "h.1", "mlp.c_fc.bias", zero::tp_replicated));
+  CHECK(replicated.find("tensor 'h.1.mlp.c_fc.bias' is held as [32], piece 0 of 1; at tensor-parallel rank ") !=
+        std::string::npos);
+  CHECK(replicated.find(" of 2 the model computes with [16], split") != std::string::npos);
+  const std::string split = failure(relabeled(spec, "h.0", "attn.c_proj.bias", zero::tp_split(0)));
+  CHECK(split.find("tensor 'h.0.attn.c_proj.bias' is held as [4], piece ") != std::string::npos);
+  CHECK(split.find(" of 2 the model computes with [8], replicated (piece 0 of 1)") != std::string::npos);
+  CHECK(failure(spec) == "no error");
 }

@@ -1,6 +1,7 @@
 #!/bin/bash
 # train_gpt --backend mpi under mpirun -np 3 prints the threads backend's param_hash for every stage
-# (fp32, and bf16 in stage 3); only rank 0 prints.
+# (fp32, and bf16 in stage 3); only rank 0 prints. Under mpirun -np 4 --tp 2 (a 2 x 2 mesh) too: the
+# tensor-parallel sums are added in rank order on every backend.
 # Usage: train_gpt_mpi.sh MPIRUN TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
@@ -27,5 +28,18 @@ for run in "0 fp32" "1 fp32" "2 fp32" "3 fp32" "3 bf16"; do
   e2e_same "$backend" mpi "stage $stage: the JSON line's backend"
   # The sample is computed by rank 0 from the same weights: the same text.
   e2e_same "$got_sample" "$want_sample" "stage $stage $precision: the sample under MPI against threads"
+done
+# --tp 2: stage 0 and stage 3, the sample included (tensor-parallel group 0 computes it).
+small_tp=(--embd 32 --heads 4 --layers 1 --context 16 --batch 8 --steps 6 --eval-windows 8 --sample 16 --json --tp 2)
+for stage in 0 3; do
+  e2e_run "$exe" --backend threads --ranks 4 "${small_tp[@]}" --stage $stage
+  e2e_json want param_hash hex
+  e2e_json want_sample sample
+  e2e_run "$mpirun" --oversubscribe -np 4 "$exe" --backend mpi "${small_tp[@]}" --stage $stage
+  e2e_json got param_hash hex
+  e2e_json got_sample sample
+  echo "--tp 2 stage $stage: threads $want, mpi $got"
+  e2e_same "$got" "$want" "--tp 2 stage $stage: param_hash under MPI against threads"
+  e2e_same "$got_sample" "$want_sample" "--tp 2 stage $stage: the sample under MPI against threads"
 done
 echo "ok"

@@ -2,6 +2,7 @@
 // sys::host::for_each and the device launcher.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -74,14 +75,40 @@ concept update_over = requires(const typename Opt::step_constants& c, V& w, V g,
 // apply<float>. Calls are unqualified (with `using namespace zero::fp`) so that a pack's operations
 // are found by argument-dependent lookup.
 
+// How the update divides the gradient by N x loss scale. Where the divisor is a power of two whose
+// reciprocal is a normal float (the loss scale always is a power of two, N often; a divisor of 1
+// is one), by a multiplication with that exact reciprocal: x / 2^k and x * 2^-k are the same real
+// number, rounded once, so the bits are those of the division, at the cost of a multiply. Any other
+// divisor: one IEEE division. Built from the divisor on the host, where the rule is made.
+struct gradient_divisor {
+  float value = 1.0f;
+  float inverse = 1.0f;
+  bool by_inverse = true;
+  // Implicit: a rule is built from the divisor as a float ({c, divisor, coef}).
+  constexpr gradient_divisor(float d = 1.0f) : value(d) {  // NOLINT(google-explicit-constructor)
+    const auto bits = std::bit_cast<std::uint32_t>(d);
+    const std::uint32_t e = bits >> 23;  // the sign (0 for a positive divisor) and the exponent field
+    // 2^(e - 127) with a zero significand; its reciprocal 2^(127 - e) is normal for e in [1, 253].
+    by_inverse = (bits & 0x7fffffu) == 0 && e >= 1 && e <= 253;
+    inverse = by_inverse ? std::bit_cast<float>((254u - e) << 23) : 0.0f;
+  }
+  template <class V>
+  ZERO_HD V divide(V x) const {
+    using namespace zero::fp;
+    return by_inverse ? mul(x, V(inverse)) : div(x, V(value));
+  }
+};
+
 // The optimizer step without a separate parameter copy (the master weights are the parameters):
 // the averaged, unscaled (and clipped) gradient, then the optimizer's rule on the master weight and
-// its slots. The gradient is divided by N x loss scale in one IEEE division.
+// its slots. The gradient is divided by N x loss scale (gradient_divisor: the bits of one IEEE
+// division).
 // Arrays: gradient g, master weights w, then one array per optimizer slot.
 template <class Opt>
 struct update_in_place_rule {
   typename Opt::step_constants c;
-  float divisor, coef;
+  gradient_divisor divisor;
+  float coef;
 
   template <class G, class... Slots>
   ZERO_HD void operator()(std::size_t j, const G* g, float* w, Slots*... slots) const {
@@ -98,7 +125,7 @@ struct update_in_place_rule {
   ZERO_HD V step(std::size_t j, const G* g, float* w, Slots*... slots) const {
     static_assert(sizeof...(Slots) == static_cast<std::size_t>(Opt::slots), "one array per optimizer slot");
     using namespace zero::fp;
-    V gj = div(load<V>(g, j), V(divisor));
+    V gj = divisor.divide(load<V>(g, j));
     if (coef != 1.0f) gj = mul(gj, V(coef));
     V s[Opt::slots > 0 ? Opt::slots : 1] = {load<V>(slots, j)...};
     V wj = load<V>(w, j);
