@@ -137,6 +137,53 @@ nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
   return j;
 }
 
+// --activations: the three modes of activation_store at a tensor-parallel size, from plan_activations.
+int print_activation_plans(std::uint64_t layers, std::uint64_t elements, std::size_t element_bytes, int tp,
+                           bool json) {
+  try {
+    std::vector<zero::activation_plan> plans;
+    for (auto mode :
+         {zero::activation_mode::none, zero::activation_mode::partitioned, zero::activation_mode::partitioned_cpu})
+      plans.push_back(zero::plan_activations(layers, elements, element_bytes, tp, mode));
+    if (json) {
+      nlohmann::json j = {{"layers", layers}, {"elements", elements}, {"element_bytes", element_bytes},
+                          {"plans", nlohmann::json::array()}};
+      for (const auto& p : plans)
+        j["plans"].push_back({{"tp", p.tp},
+                              {"mode", zero::to_string(p.mode)},
+                              {"kept_elements", p.kept_elements},
+                              {"saved_bytes", p.saved_bytes},
+                              {"host_bytes", p.host_bytes},
+                              {"restore_bytes", p.restore_bytes},
+                              {"peak_system_bytes", p.peak_system_bytes},
+                              {"gather_bytes_per_pass", p.gather.total_bytes()},
+                              {"to_host_bytes", p.to_host_bytes},
+                              {"from_host_bytes", p.from_host_bytes}});
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    std::printf("activation checkpoints: %" PRIu64 " layers of %" PRIu64 " elements of %zu bytes (%s each, whole)\n",
+                layers, elements, element_bytes, size_text(elements * element_bytes).c_str());
+    std::printf("bytes per rank; \"system\": the system's memory after the forward pass, \"host\": host memory "
+                "(pinned on a GPU), \"peak\": system + one restored checkpoint; \"gathered\": all-gather bytes sent "
+                "per backward pass (bus volume)\n\n");
+    std::printf("%6s %7s %11s %11s %11s %11s %11s %12s\n", "tp", "mode", "kept/layer", "system", "host", "restore",
+                "peak", "gathered");
+    for (const auto& p : plans)
+      std::printf("%6d %7s %11s %11s %11s %11s %11s %12s\n", p.tp, zero::to_string(p.mode),
+                  size_text(p.kept_elements * element_bytes).c_str(), size_text(p.saved_bytes).c_str(),
+                  size_text(p.host_bytes).c_str(), size_text(p.restore_bytes).c_str(),
+                  size_text(p.peak_system_bytes).c_str(), size_text(p.gather.total_bytes()).c_str());
+    std::printf("\nPa+cpu also copies its host bytes to host memory in the forward pass and back in the backward "
+                "pass.\n");
+  } catch (...) {
+    std::fprintf(stderr, "zero_plan: %s\n",
+                 toolcli::printable_message(zero::as_error(std::current_exception()).what()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -222,10 +269,11 @@ int main(int argc, char** argv) {
       ->check(toolcli::one_of({"on", "off"}))
       ->capture_default_str();
   int tp = 1;
-  toolcli::add_integer(app, "--tp", tp, 1, 1 << 20,
-                       "plan one rank of a dp x tp mesh (docs/parallelism.md): its pieces of a --model whose tensors "
-                       "declare \"tp_split\": a dimension (the others replicated); each --ranks value is then the "
-                       "data-parallel size, the mesh that many times tp ranks");
+  auto* tp_flag = toolcli::add_integer(
+      app, "--tp", tp, 1, 1 << 20,
+      "plan one rank of a dp x tp mesh (docs/parallelism.md): its pieces of a --model whose tensors "
+      "declare \"tp_split\": a dimension (the others replicated); each --ranks value is then the "
+      "data-parallel size, the mesh that many times tp ranks; with --activations, the tensor-parallel group");
   auto* json_flag = app.add_flag("--json", json, "print a JSON object instead of the table");
   bool paper_tables = false;
   auto* paper_flag = app.add_flag(
@@ -233,7 +281,24 @@ int main(int argc, char** argv) {
       "instead of a model's plan: the ZeRO paper's Table 1 (model-state memory per device of its 7.5B, 128B and 1T "
       "models, K = 12, DP 1 to 1024) and Table 2 (the largest model in 32 GB per device with model parallelism), "
       "each figure computed by the planner beside the paper's; exit 1 if one differs (takes only --json)");
+  // Activation checkpoints (activation_store): their memory per rank and traffic per backward pass.
+  std::vector<std::uint64_t> activations;
+  auto* activations_flag = toolcli::add_integer_list<std::uint64_t>(
+      app, "--activations", activations, 1, std::uint64_t{1} << 50,
+      "instead of a model's plan: activation checkpoints (zero::activation_store) of L layers, E elements each, of "
+      "B bytes (2: bf16/fp16, 4: fp32), as L,E,B: bytes per rank kept whole, with Pa and with Pa+cpu, at --tp");
   if (const auto code = toolcli::parse(app, argc, argv)) return *code;
+  if (activations_flag->count() > 0) {
+    for (const CLI::Option* o : app.get_options())
+      if (o != activations_flag && o != tp_flag && o != json_flag && o->count() > 0)
+        return toolcli::usage_error(app, "--activations plans activation checkpoints; it takes only --tp and --json, "
+                                         "not " + o->get_name());
+    if (activations.size() != 3 || (activations[2] != 2 && activations[2] != 4))
+      return toolcli::usage_error(app, "--activations takes L,E,B: layers, elements per checkpoint, and bytes per "
+                                       "element (2 or 4)");
+    return print_activation_plans(activations[0], activations[1], static_cast<std::size_t>(activations[2]), tp,
+                                  json);
+  }
   if (paper_tables) {
     for (const CLI::Option* o : app.get_options())
       if (o != paper_flag && o != json_flag && o->count() > 0)

@@ -50,6 +50,13 @@ void check_stage(Opt opt) {
       CHECK(m.bytes(mem_category::master) == 0);
       CHECK(m.bytes(mem_category::optimizer_states) == k * (Stage::shards_optimizer_states ? psi / N : psi));
       CHECK(m.bytes(mem_category::transient) == 0);  // nothing transient outlives a call
+      // Each model state is flat: one contiguous block per array whatever the model's 4 units and 8
+      // tensors (parameters, gradients, each optimizer slot), and no transient block left behind.
+      CHECK(m.block_count(mem_category::params) == 1);
+      CHECK(m.block_count(mem_category::grads) == 1);
+      CHECK(m.block_count(mem_category::master) == 0);
+      CHECK(m.block_count(mem_category::optimizer_states) == static_cast<std::size_t>(Opt::slots));
+      CHECK(m.block_count(mem_category::transient) == 0);
       // Communicated bytes per step equal the formula exactly, in every step.
       const auto& c = res.comm[static_cast<std::size_t>(r)];
       CHECK(c.steps == steps);

@@ -1,9 +1,10 @@
-// Compiles every collective of the device backends for every element type they take, with and without counted<>, behind any_backend, and in a mesh.
+// Compiles every collective of the device backends for every element type they take, with and without counted<>, behind any_backend, and in a mesh; and the activation store over them.
 #include <cstdint>
 
 #include "instantiate.cuh"
 #include "zero/comm/any_backend.hpp"
 #include "zero/comm/mesh.hpp"
+#include "zero/engine/activation_store.hpp"
 
 namespace {
 
@@ -17,8 +18,27 @@ void every_collective(Comm& c, T* p) {
   c.barrier();
 }
 
+// activation_store's members for a checkpoint type: device copies, pinned host memory (Pa+cpu), the
+// group's all-gather.
+template <class T, class Comm>
+void activation_store_members(Comm& c) {
+  zero::activation_store<Comm> s(c, zero::activation_mode::partitioned_cpu);
+  const T* p = nullptr;
+  s.save(0, p, 1);
+  s.template prefetch<T>(0);
+  (void)s.template restore<T>(0);
+  s.release(0);
+  s.clear();
+  (void)s.memory();
+  (void)s.traffic();
+  s.reset_traffic();
+}
+
 template <class Comm>
 void every_type(Comm& c) {
+  activation_store_members<float>(c);
+  activation_store_members<zero::bf16>(c);
+  activation_store_members<zero::fp16>(c);
   every_collective(c, static_cast<float*>(nullptr));
   every_collective(c, static_cast<double*>(nullptr));
   every_collective(c, static_cast<zero::bf16*>(nullptr));

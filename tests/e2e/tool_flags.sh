@@ -53,6 +53,7 @@ numbers "$train_loop" "--save $tmp/l" --save-every
 numbers "$zero_plan" "" --memory --clip --accum --ranks --stage --layers --hidden --in --classes --tp
 numbers "$zero_plan" "--stage 3 --ranks 4" --hpz --node-size
 numbers "$zero_plan" "--stage 3 --qwz --qgz" --quant-block --qwz-bits --qgz-bits
+numbers "$zero_plan" "" --activations
 if [ -n "$train_mlp_cuda" ]; then
   numbers "$train_mlp_cuda" "" --steps --ranks --lr --clip --seed --batch --memory-limit --offload-slice
 fi
@@ -124,6 +125,10 @@ refused -- '--qgz-error-feedback.*needs --qgz' "$zero_plan" --qgz-error-feedback
 refused -- '--qwz-bits.*needs --qwz' "$zero_plan" --qwz-bits 4 --stage 3
 refused -- '--reproducible.*drop one of them' "$zero_plan" --reproducible --qgz --stage 1
 refused -- 'overlap' "$zero_plan" --overlap "$esc"
+# --activations: three values, bytes of 2 or 4, no model flags beside it.
+refused -- '--activations takes L,E,B' "$zero_plan" --activations 2,10
+refused -- '--activations takes L,E,B' "$zero_plan" --activations 2,10,3
+refused -- 'takes only --tp and --json, not --stage' "$zero_plan" --activations 2,10,4 --stage 1
 
 # The corpus of the character model: empty, binary, a FIFO inside a directory's reach, and a 100 GB
 # sparse file (refused from its size at once, not read until memory runs out).

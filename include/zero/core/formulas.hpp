@@ -216,3 +216,53 @@ inline std::uint64_t reproducible_comm_bytes_per_step(int stage, std::uint64_t p
 }
 
 }  // namespace zero::formula
+
+namespace zero::formula {
+
+// ---- partitioned activation checkpoints (ZeRO-R: activation_store, engine/activation_store.hpp) ----
+// L checkpoints of E elements of b bytes each, on a tensor-parallel group of tp ranks that all hold the
+// same activations. Pa keeps each rank's slice of s = ceil(E / tp) elements (the last slice padded).
+inline std::uint64_t activation_slice_elements(std::uint64_t elements, int tp) {
+  ZERO_CHECK(tp >= 1, invalid_argument, "formula: a tensor-parallel group of ", tp, " ranks");
+  const auto t = static_cast<std::uint64_t>(tp);
+  return elements / t + (elements % t != 0);
+}
+
+// Bytes one rank holds for the checkpoints while they are saved: in the system's memory and in host
+// memory (pinned on a device system; the same RAM on a CPU system).
+//   none (whole tensors): L E b in the system's memory
+//   Pa:                   L s b in the system's memory
+//   Pa+cpu:               0 in the system's memory, L s b in host memory
+struct activation_bytes {
+  std::uint64_t system = 0, host = 0;
+};
+inline activation_bytes activation_checkpoint_bytes(std::uint64_t layers, std::uint64_t elements,
+                                                    std::size_t elem_bytes, int tp, bool partitioned,
+                                                    bool in_host_memory) {
+  ZERO_CHECK(!in_host_memory || partitioned, invalid_argument,
+             "formula: activation checkpoints go to host memory only partitioned (Pa+cpu)");
+  const std::uint64_t kept = partitioned ? activation_slice_elements(elements, tp) : elements;
+  const std::uint64_t bytes = detail::mul(detail::mul(layers, kept), elem_bytes);
+  return in_host_memory ? activation_bytes{0, bytes} : activation_bytes{bytes, 0};
+}
+
+// A restored checkpoint (Pa, Pa+cpu) is gathered whole into a buffer of tp s elements, the padding
+// included, held until it is released: the backward pass's transient, tp s b per layer restored at once.
+// Without partitioning the restore is the saved tensor itself: 0.
+inline std::uint64_t activation_restore_bytes(std::uint64_t elements, std::size_t elem_bytes, int tp,
+                                              bool partitioned) {
+  if (!partitioned) return 0;
+  return detail::mul(detail::mul(activation_slice_elements(elements, tp), static_cast<std::uint64_t>(tp)), elem_bytes);
+}
+
+// Bytes each rank sends per backward pass (bus volume, as comm::counted counts an all-gather of tp
+// slices): L (tp - 1) s b with Pa or Pa+cpu (one all-gather per checkpoint), 0 without partitioning.
+// Pa+cpu also copies L s b to host memory in the forward pass and back in the backward pass.
+inline std::uint64_t activation_gather_bytes(std::uint64_t layers, std::uint64_t elements, std::size_t elem_bytes,
+                                             int tp, bool partitioned) {
+  if (!partitioned) return 0;
+  const std::uint64_t s = activation_slice_elements(elements, tp);
+  return detail::mul(detail::mul(detail::mul(layers, static_cast<std::uint64_t>(tp - 1)), s), elem_bytes);
+}
+
+}  // namespace zero::formula

@@ -33,9 +33,16 @@ inline const char* to_string(mem_category c) {
 struct memory_report {
   std::array<std::size_t, mem_category_count> current{}, peak{};
   std::size_t peak_total = 0;
+  // Blocks held now per category, as buffer<T, System> allocates them, each one contiguous: how
+  // fragmented a category is. The engine's model states are a fixed number of flat arrays whatever the
+  // model's units and tensors (params: 1, or more for stage 3's persistent copy and hpZ's secondary;
+  // grads: 1 or 2; master: 0 or 1; optimizer_states: one per slot). The offload tier's host memory is
+  // accounted as one sum and counts no blocks here.
+  std::array<std::size_t, mem_category_count> blocks{};
 
   std::size_t bytes(mem_category c) const { return current[static_cast<int>(c)]; }
   std::size_t peak_bytes(mem_category c) const { return peak[static_cast<int>(c)]; }
+  std::size_t block_count(mem_category c) const { return blocks[static_cast<int>(c)]; }
   // Persistent model states: what the paper's equations count (transient buffers excluded).
   std::size_t model_state_bytes() const {
     return bytes(mem_category::params) + bytes(mem_category::grads) + bytes(mem_category::master) +
@@ -87,6 +94,9 @@ class memory_accounting {
     if (total > r_.peak_total) r_.peak_total = total;
   }
   void remove(mem_category c, std::size_t bytes) { r_.current[static_cast<int>(c)] -= bytes; }
+  // A block of category c allocated or freed (buffer does this beside add and remove).
+  void add_block(mem_category c) { ++r_.blocks[static_cast<int>(c)]; }
+  void remove_block(mem_category c) { --r_.blocks[static_cast<int>(c)]; }
   const memory_report& report() const { return r_; }
 
  private:
@@ -138,6 +148,7 @@ class buffer {
     if (acct_ && data_) {
       System::deallocate(data_, n_ * sizeof(T));
       acct_->remove(cat_, n_ * sizeof(T));
+      acct_->remove_block(cat_);
     }
     data_ = nullptr;
     n_ = 0;
@@ -160,6 +171,7 @@ class buffer {
     }
     if (zero) System::fill_zero(data_, n * sizeof(T));
     acct_->add(cat_, n * sizeof(T));
+    if (data_) acct_->add_block(cat_);
   }
   void swap(buffer& o) noexcept {
     std::swap(data_, o.data_);

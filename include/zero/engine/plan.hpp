@@ -17,6 +17,7 @@
 #include "zero/core/layout.hpp"
 #include "zero/core/link_formulas.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/engine/activation_store.hpp"
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
@@ -698,6 +699,53 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   sum(states, r.consolidation_bytes);  // zero_plan's peak of full_params()
   r.init_broadcast_bytes = std::min<std::uint64_t>(options.init_chunk_elements, largest_tensor) * sizeof(float);
   return r;
+}
+
+// The activation checkpoints of an activation_store on one rank, planned: L layers, each a checkpoint
+// of E elements of b bytes, on a tensor-parallel group of tp ranks, for the loop of activation
+// checkpointing: save every layer in the forward pass, then in the backward pass restore, recompute and
+// release one layer at a time (in any order). Every field equals what the store then measures.
+struct activation_plan {
+  activation_mode mode = activation_mode::none;
+  int tp = 1;
+  std::uint64_t layers = 0, elements = 0;
+  std::size_t element_bytes = 2;
+  std::uint64_t kept_elements = 0;  // per checkpoint and rank: E (none) or ceil(E / tp)
+  // Held once the forward pass is done: = memory().peak_saved and memory().peak_host.
+  std::uint64_t saved_bytes = 0;        // in the system's memory (none: L E b; Pa: L ceil(E/tp) b; Pa+cpu: 0)
+  std::uint64_t host_bytes = 0;         // in host memory (Pa+cpu: L ceil(E/tp) b)
+  std::uint64_t restore_bytes = 0;      // one restored checkpoint, padded (Pa, Pa+cpu): = memory().peak_restored
+  std::uint64_t peak_system_bytes = 0;  // saved + one restore, at the first restore: = memory().peak_system
+  // Per backward pass: the restores' all-gathers (bus bytes and calls, = traffic().gather), and the
+  // Pa+cpu copies to host memory (forward) and back (backward).
+  comm::comm_stats gather;
+  std::uint64_t to_host_bytes = 0, from_host_bytes = 0;
+};
+
+inline activation_plan plan_activations(std::uint64_t layers, std::uint64_t elements, std::size_t element_bytes, int tp,
+                                        activation_mode mode) {
+  ZERO_CHECK(tp >= 1, invalid_argument, "plan_activations: a tensor-parallel group of ", tp, " ranks");
+  ZERO_CHECK(elements >= 1 && element_bytes >= 1, invalid_argument, "plan_activations: checkpoints of ", elements,
+             " elements of ", element_bytes, " bytes");
+  const bool partitioned = mode != activation_mode::none, host = mode == activation_mode::partitioned_cpu;
+  activation_plan p;
+  p.mode = mode;
+  p.tp = tp;
+  p.layers = layers;
+  p.elements = elements;
+  p.element_bytes = element_bytes;
+  p.kept_elements = partitioned ? formula::activation_slice_elements(elements, tp) : elements;
+  const formula::activation_bytes held =
+      formula::activation_checkpoint_bytes(layers, elements, element_bytes, tp, partitioned, host);
+  p.saved_bytes = held.system;
+  p.host_bytes = held.host;
+  p.restore_bytes = layers > 0 ? formula::activation_restore_bytes(elements, element_bytes, tp, partitioned) : 0;
+  p.peak_system_bytes = add_or_fail(p.saved_bytes, p.restore_bytes, "plan_activations: bytes");
+  if (partitioned && layers > 0) {
+    detail::plan_count(p.gather, comm::collective::all_gather, p.restore_bytes, tp, layers);
+    if (host) p.to_host_bytes = p.from_host_bytes = held.host;
+  }
+  return p;
 }
 
 // The same for an engine's policy types: plan_for<stage2, optim::adamw, precision::bf16>(spec, N).
