@@ -77,4 +77,11 @@ class mesh {
   std::unique_ptr<C> tp_, dp_;
 };
 
+// Whether M is comm::mesh<C>: for a constraint that must not name mesh<C> where C cannot split (an
+// engine over any backend offers its mesh constructor through it).
+template <class M, class C>
+inline constexpr bool is_mesh_over = false;
+template <class C>
+inline constexpr bool is_mesh_over<mesh<C>, C> = true;
+
 }  // namespace zero::comm

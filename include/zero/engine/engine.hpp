@@ -107,9 +107,8 @@ class engine {
   // init check are the whole mesh's (engine/tensor_parallel.hpp); the norm is computed at every step.
   // A collective on the whole mesh. At tp = 1 it is the plain engine over dp(), bit for bit.
   template <class Mesh>
-  requires comm::splittable<Comm> && std::same_as<Mesh, comm::mesh<Comm>> engine(Mesh& mesh, const model_spec& model,
-                                                                                 Opt opt = {},
-                                                                                 engine_options options = {})
+    requires comm::is_mesh_over<Mesh, Comm>
+  engine(Mesh& mesh, const model_spec& model, Opt opt = {}, engine_options options = {})
       : engine(mesh.dp(), mesh.shape().tp > 1 ? &mesh.tp() : nullptr, mesh.shape().tp > 1 ? &mesh.world() : nullptr,
                model.piece(mesh.shape().tp, mesh.coordinates().tp), model, std::move(opt), options) {}
   engine(const engine&) = delete;
