@@ -92,6 +92,9 @@ struct options {
   int node_size = 0;  // ranks per node (what counts as inter-node; qgZ's hops); 0: one node, or --hpz's
   int quant_block = 256, qwz_bits = 8, qgz_bits = 8;
   bool zeropp() const { return qwz || qgz || hpz > 0; }
+  // engine_options::shard_group_size (HSDP): ZeRO within groups of this many ranks, the groups
+  // replicas; 0: plain ZeRO over every rank.
+  int shard_group = 0;
   int nodes_of() const { return hpz > 0 ? hpz : node_size; }
 };
 
@@ -206,6 +209,11 @@ inline void add_zeropp_flags(CLI::App& app, options& o) {
                        "ranks per node (consecutive): what the summary counts as inter-node traffic, and qgZ's hops "
                        "(default: one node, or --hpz's)")
       ->default_str("");
+  toolcli::add_integer(app, "--shard-group", o.shard_group, 1, 1 << 20,
+                       "HSDP: ZeRO within groups of this many consecutive ranks (a node's), the groups replicas of "
+                       "each other; the reduced gradients are all-reduced across the groups (default: one group)")
+      ->type_name("RANKS")
+      ->default_str("");
   toolcli::add_integer(app, "--quant-block", o.quant_block, 1, 1 << 24,
                        "values per fp32 scale in qwZ's and qgZ's blocks (needs --qwz or --qgz)");
   const auto bits = [](int& target, const std::string& flag) {
@@ -246,6 +254,11 @@ inline std::string zeropp_problem(const options& o, int ranks) {
   if (o.hpz > 0 && o.hpz >= ranks)
     return "--hpz " + std::to_string(o.hpz) + ": nodes of all " + std::to_string(ranks) +
            " ranks make the secondary partition the primary one; use a node size below the ranks";
+  if (o.shard_group > 0 && ranks % o.shard_group != 0)
+    return "--shard-group " + std::to_string(o.shard_group) + " does not divide the " + std::to_string(ranks) +
+           " data-parallel ranks";
+  if (o.shard_group > 0 && o.shard_group < ranks && o.zeropp())
+    return "--shard-group and ZeRO++ (--qwz, --qgz, --hpz) cannot be combined yet: drop one of them";
   if (o.qgz_bits == 4 && o.quant_block % 2 != 0 && o.qgz)
     return "--qgz-bits 4 packs two codes per byte: --quant-block must be even, got " + std::to_string(o.quant_block);
   if (o.qwz_bits == 4 && o.quant_block % 2 != 0 && o.qwz)
@@ -451,6 +464,7 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.zeropp.node_size = o.nodes_of();
   eo.zeropp.weights = {o.qwz_bits, static_cast<std::size_t>(o.quant_block)};
   eo.zeropp.gradients = {o.qgz_bits, static_cast<std::size_t>(o.quant_block)};
+  eo.shard_group_size = o.shard_group;
   return eo;
 }
 

@@ -110,7 +110,9 @@ nlohmann::json report_json(const zero::plan_report& p, std::uint64_t memory) {
       p.model_states.total() + std::max<std::uint64_t>(p.step_transient_peak, p.consolidation_bytes);
   nlohmann::json j = {
       {"stage", p.stage},
-      {"ranks", p.ranks},
+      {"ranks", p.ranks * p.replicas},
+      {"shard_group", p.ranks},
+      {"replicas", p.replicas},
       {"params_bytes", p.model_states.params},
       {"grads_bytes", p.model_states.grads},
       {"master_bytes", p.model_states.master},
@@ -354,6 +356,8 @@ int main(int argc, char** argv) {
     if (z.qgz_error_feedback) zeropp_text += " with error feedback";
     if (z.hpz) zeropp_text += ", hpZ";
     if (z.node_size > 0) zeropp_text += ", nodes of " + std::to_string(z.node_size);
+    if (options.shard_group_size > 0)
+      zeropp_text += ", shard groups of " + std::to_string(options.shard_group_size) + " (HSDP)";
     if (overlapping) zeropp_text += ", overlap";
 
     const zero::plan_report& first = reports.front();
@@ -399,10 +403,16 @@ int main(int argc, char** argv) {
       std::printf("\"offload\": the tier's host memory (the host tier's arrays; the disk tier's slice buffers and "
                   "checksums), counted as the rank's on a CPU system; \"offloaded\": the arrays in the tier\n");
     const bool off = offload != "none";
-    const bool nodes = z.node_size > 0;  // the part of the bytes sent that goes between nodes
-    if (nodes)
+    // The part of the bytes sent that goes between nodes (with shard groups, between the groups).
+    const bool nodes = z.node_size > 0 || options.shard_group_size > 0;
+    if (z.node_size > 0)
       std::printf("\"between nodes\": the part of sent/step that leaves the rank's node (nodes of %d ranks)\n",
                   z.node_size);
+    else if (nodes)
+      std::printf(
+          "\"between nodes\": the part of sent/step that crosses the shard groups of %d ranks (each a node); "
+          "the model states are ZeRO's at that many ranks\n",
+          options.shard_group_size);
     std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", "stage", "ranks", "params", "grads",
                 "master", "optimizer", off ? "     offload   offloaded" : "", "model states", "transient", "peak",
                 "sent/step", nodes ? " between nodes" : "", memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
@@ -417,7 +427,7 @@ int main(int argc, char** argv) {
       char inter_column[32] = "";
       if (nodes)
         std::snprintf(inter_column, sizeof inter_column, " %13s", size_text(p.step_comm.inter_node_bytes()).c_str());
-      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", p.stage, p.ranks,
+      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", p.stage, p.ranks * p.replicas,
                   size_text(p.model_states.params).c_str(), size_text(p.model_states.grads).c_str(),
                   size_text(p.model_states.master).c_str(), size_text(p.model_states.optimizer_states).c_str(),
                   offload_columns, size_text(p.model_states.total()).c_str(), size_text(p.step_transient_peak).c_str(),

@@ -30,6 +30,24 @@ assert j["accum"] == 48 // 6 // j["ranks"], j
 PY
   done
 done
+# Replicated shard groups (--shard-group, HSDP): plain ZeRO's bits, the formulas with the traffic across
+# the groups counted between nodes.
+for spec in "4 3 2" "8 2 4" "4 0 1"; do
+  set -- $spec
+  run --ranks $1 --stage $2 --shard-group $3 --precision bf16 --steps 12
+  e2e_json got param_hash hex
+  echo "bf16 N=$1 stage $2 in groups of $3: $got (N=1 stage 0: $want)"
+  e2e_same "$got" "$want" "bf16 N=$1 stage $2 --shard-group $3: param_hash against N=1's"
+  python3 - "$e2e_out" <<'PY' || e2e_fail "N=$1 stage $2 --shard-group $3: formulas"
+import json, sys
+j = json.loads(sys.argv[1].strip().splitlines()[-1])
+assert j["comm_bytes_per_rank_per_step"] == j["comm_formula_bytes"], j
+assert j["comm_inter_node_bytes_per_rank_per_step"] == j["comm_inter_node_formula_bytes"] > 0, j
+assert j["model_state_bytes_per_rank"] == j["model_state_formula_bytes"], j
+PY
+done
+e2e_expect 2 "--shard-group 3 does not divide the 4 data-parallel ranks" "$train_mlp" --shard-group 3 --ranks 4 --steps 1
+
 # fp16: loss-scale decisions (skipped steps) the same at every N.
 run --ranks 1 --stage 2 --precision fp16 --steps 12
 e2e_json a_hash param_hash hex
@@ -56,6 +74,15 @@ run --ranks 8 --stage 2 --steps 12
 e2e_json straight param_hash hex
 echo "resumed at N=2 stage 1 after 6 steps at N=4 stage 3: $resumed; uninterrupted at N=8 stage 2: $straight"
 e2e_same "$resumed" "$straight" "the resume at another N against the uninterrupted run"
+# The same through shard groups: saved by N=4 in groups of 2, resumed at N=8 in groups of 4; and the
+# plain checkpoint resumed at N=4 in groups of 2.
+run --ranks 4 --stage 2 --shard-group 2 --steps 6 --save "$work/ck_groups"
+run --ranks 8 --stage 3 --shard-group 4 --steps 6 --resume "$work/ck_groups"
+e2e_json resumed_groups param_hash hex
+e2e_same "$resumed_groups" "$straight" "the resume through shard groups against the uninterrupted run"
+run --ranks 4 --stage 1 --shard-group 2 --steps 6 --resume "$work/ck"
+e2e_json plain_into_groups param_hash hex
+e2e_same "$plain_into_groups" "$straight" "a plain checkpoint resumed in shard groups against the uninterrupted run"
 
 # Refusals, exit code 2 with a message naming the flags.
 e2e_expect 2 "--reproducible requires --micro-batch" "$train_mlp" --reproducible --steps 1

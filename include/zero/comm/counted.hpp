@@ -149,6 +149,12 @@ class counted {
     else return can_overlap;
   }
   explicit counted(C& inner) : inner_(&inner), node_size_(inner.size()) {}
+  // Counts on `inner` from now on (the node size reset to all of it; the counts so far kept): an
+  // engine moves its links to its shard group once the ranks agree on it (engine/replica_groups.hpp).
+  void rebind(C& inner) {
+    inner_ = &inner;
+    node_size_ = inner.size();
+  }
 
   int rank() const { return inner_->rank(); }
   int size() const { return inner_->size(); }

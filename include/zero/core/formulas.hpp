@@ -215,6 +215,27 @@ inline std::uint64_t reproducible_comm_bytes_per_step(int stage, std::uint64_t p
   return add(mul(m, add(grads, summaries)), params);
 }
 
+// Replicated shard groups (engine_options::shard_group_size = S, R = N / S groups): the bytes each
+// rank sends per step across the groups, on top of comm_bytes_per_step at S ranks within its group.
+// Every reduce all-reduces the rank's reduced slice over the R groups, 2 (R-1)/R of it: Psi/S elements
+// (stage 0, whose in-group reduce is an all-reduce: Psi), micro_batches times. `wire_bytes` is the
+// gradient's element (the reproducible mode: its 24 binned bytes, plus one 8-byte summary per unit
+// and reduce all-gathered over the R groups, (R-1) x 8 bytes each). Psi is a multiple of S x R (the
+// layout pads as at N ranks), so every call's share is exact.
+inline std::uint64_t replica_comm_bytes_per_step(int stage, std::uint64_t psi, int s, int r, std::size_t wire_bytes,
+                                                 int micro_batches, std::uint64_t summary_units = 0) {
+  ZERO_CHECK(s > 0 && r > 0 && psi % (static_cast<std::uint64_t>(s) * static_cast<std::uint64_t>(r)) == 0,
+             invalid_argument, "formula: Psi = ", psi, " is not a multiple of S x R = ", s, " x ", r);
+  ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "formula: no ZeRO stage ", stage);
+  ZERO_CHECK(micro_batches >= 1, invalid_argument, "formula: micro_batches must be at least 1");
+  using detail::add, detail::mul;
+  const auto m = static_cast<std::uint64_t>(micro_batches), rr = static_cast<std::uint64_t>(r);
+  const std::uint64_t elems = stage == 0 ? psi : psi / static_cast<std::uint64_t>(s);
+  const std::uint64_t grads = mul(elems / rr * 2 * (rr - 1), wire_bytes);
+  const std::uint64_t summaries = mul(reproducible_summary_bytes * (rr - 1), summary_units);
+  return mul(m, add(grads, summaries));
+}
+
 }  // namespace zero::formula
 
 namespace zero::formula {

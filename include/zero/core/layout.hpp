@@ -58,14 +58,19 @@ class layout {
  public:
   static constexpr std::size_t max_padded_elements = 2 * model_spec::max_elements;
 
-  static layout make(const model_spec& spec, int ranks) {
+  // `pad_ranks` (a multiple of ranks; ranks by default) sets the padding: each unit is padded as at
+  // pad_ranks ranks and split into `ranks` slices. Replicated shard groups (engine_options::
+  // shard_group_size) pad as the whole data-parallel group, so each slice divides by the replicas.
+  static layout make(const model_spec& spec, int ranks, int pad_ranks = 0) {
     spec.validate();
-    ZERO_CHECK(ranks > 0, invalid_argument, "layout: world size must be positive, got ", ranks);
+    if (pad_ranks == 0) pad_ranks = ranks;
+    ZERO_CHECK(ranks > 0 && pad_ranks % ranks == 0, invalid_argument, "layout: world size must be positive and divide ",
+               pad_ranks, ", got ", ranks);
     layout l;
     l.ranks_ = ranks;
     // Padding adds less than N x alignment per unit; the padded total is held to twice
     // model_spec::max_elements, so byte counts (elements x bytes) stay exact in 64 bits.
-    const std::size_t quantum = static_cast<std::size_t>(ranks) * shard_alignment_elements;
+    const std::size_t quantum = static_cast<std::size_t>(pad_ranks) * shard_alignment_elements;
     for (const auto& u : spec.units()) {
       unit_layout ul;
       ul.offset = l.padded_;
@@ -75,7 +80,7 @@ class layout {
       ZERO_CHECK(padded && *padded <= max_padded_elements, invalid_argument, "layout: unit '", u.name, "' (", u.numel,
                  " elements) padded to a multiple of ", quantum, " at ", ranks,
                  " ranks brings the model past 2^51 padded elements (layout::max_padded_elements)");
-      ul.padded = padded_extent(u.numel, ranks);
+      ul.padded = padded_extent(u.numel, pad_ranks);
       ul.shard = ul.padded / static_cast<std::size_t>(ranks);
       std::size_t at = 0;
       for (const auto& t : u.tensors) {

@@ -105,6 +105,7 @@ inline settings options_settings(const engine_options& o) {
   s.add("engine_options::zeropp.hpz", o.zeropp.hpz);
   s.add("engine_options::zeropp.node_size", o.zeropp.node_size);
   s.add("engine_options::reproducible", o.reproducible);
+  s.add("engine_options::shard_group_size", o.shard_group_size);
   return s;
 }
 

@@ -59,6 +59,16 @@ struct part_context {
   Comm* world = nullptr;
   int tp_size = 1;
   int tp_rank = 0;
+  // Replicated shard groups (engine_options::shard_group_size, engine/replica_groups.hpp): the layout
+  // and the links above are the shard group's; `replicas` links this rank to its position in every
+  // group (the reduced gradients' all-reduce: protocol traffic, all of it between groups);
+  // `everyone` is the whole data-parallel group (the init broadcast and check: set-up traffic) and
+  // `everyone_control` the same ranks for the optimizer's fingerprint. Null without replicas.
+  link* replicas = nullptr;
+  link* everyone = nullptr;
+  link* everyone_control = nullptr;
+  int replica_count = 1;
+  int replica_index = 0;
   // Frees room for `bytes` more under memory_limit_bytes (completes reduces in flight, drops
   // prefetches): the engine's schedule, which a part calls before each transient allocation.
   std::function<void(std::size_t)> make_room{};
@@ -67,6 +77,11 @@ struct part_context {
   std::function<bool(std::size_t)> has_room{};
 
   int ranks() const { return layout.ranks(); }
+  // The whole data-parallel group: R x S ranks, this one at replica_index x S + rank.
+  int dp_size() const { return replica_count * layout.ranks(); }
+  int dp_rank() const { return replica_index * layout.ranks() + rank; }
+  // Where set-up collectives that every data-parallel rank must share run: the whole group.
+  link& setup() const { return everyone ? *everyone : other; }
   int reduces_per_step() const {
     return options.accumulate == accumulation::reduce_each_micro_batch ? options.micro_batches : 1;
   }

@@ -51,6 +51,7 @@
 #include "zero/engine/parameters.hpp"
 #include "zero/engine/rank_agreement.hpp"
 #include "zero/engine/reduce/catalog.hpp"
+#include "zero/engine/replica_groups.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/schedule.hpp"
 #include "zero/engine/sweep.hpp"
@@ -118,19 +119,23 @@ class engine {
   engine(Comm& comm, Comm* tp_group, Comm* world, const model_spec& spec, const model_spec& model, Opt opt,
          engine_options options)
       : sys_(system_of(comm)),
+        groups_(comm, options.shard_group_size),
         comm_(comm),
         other_comm_(comm),
         control_comm_(comm),
         eval_comm_(comm),
         tp_comm_(tp_group ? std::make_unique<comm::counted<Comm>>(*tp_group) : nullptr),
+        everyone_comm_(groups_.count() > 1 ? std::make_unique<comm::counted<Comm>>(comm) : nullptr),
+        everyone_control_comm_(groups_.count() > 1 ? std::make_unique<comm::counted<Comm>>(comm) : nullptr),
         spec_(spec),
         model_(model),
-        layout_(layout::make(spec, comm.size())),
+        layout_(layout::make(spec, groups_.size(), comm.size())),
         opt_(validated(opt, comm.rank())),
         options_(detail::checked_options<P>(options, comm.rank())),
         scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
-        rank_(comm.rank()),
+        rank_(groups_.rank_in_group()),
         units_(spec.num_units()) {
+    if (groups_.count() > 1) replicate(tp_group != nullptr);
     if (tp_group) {
       ctx_.tp = tp_comm_.get();
       ctx_.world = world;
@@ -155,6 +160,7 @@ class engine {
         static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
         offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays, sweep_.elements())});
     agreement_.check_settings(opt_);  // every rank's options and optimizer, before the model states are allocated
+    if (groups_.count() > 1) connect_replicas();  // the shard groups' split, agreed on above
     placement_.allocate();
     reducer_ = reduce::make_chosen(ctx_);  // its gradient store
     sweep_.allocate();
@@ -445,8 +451,10 @@ class engine {
   }
   // The slice this rank is responsible for writing to a checkpoint: owned_real in every stage, so
   // the N ranks write disjoint slices that cover the model even where states are replicated.
+  // With replicated shard groups, the first group's ranks write it; the others' ranges are empty.
   range canonical_range(unit_id u) const {
     state_check(u);
+    if (ctx_.replica_index > 0) return range{};
     return layout_.owned_real(u, rank_);
   }
 
@@ -505,8 +513,8 @@ class engine {
   comm_report comm() const {
     return comm_report{protocol_stats(),
                        last_step_,
-                       other_comm_.stats(),
-                       control_comm_.stats(),
+                       other_comm_.stats() + stats_of(everyone_comm_),
+                       control_comm_.stats() + stats_of(everyone_control_comm_),
                        step_ + skipped_,
                        eval_comm_.stats(),
                        tp_comm_ ? tp_comm_->stats() : comm::comm_stats{}};
@@ -546,8 +554,16 @@ class engine {
   optimizer_state() const {
     return opt_;
   }
-  int rank() const { return rank_; }
-  int world_size() const { return layout_.ranks(); }
+  // This rank in the data-parallel group the engine was built over, and that group's size N (with
+  // replicated shard groups: replica_index() x shard_group_size() + its rank in the group, and all
+  // the groups' ranks).
+  int rank() const { return ctx_.dp_rank(); }
+  int world_size() const { return ctx_.dp_size(); }
+  // The ranks ZeRO partitions over (layout().ranks()): N, or engine_options::shard_group_size.
+  int shard_group_size() const { return layout_.ranks(); }
+  // The groups that replicate each other (1 without shard_group_size), and this rank's group.
+  int replicas() const { return ctx_.replica_count; }
+  int replica_index() const { return ctx_.replica_index; }
   std::uint64_t steps() const { return step_; }
 
  private:
@@ -679,7 +695,37 @@ class engine {
     nodes_.connect(ctx_);
   }
   // The protocol's traffic on every communicator it uses.
-  comm::comm_stats protocol_stats() const { return nodes_.add_to(comm_.stats()); }
+  comm::comm_stats protocol_stats() const { return nodes_.add_to(comm_.stats()) + stats_of(replicas_comm_); }
+  static comm::comm_stats stats_of(const std::unique_ptr<comm::counted<Comm>>& c) {
+    return c ? c->stats() : comm::comm_stats{};
+  }
+
+  // ---- replicated shard groups (engine_options::shard_group_size, engine/replica_groups.hpp) ----
+
+  // Before any collective: this rank's place among the replicas, and the whole group's links for the
+  // agreement checks (the settings check among them, which the split waits for).
+  void replicate(bool in_mesh) {
+    ZERO_CHECK(!in_mesh, invalid_argument, "rank ", rank_,
+               ": engine_options::shard_group_size inside a tensor-parallel mesh is not supported yet; build the "
+               "engine over the mesh without it, or over a plain data-parallel backend with it");
+    ZERO_CHECK(!(options_.zeropp.qwz || options_.zeropp.qgz || options_.zeropp.hpz), invalid_argument, "rank ", rank_,
+               ": engine_options::shard_group_size and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined yet: their "
+               "hierarchy is the node's, the replicas' is the shard group's; set one of them");
+    ctx_.everyone = everyone_comm_.get();
+    ctx_.everyone_control = everyone_control_comm_.get();
+    ctx_.replica_count = groups_.count();
+    ctx_.replica_index = groups_.index();
+  }
+  // Once the ranks agree on the groups: the splits, the engine's links moved to the shard group, and
+  // the replicas' link (the gradients' all-reduce across the groups: all of its traffic between
+  // groups, a group being a node).
+  void connect_replicas() {
+    groups_.split();
+    for (auto* c : {&comm_, &other_comm_, &control_comm_, &eval_comm_}) c->rebind(groups_.shard());
+    replicas_comm_ = std::make_unique<comm::counted<Comm>>(*groups_.replicas());
+    replicas_comm_->set_node_size(1);
+    ctx_.replicas = replicas_comm_.get();
+  }
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
   static system system_of(Comm& c) {
     if constexpr (requires { c.make_system(); })
@@ -750,7 +796,11 @@ class engine {
   // The optimizer's fingerprint rides on the norm's all-reduce where the step makes one (stages 1-3
   // computing the norm); elsewhere (stage 0, or no norm) on an all-reduce of its own, started at the
   // step's first reduce() (nonblocking where the backend overlaps) and completed by step().
-  bool separate_agreement_check() const { return layout_.ranks() > 1 && !(P::shards_optimizer_states && needs_norm()); }
+  // With replicated shard groups the norm's all-reduce is the group's: the check is always its own,
+  // over every data-parallel rank.
+  bool separate_agreement_check() const {
+    return ctx_.dp_size() > 1 && (!(P::shards_optimizer_states && needs_norm()) || ctx_.replica_count > 1);
+  }
 
   // Before anything is allocated: refuses model states that cannot fit (memory_check.hpp). A system
   // that reports its free memory (sys::cuda) is read by every rank before any rank allocates (the
@@ -772,12 +822,16 @@ class engine {
 
   memory_accounting acct_;            // first: every buffer below reports to it and must die before it
   system sys_;                        // where the buffers live and the element-wise loops run
+  replica_groups<Comm> groups_;       // the shard group the links below run over, and its replicas
   comm::counted<Comm> comm_;          // the protocol's traffic, what the formulas count
   comm::counted<Comm> other_comm_;    // set-up and consolidation traffic
   comm::counted<Comm> control_comm_;  // the step's norm all-reduce and the optimizer's fingerprint
   comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
   // The tensor-parallel group's traffic (the norm's exchange, full_model_params): in a mesh only.
   std::unique_ptr<comm::counted<Comm>> tp_comm_;
+  // With replicated shard groups: the replicas' all-reduce (protocol traffic), and the whole
+  // data-parallel group's set-up (init broadcast and check) and control (the fingerprint) traffic.
+  std::unique_ptr<comm::counted<Comm>> replicas_comm_, everyone_comm_, everyone_control_comm_;
   node_links<context> nodes_;         // ZeRO++'s node and cross-node links, over comm_'s backend
   const model_spec spec_;             // what this rank's units hold
   const model_spec model_;            // the model as declared (spec_ outside a tensor-parallel mesh)

@@ -74,19 +74,34 @@ class formula_report {
   }
   // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3;
   // reproducible: formula::reproducible_comm_bytes_per_step; with ZeRO++ on, formula::bytes_per_step's.
+  // With replicated shard groups, the formulas at S ranks within the group plus
+  // formula::replica_comm_bytes_per_step across the groups.
   std::uint64_t comm_bytes() const {
     if (ctx_.options.reproducible)
       return formula::reproducible_comm_bytes_per_step(P::stage, padded(), ranks(), sizeof(param_type),
                                                        ctx_.reduces_per_step(), ctx_.spec.num_units(),
-                                                       extra_gathered_elements(), placement_.persistent_elements());
+                                                       extra_gathered_elements(), placement_.persistent_elements()) +
+             replica_bytes();
     if (zeropp_on()) return comm_by_level().total;
     return formula::comm_bytes_per_step(P::stage, padded(), ranks(), sizeof(comm_type), ctx_.reduces_per_step(),
-                                        extra_gathered_elements(), placement_.persistent_elements());
+                                        extra_gathered_elements(), placement_.persistent_elements()) +
+           replica_bytes();
   }
-  // The same per link level: the total and the part sent between nodes (zeropp_options::node_size).
+  // The same per link level: the total and the part sent between nodes (zeropp_options::node_size;
+  // with replicated shard groups a group is a node, and what crosses the groups is inter-node).
   formula::link_bytes comm_by_level() const {
-    return formula::bytes_per_step(P::stage, unit_extents(), ranks(), sizeof(comm_type), ctx_.reduces_per_step(),
-                                   traffic());
+    formula::link_bytes b = formula::bytes_per_step(P::stage, unit_extents(), ranks(), sizeof(comm_type),
+                                                    ctx_.reduces_per_step(), traffic());
+    b += formula::link_bytes{replica_bytes(), replica_bytes()};
+    return b;
+  }
+  // What crosses the replicated shard groups per step (0 without them).
+  std::uint64_t replica_bytes() const {
+    if (ctx_.replica_count == 1) return 0;
+    const bool binned = ctx_.options.reproducible;
+    return formula::replica_comm_bytes_per_step(P::stage, padded(), ranks(), ctx_.replica_count,
+                                                binned ? formula::reproducible_wire_bytes : sizeof(comm_type),
+                                                ctx_.reduces_per_step(), binned ? ctx_.spec.num_units() : 0);
   }
   // Bytes of one forward-only pass inside evaluation() (every unit gathered `gathers` times): stage 3 only.
   std::uint64_t eval_comm_bytes() const {

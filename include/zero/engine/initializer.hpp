@@ -39,7 +39,7 @@ class initializer {
   // engine_options::verify_init) and throws on every rank, naming the first tensor that differs.
   void whole(const init_fn& fn, init_source source) {
     std::vector<float> host;
-    const bool check = ctx_.options.verify_init && source == init_source::every_rank && ctx_.layout.ranks() > 1;
+    const bool check = ctx_.options.verify_init && source == init_source::every_rank && ctx_.dp_size() > 1;
     std::vector<std::uint64_t> hashes;
     mesh_values stored;
     for (std::size_t u = 0; u < ctx_.spec.num_units(); ++u) {
@@ -47,13 +47,13 @@ class initializer {
       for (std::size_t t = 0; t < us.tensors.size(); ++t) {
         const tensor_spec& ts = us.tensors[t];
         host.assign(ts.numel, 0.0f);
-        if (source == init_source::every_rank || ctx_.rank == 0) fn(us, ts, std::span<float>(host));
+        if (source == init_source::every_rank || ctx_.dp_rank() == 0) fn(us, ts, std::span<float>(host));
         if (check) hashes.push_back(run_hash64(host.data(), host.size() * sizeof(float)));
         if (source == init_source::broadcast_from_rank0) {
           const auto l = ctx_.label("init", unit_id{u});
           buffer<float, system> wire(ts.numel, mem_category::transient, ctx_.acct);
           ctx_.sys.copy_from_host(wire.data(), host.data(), ts.numel * sizeof(float));
-          ctx_.other.broadcast(wire.data(), wire.data(), ts.numel, 0);
+          ctx_.setup().broadcast(wire.data(), wire.data(), ts.numel, 0);
           ctx_.sys.copy_to_host(host.data(), wire.data(), ts.numel * sizeof(float));
         }
         store(unit_id{u}, ctx_.layout.unit(unit_id{u}).tensors[t], host.data());
@@ -76,12 +76,14 @@ class initializer {
   // With every_rank, a value is produced by more than one rank only where the master weights are
   // replicated (stage 0: every rank produces the whole model); there the engine checks agreement as
   // the whole-tensor form does. In stages 1-3 each element is produced by exactly one rank (its
-  // owner) and reaches the others, if at all, by the all-gather: nothing can disagree, nothing is checked.
+  // owner) and reaches the others, if at all, by the all-gather: nothing can disagree, nothing is checked,
+  // except with replicated shard groups, where each group's owner produces it: checked across groups.
   void by_range(const init_range_fn& fn, init_source source) {
     const std::size_t chunk = ctx_.options.init_chunk_elements;
     std::vector<float> host;
     const bool broadcast = source == init_source::broadcast_from_rank0;
-    const bool check = ctx_.options.verify_init && !broadcast && !P::shards_optimizer_states && ctx_.layout.ranks() > 1;
+    const bool check = ctx_.options.verify_init && !broadcast &&
+                       (!P::shards_optimizer_states || ctx_.replica_count > 1) && ctx_.dp_size() > 1;
     std::vector<std::uint64_t> hashes;
     mesh_values stored;
     buffer<float, system> wire;
@@ -97,13 +99,13 @@ class initializer {
         for_each_chunk(intersect(tr, keep), chunk, [&](range c) {
           const range local{c.begin - tr.begin, c.end - tr.begin};  // what the init function sees
           host.resize(std::max(host.size(), c.size()));
-          if (!broadcast || ctx_.rank == 0) fn(us, us.tensors[t], local, std::span<float>(host.data(), c.size()));
+          if (!broadcast || ctx_.dp_rank() == 0) fn(us, us.tensors[t], local, std::span<float>(host.data(), c.size()));
           if (broadcast) {
             if (wire.empty())
               wire = buffer<float, system>(std::min(chunk, largest_tensor()), mem_category::transient, ctx_.acct);
             ctx_.sys.copy_from_host(wire.data(), host.data(), c.size() * sizeof(float));
             const auto l = ctx_.label("init", unit_id{u});
-            ctx_.other.broadcast(wire.data(), wire.data(), c.size(), 0);
+            ctx_.setup().broadcast(wire.data(), wire.data(), c.size(), 0);
             ctx_.sys.copy_to_host(host.data(), wire.data(), c.size() * sizeof(float));
           }
           if (check) h = run_hash64(host.data(), c.size() * sizeof(float), h);
@@ -116,7 +118,7 @@ class initializer {
     if (mesh_check())
       agreement_.check_mesh_init(stored.hashes, stored.constant, check);
     else if (check)
-      agreement_.check_init(hashes);
+      agreement_.check_init(hashes, P::shards_optimizer_states ? ctx_.ranks() : 1);
     // Each rank stored only what it keeps: the units kept whole gather the other ranks' slices.
     if (!broadcast) params_.refresh_whole(ctx_.other, "parameter refresh");
   }

@@ -78,6 +78,14 @@ struct engine_options {
   // and the nodes that decide what counts as inter-node traffic (engine/zeropp.hpp). Off by default.
   zeropp_options zeropp{};
 
+  // Replicated shard groups (HSDP; engine/replica_groups.hpp, docs/parallelism.md): ZeRO within groups
+  // of this many consecutive data-parallel ranks (a node's, say), the groups replicas of each other.
+  // A rank holds 1/S of what its stage partitions; after the in-group reduce-scatter, each reduced
+  // slice is all-reduced across the N / S groups, and the step averages over all N ranks. Needs a
+  // backend with split(); not combined with ZeRO++ or a tensor-parallel mesh. 0 (or N): plain ZeRO
+  // over all N ranks.
+  int shard_group_size = 0;
+
   // The same bits at any world size (docs/reproducibility.md): gradients are reduced as exact binned
   // integer sums (three int64 words per element, core/binned.hpp) and rounded once to fp32 at step(),
   // and the gradient norm is exact before one rounding, so a fixed global batch of fixed-size

@@ -79,7 +79,8 @@ struct unit_plan {
 // and bucket. The peaks come from replaying the engine's schedule over this loop (two steps: the first
 // has no prefetch order yet), in time proportional to micro_batches x units.
 struct plan_report {
-  int stage = 0, ranks = 1;
+  int stage = 0, ranks = 1;           // ranks: what ZeRO partitions over (N, or engine_options::shard_group_size)
+  int replicas = 1;                   // the shard groups that replicate each other (N / shard_group_size)
   bool overlapping = false;           // options.overlap on a backend that overlaps: collectives left in flight
   std::size_t numel = 0, padded = 0;  // parameters, unpadded and padded (Psi)
   std::size_t persistent = 0;         // stage 3: padded elements of the persistent units (Psi_p)
@@ -517,10 +518,17 @@ class loop_replay {
 // stay in flight with their buckets, stage 3 prefetches, and the transient peak grows accordingly
 // (plan_for<Stage, Comm, Opt, Prec> reads it from the backend type). Throws zero::error
 // (invalid_argument) for what the engine's constructor would refuse.
-inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_precision precision,
+inline plan_report plan(const model_spec& spec, int world, int stage, plan_precision precision,
                         plan_optimizer optimizer, const engine_options& options = {}, bool overlapping = false) {
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "plan: no ZeRO stage ", stage, " (0-3)");
-  ZERO_CHECK(ranks > 0, invalid_argument, "plan: world size must be positive, got ", ranks);
+  ZERO_CHECK(world > 0, invalid_argument, "plan: world size must be positive, got ", world);
+  // Replicated shard groups: ZeRO over S ranks, padded as at N, and the replicas' traffic on top.
+  ZERO_CHECK(options.shard_group_size >= 0 && options.shard_group_size <= world &&
+                 (options.shard_group_size == 0 || world % options.shard_group_size == 0),
+             invalid_argument, "plan: shard_group_size ", options.shard_group_size, " does not divide the ", world,
+             " data-parallel ranks (0: all of them)");
+  const int ranks = options.shard_group_size == 0 ? world : options.shard_group_size;
+  const int replicas = world / ranks;
   ZERO_CHECK(optimizer.slots >= 0, invalid_argument, "plan: optimizer '", optimizer.name, "' has ", optimizer.slots,
              " slots");
   ZERO_CHECK(options.micro_batches >= 1, invalid_argument, "plan: micro_batches must be >= 1, got ",
@@ -567,6 +575,10 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   ZERO_CHECK(!repro || !zeropp, invalid_argument,
              "plan: reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
   const int node_size = z.node_size == 0 ? ranks : z.node_size;
+  ZERO_CHECK(replicas == 1 || !zeropp, invalid_argument,
+             "plan: shard_group_size and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined yet");
+  ZERO_CHECK(replicas == 1 || spec.tensor_parallel_parts() == 1, invalid_argument,
+             "plan: shard_group_size inside a tensor-parallel mesh is not supported yet");
 
   ZERO_CHECK(options.offload.tier == offload_tier::none ||
                  (options.offload.slice_elements > 0 && options.offload.slice_elements % 1024 == 0),
@@ -574,10 +586,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
              options.offload.slice_elements);
 
   // The layout alone decides how units split, the same for every stage, so one layout serves them all.
-  const layout l = layout::make(spec, ranks);
+  const layout l = layout::make(spec, ranks, world);
   plan_report r;
   r.stage = stage;
   r.ranks = ranks;
+  r.replicas = replicas;
   r.numel = l.numel();
   r.padded = l.padded();
   r.overlapping = overlapping && options.overlap;
@@ -670,9 +683,11 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   } else if (norm && shards_states) {
     r.norm_bytes = sums * sizeof(double) + fingerprint;
     detail::plan_count(r.control_comm, comm::collective::all_reduce, r.norm_bytes, ranks, 1, node_size);
-  } else if (ranks > 1) {
+  } else if (ranks > 1 && replicas == 1) {
     detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, ranks, 1, node_size);
   }
+  // Replicas: the fingerprint's own all-reduce over every data-parallel rank, at each step.
+  if (replicas > 1) detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, world, 1, world);
   // The totals the report and zero_plan add up, checked once here so that none of them wraps.
   const auto sum = [](std::uint64_t a, std::uint64_t b) { return add_or_fail(a, b, "plan: total bytes"); };
   const std::uint64_t states = sum(sum(sum(r.model_states.params, r.model_states.grads),
@@ -694,6 +709,27 @@ inline plan_report plan(const model_spec& spec, int ranks, int stage, plan_preci
   detail::loop_replay replay(setup, std::move(replay_units));
   r.step_transient_peak = replay.run(2);
   r.step_comm = replay.last_step();
+  if (replicas > 1) {
+    // Each reduce's collective in the group is followed by an all-reduce of the rank's reduced part
+    // across the groups (and in the reproducible mode an all-gather of its units' summaries before):
+    // as many calls, formula::replica_comm_bytes_per_step's bytes, all of them between groups.
+    using comm::collective;
+    const auto i = static_cast<std::size_t>(stage == 0 ? collective::all_reduce : collective::reduce_scatter);
+    const std::uint64_t calls = r.step_comm.calls[i];
+    const std::uint64_t grads = formula::replica_comm_bytes_per_step(
+        stage, l.padded(), ranks, replicas, repro ? formula::reproducible_wire_bytes : precision.grad_bytes, reduces);
+    const auto add_to = [&](collective c, std::uint64_t b, std::uint64_t n) {
+      const auto k = static_cast<std::size_t>(c);
+      r.step_comm.bytes[k] = sum(r.step_comm.bytes[k], b);
+      r.step_comm.inter[k] = sum(r.step_comm.inter[k], b);
+      r.step_comm.calls[k] += n;
+    };
+    add_to(collective::all_reduce, grads, calls);
+    if (repro)
+      add_to(collective::all_gather,
+             formula::replica_comm_bytes_per_step(stage, l.padded(), ranks, replicas, 0, reduces, l.num_units()),
+             calls);
+  }
   for (std::uint64_t b = 0; const auto bytes_of : r.step_comm.bytes) b = sum(b, bytes_of);
   r.peak_bytes = sum(states, r.step_transient_peak);
   sum(states, r.consolidation_bytes);  // zero_plan's peak of full_params()

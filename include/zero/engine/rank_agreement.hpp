@@ -39,8 +39,8 @@ class rank_agreement {
 
   // At construction, before the model states are allocated: every rank's options and optimizer.
   void check_settings(const Opt& opt) {
-    ZERO_CHECK(ctx_.ranks() <= detail::max_fingerprint_ranks, invalid_argument, "rank ", ctx_.rank,
-               ": engine: ", ctx_.ranks(),
+    ZERO_CHECK(ctx_.dp_size() <= detail::max_fingerprint_ranks, invalid_argument, "rank ", ctx_.rank,
+               ": engine: ", ctx_.dp_size(),
                " ranks, more than the 2^21 whose settings fingerprint the step checks exactly");
     fingerprint(opt);
     Comm& everyone = whole();
@@ -74,15 +74,15 @@ class rank_agreement {
     }
     ctx_.sys.copy_from_host(wire, fingerprint_.data(), sizeof fingerprint_);
     const comm::scoped_label<Comm> l(ctx_.protocol.inner(), "settings check");
-    request_ = ctx_.control.start_all_reduce(wire, wire, fingerprint_.size(), reduce_op::sum);
+    request_ = link().start_all_reduce(wire, wire, fingerprint_.size(), reduce_op::sum);
   }
   void finish(const Opt& opt) {
     if (!started_) return;
     started_ = false;
-    ctx_.control.wait(request_);
+    link().wait(request_);
     std::array<double, detail::fingerprint_words> sums{};
     ctx_.sys.copy_to_host(sums.data(), Ctx::host_memory ? host_.data() : wire_.get(), sizeof sums);
-    if (detail::fingerprints_agree(fingerprint_.data(), sums.data(), ctx_.ranks())) return;
+    if (detail::fingerprints_agree(fingerprint_.data(), sums.data(), ctx_.dp_size())) return;
     // In a mesh the other data-parallel groups may agree: the verdict rides on the norm's exchange
     // (terms().agreed), and every rank of the mesh throws there together.
     if (ctx_.world) {
@@ -110,10 +110,14 @@ class rank_agreement {
   // differently from rank 0, and those ranks. The wire is taken from the system directly, outside
   // memory() (as a checkpoint's control collectives are): 16 bytes per tensor per rank, freed before
   // initialize() returns, so memory() and plan() keep describing the model states and the protocol.
-  void check_init(const std::vector<std::uint64_t>& hashes) {
+  //
+  // `period`: rank r's values must equal rank r % period's (1: rank 0's, where every rank produces the
+  // same values; the shard group size where each group's ranks produce their slices, which the other
+  // groups replicate). Over the whole data-parallel group (replicas included).
+  void check_init(const std::vector<std::uint64_t>& hashes, int period = 1) {
     if (hashes.empty()) return;  // no tensors: the same on every rank
-    const std::size_t n = 2 * hashes.size(), ranks = static_cast<std::size_t>(ctx_.ranks());
-    const std::size_t mine = n * static_cast<std::size_t>(ctx_.rank), bytes = n * ranks * sizeof(double);
+    const std::size_t n = 2 * hashes.size(), ranks = static_cast<std::size_t>(ctx_.dp_size());
+    const std::size_t mine = n * static_cast<std::size_t>(ctx_.dp_rank()), bytes = n * ranks * sizeof(double);
     std::vector<double> table(n * ranks);
     for (std::size_t i = 0; i < hashes.size(); ++i) {
       table[mine + 2 * i] = static_cast<double>(hashes[i] >> 32);
@@ -123,7 +127,7 @@ class rank_agreement {
     ctx_.sys.copy_from_host(wire.get() + mine, table.data() + mine, n * sizeof(double));
     {
       const comm::scoped_label<Comm> l(ctx_.protocol.inner(), "init check");
-      ctx_.other.all_gather(wire.get() + mine, wire.get(), n);
+      ctx_.setup().all_gather(wire.get() + mine, wire.get(), n);
     }
     ctx_.sys.copy_to_host(table.data(), wire.get(), bytes);
     const auto hash_of = [&](std::size_t r, std::size_t i) {
@@ -135,15 +139,19 @@ class rank_agreement {
       for (const tensor_spec& ts : us.tensors) {
         std::string differing;
         std::size_t first = 0;
+        const auto p = static_cast<std::size_t>(period);
         for (std::size_t r = 1; r < ranks; ++r)
-          if (hash_of(r, i) != hash_of(0, i)) {
+          if (hash_of(r, i) != hash_of(r % p, i)) {
             differing += detail::concat(differing.empty() ? "" : ", ", r);
             if (first == 0) first = r;
           }
-        ZERO_CHECK(differing.empty(), invalid_argument, "rank ", ctx_.rank,
+        const std::size_t ref = first % p;
+        ZERO_CHECK(differing.empty(), invalid_argument, "rank ", ctx_.dp_rank(),
                    ": initialize (init_source::every_rank): unit '", us.name, "', tensor '", ts.name, "': rank(s) ",
-                   differing, " produced other values than rank 0 (hash of the values: ", hex(hash_of(0, i)),
-                   " on rank 0, ", hex(hash_of(first, i)), " on rank ", first,
+                   differing, " produced other values than rank ", ref,
+                   p > 1 ? " (the same position in the first replica group)" : "",
+                   " (hash of the values: ", hex(hash_of(ref, i)), " on rank ", ref, ", ", hex(hash_of(first, i)),
+                   " on rank ", first,
                    "); every_rank needs an init function that gives every rank the same values (deterministic, not "
                    "seeded by rank), or use init_source::broadcast_from_rank0. The parameters now disagree across "
                    "ranks: initialize again or load a checkpoint before training");
@@ -246,8 +254,14 @@ class rank_agreement {
     ctx_.sys.copy_to_host(all.data(), wire.get(), bytes);
     return all;
   }
-  // The ranks that must agree: the engine's, or in a tensor-parallel mesh the whole mesh's (the world).
-  Comm& whole() const { return ctx_.world ? *ctx_.world : ctx_.protocol.inner(); }
+  // The ranks that must agree: the engine's, or in a tensor-parallel mesh the whole mesh's (the world),
+  // or with replicated shard groups the whole data-parallel group.
+  Comm& whole() const {
+    if (ctx_.world) return *ctx_.world;
+    return ctx_.everyone ? ctx_.everyone->inner() : ctx_.protocol.inner();
+  }
+  // Where the step's own fingerprint check runs: the engine's control counter, or every replica's.
+  typename Ctx::link& link() const { return ctx_.everyone_control ? *ctx_.everyone_control : ctx_.control; }
   static std::string hex(std::uint64_t h) {
     static constexpr char digits[] = "0123456789abcdef";
     std::string s(16, '0');

@@ -63,9 +63,9 @@ class binned_method {
                "(CommBackendForReproducible) and the binned reductions of the system (binned_summary, "
                "binned_square_summary, binned_sum_of_squares; sys::host has them, the device system not yet): "
                "run the reproducible mode on a host backend (comm::threads, comm::mpi), or turn it off");
-    const std::size_t total = static_cast<std::size_t>(c.ranks()) * static_cast<std::size_t>(c.reduces_per_step());
+    const std::size_t total = static_cast<std::size_t>(c.dp_size()) * static_cast<std::size_t>(c.reduces_per_step());
     ZERO_CHECK(total <= (std::size_t{1} << 24), invalid_argument, "rank ", c.rank,
-               ": engine_options::reproducible averages over N x micro_batches = ", c.ranks(), " x ",
+               ": engine_options::reproducible averages over N x micro_batches = ", c.dp_size(), " x ",
                c.reduces_per_step(), " = ", total,
                " micro-batches, more than 2^24 (the divisor must be exact in fp32)");
   }
@@ -79,6 +79,9 @@ class binned_method {
     std::size_t block = 0;
     std::vector<binned::summary> summaries;
     bool direct = false;
+    std::int64_t* reduced = nullptr;  // this rank's summed words (the replicas' all-reduce sums them)
+    std::size_t reduced_count = 0;
+    unit_id first{};
     request pending{};
   };
 
@@ -111,7 +114,15 @@ class binned_method {
       ctx_.protocol.all_gather(wire.data() + me * count, wire.data(), count);
       ctx_.sys.copy_to_host(table.data(), wire.data(), table.size() * sizeof(std::int64_t));
     }
+    // Each unit's top bin agreed over the group, then (replicated shard groups) across the groups, so
+    // every data-parallel rank cuts its gradients at the same bins.
+    std::vector<binned::summary> agreed(count);
+    for (std::size_t i = 0; i < count; ++i)
+      for (std::size_t r = 0; r < ranks; ++r)
+        agreed[i] = binned::merge(agreed[i], binned::unpack(table[r * count + i]));
+    if (ctx_.replicas) agree_across_replicas(agreed, parts[0].unit);
     in_flight f;
+    f.first = parts[0].unit;
     std::size_t shard_sum = 0;
     for (const auto& p : parts) shard_sum += lay.unit(p.unit).shard;
     f.block = K * shard_sum;
@@ -120,19 +131,18 @@ class binned_method {
     std::size_t off = 0;
     for (std::size_t i = 0; i < count; ++i) {
       unit_part<Ctx>& p = parts[i];
-      binned::summary agreed;
-      for (std::size_t r = 0; r < ranks; ++r) agreed = binned::merge(agreed, binned::unpack(table[r * count + i]));
       const std::size_t shard = lay.unit(p.unit).shard;
       for (std::size_t r = 0; r < ranks; ++r) {
         std::int64_t* w = f.wire.data() + r * f.block + off;
-        if (agreed.finite() && agreed.bin >= 0)
-          ctx_.sys.for_each(shard, elementwise::to_bins_rule{agreed.bin}, elementwise::in(p.bucket.data() + r * shard),
-                            elementwise::out(w), elementwise::out(w + shard), elementwise::out(w + 2 * shard));
+        if (agreed[i].finite() && agreed[i].bin >= 0)
+          ctx_.sys.for_each(shard, elementwise::to_bins_rule{agreed[i].bin},
+                            elementwise::in(p.bucket.data() + r * shard), elementwise::out(w),
+                            elementwise::out(w + shard), elementwise::out(w + 2 * shard));
         else  // all zeros, or a non-finite value: zeros (the flag, which every rank has, skips the step)
           ctx_.sys.fill_zero(w, K * shard * sizeof(std::int64_t));
       }
       f.parts.push_back({p.unit, p.first, off});
-      f.summaries.push_back(agreed);
+      f.summaries.push_back(agreed[i]);
       off += K * shard;
       p.bucket.reset();  // converted: freed before the collective starts
     }
@@ -141,17 +151,22 @@ class binned_method {
     f.direct = count == 1 && parts[0].first;
     const auto l = ctx_.label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
     std::int64_t* store = f.direct ? bins_.data() + K * base(lay.unit(parts[0].unit)) : nullptr;
-    if constexpr (updates_every_element<P>)
-      f.pending = ctx_.protocol.start_all_reduce(f.wire.data(), f.direct ? store : f.wire.data(), f.block * ranks,
-                                                 reduce_op::sum);
-    else
-      f.pending = ctx_.protocol.start_reduce_scatter(f.wire.data(), f.direct ? store : f.wire.data() + me * f.block,
-                                                     f.block, reduce_op::sum);
+    if constexpr (updates_every_element<P>) {
+      f.reduced = f.direct ? store : f.wire.data(), f.reduced_count = f.block * ranks;
+      f.pending = ctx_.protocol.start_all_reduce(f.wire.data(), f.reduced, f.reduced_count, reduce_op::sum);
+    } else {
+      f.reduced = f.direct ? store : f.wire.data() + me * f.block, f.reduced_count = f.block;
+      f.pending = ctx_.protocol.start_reduce_scatter(f.wire.data(), f.reduced, f.block, reduce_op::sum);
+    }
     return f;
   }
 
   void complete(in_flight& f) {
     ctx_.protocol.wait(f.pending);
+    if (ctx_.replicas) {  // the integer words, exact in any order: the same sum as one group of N ranks
+      const auto l = ctx_.label_on(ctx_.replicas->inner(), "reduce across replicas", f.first);
+      ctx_.replicas->all_reduce(f.reduced, f.reduced, f.reduced_count, reduce_op::sum);
+    }
     for (std::size_t i = 0; i < f.parts.size(); ++i) merge(f, f.parts[i], f.summaries[i]);
   }
   // The merge adds the words in place: completing allocates nothing.
@@ -305,7 +320,7 @@ class binned_method {
   }
   // The global number of micro-batches N x M (the trainer does not divide by M here).
   std::size_t averaging_count() const {
-    return static_cast<std::size_t>(ctx_.ranks()) * static_cast<std::size_t>(ctx_.reduces_per_step());
+    return static_cast<std::size_t>(ctx_.dp_size()) * static_cast<std::size_t>(ctx_.reduces_per_step());
   }
   bool sharded() const { return store_sharded; }
   template <class F>
@@ -346,6 +361,24 @@ class binned_method {
     }
   }
 
+  // The groups' agreed summaries merged across the replicas (one all-gather of a word per unit, on
+  // the protocol's counter: the replicas' link).
+  void agree_across_replicas(std::vector<binned::summary>& agreed, unit_id first) {
+    const std::size_t count = agreed.size(), reps = static_cast<std::size_t>(ctx_.replica_count);
+    const std::size_t me = static_cast<std::size_t>(ctx_.replica_index);
+    std::vector<std::int64_t> table(count * reps);
+    for (std::size_t i = 0; i < count; ++i) table[me * count + i] = binned::pack(agreed[i]);
+    ctx_.make_room(table.size() * sizeof(std::int64_t));
+    buffer<std::int64_t, system> wire(table.size(), mem_category::transient, ctx_.acct);
+    ctx_.sys.copy_from_host(wire.data() + me * count, table.data() + me * count, count * sizeof(std::int64_t));
+    {
+      const auto l = ctx_.label_on(ctx_.replicas->inner(), "reduce summary across replicas", first);
+      ctx_.replicas->all_gather(wire.data() + me * count, wire.data(), count);
+    }
+    ctx_.sys.copy_to_host(table.data(), wire.data(), table.size() * sizeof(std::int64_t));
+    for (std::size_t i = 0; i < count; ++i)
+      for (std::size_t r = 0; r < reps; ++r) agreed[i] = binned::merge(agreed[i], binned::unpack(table[r * count + i]));
+  }
   // Every rank's `n` values, in rank order, through the system's memory (a device backend cannot read
   // host memory in a collective), on the control counter.
   std::vector<std::int64_t> all_gather_control(const std::int64_t* mine, std::size_t n) {

@@ -31,6 +31,11 @@ struct summing_in_flight {
   std::vector<bucket_part> parts;
   buffer<typename Ctx::grad_type, typename Ctx::system> bucket;
   WireState wire;
+  // Where this rank's reduced elements land (in the bucket or the store), and how many: what the
+  // replicas' all-reduce sums (engine_options::shard_group_size).
+  typename Ctx::grad_type* reduced = nullptr;
+  std::size_t reduced_count = 0;
+  unit_id first{};  // the first unit it carries, to label the collectives
   typename Ctx::request pending{};
 };
 
@@ -148,7 +153,8 @@ class summing_store {
     }
     return tpd::combine_norm(ctx_, parts, a.optimizer_hash);
   }
-  std::size_t averaging_count() const { return static_cast<std::size_t>(ctx_.layout.ranks()); }
+  // Every data-parallel rank's gradient is in the sum: replicas included.
+  std::size_t averaging_count() const { return static_cast<std::size_t>(ctx_.dp_size()); }
   // Calls f with the store's base: fp32 or the precision's gradient type.
   template <class F>
   void with_gradients(F&& f) const {
@@ -196,6 +202,13 @@ class summing_store {
       p.bucket.reset();  // copied: freed before the collective starts
     }
     return shard_sum;
+  }
+  // With replicated shard groups: this rank's reduced elements summed with the same position's in
+  // every group (in replica order, after the in-group sum), so every replica holds the same sum.
+  void across_replicas(grad_type* reduced, std::size_t count, unit_id u) {
+    if (!ctx_.replicas || count == 0) return;
+    const auto l = ctx_.label_on(ctx_.replicas->inner(), "reduce across replicas", u);
+    ctx_.replicas->all_reduce(reduced, reduced, count, reduce_op::sum);
   }
   // Adds each unit's reduced elements of a completed reduce into the store.
   void add_reduced(const std::vector<bucket_part>& parts, const grad_type* bucket) {
@@ -277,19 +290,25 @@ class summing : public summing_store<Ctx> {
     in_flight f;
     if (parts.size() == 1) {
       const unit_id u = parts[0].unit;
+      f.first = u;
       grad_type* g = base::single(parts[0], f.parts, f.bucket);
       const unit_layout& ul = ctx_.layout.unit(u);
       const auto l = ctx_.label("reduce", u);
-      if constexpr (updates_every_element<P>)
+      if constexpr (updates_every_element<P>) {
         f.pending = ctx_.protocol.start_all_reduce(g, g, ul.padded, reduce_op::sum);
-      else
+        f.reduced = g, f.reduced_count = ul.padded;
+      } else {
         f.pending = wire_.start(f.wire, {u}, g, ul.shard);
+        f.reduced = g + static_cast<std::size_t>(ctx_.rank) * ul.shard, f.reduced_count = ul.shard;
+      }
       return f;
     }
     std::vector<unit_id> units;
     const std::size_t shard_sum = base::fuse(parts, units, f.parts, f.bucket);
+    f.first = units.front();
     const auto l = ctx_.label("reduce bucket", units.front());
     f.pending = wire_.start(f.wire, units, f.bucket.data(), shard_sum);
+    f.reduced = f.bucket.data() + static_cast<std::size_t>(ctx_.rank) * shard_sum, f.reduced_count = shard_sum;
     return f;
   }
 
@@ -297,6 +316,7 @@ class summing : public summing_store<Ctx> {
   void complete(in_flight& f) {
     wire_.wait(f.wire, f.pending);
     wire_.finish(f.wire);
+    base::across_replicas(f.reduced, f.reduced_count, f.first);
     base::add_reduced(f.parts, f.bucket.data());
   }
   void settle() {}
