@@ -95,6 +95,7 @@ struct options {
   // engine_options::shard_group_size (HSDP): ZeRO within groups of this many ranks, the groups
   // replicas; 0: plain ZeRO over every rank.
   int shard_group = 0;
+  int host_threads = 1;  // engine_options::host_threads: threads of each rank's host update
   int nodes_of() const { return hpz > 0 ? hpz : node_size; }
 };
 
@@ -376,6 +377,9 @@ inline void add_common_flags(CLI::App& app, options& o) {
   app.add_flag("--log-overwrite", o.log_overwrite, "discard what the --log file holds instead of refusing it")
       ->needs(log_flag);
   app.add_flag("--json", o.json, "print one JSON object as the last line of stdout");
+  toolcli::add_integer(app, "--host-threads", o.host_threads, 1, 1024,
+                       "threads of each rank's optimizer update on the host (the same bits at any count; a run uses "
+                       "ranks x this many)");
   add_zeropp_flags(app, o);
 }
 
@@ -465,6 +469,7 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.zeropp.weights = {o.qwz_bits, static_cast<std::size_t>(o.quant_block)};
   eo.zeropp.gradients = {o.qgz_bits, static_cast<std::size_t>(o.quant_block)};
   eo.shard_group_size = o.shard_group;
+  eo.host_threads = o.host_threads;
   return eo;
 }
 

@@ -42,7 +42,8 @@ numbers() {  # numbers TOOL "FIXED ARGS" FLAG...
   done
 }
 numbers "$train_mlp" "" --steps --ranks --stage --lr --clip --seed --batch --layers --hidden --in --classes --accum \
-  --micro-batch --memory-limit --comm-timeout --link-gbps --link-latency-us --hpz --node-size
+  --micro-batch --memory-limit --comm-timeout --link-gbps --link-latency-us --hpz --node-size --shard-group \
+  --host-threads
 numbers "$train_mlp" "--offload host" --offload-slice
 numbers "$train_mlp" "--save $tmp/s" --save-every
 numbers "$train_mlp" "--qgz" --quant-block --qwz-bits --qgz-bits
@@ -51,7 +52,7 @@ numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --he
 numbers "$train_loop" "" --steps --ranks --stage --seed --eval-every --schedule-steps
 numbers "$train_loop" "--save $tmp/l" --save-every
 numbers "$zero_plan" "" --memory --clip --accum --ranks --stage --layers --hidden --in --classes --tp
-numbers "$zero_plan" "--stage 3 --ranks 4" --hpz --node-size
+numbers "$zero_plan" "--stage 3 --ranks 4" --hpz --node-size --shard-group
 numbers "$zero_plan" "--stage 3 --qwz --qgz" --quant-block --qwz-bits --qgz-bits
 numbers "$zero_plan" "" --activations
 if [ -n "$train_mlp_cuda" ]; then

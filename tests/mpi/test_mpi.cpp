@@ -364,17 +364,17 @@ namespace {
 // A few AdamW steps of a small MLP whose units are not multiples of N (so padding is exercised);
 // returns the hash of the consolidated fp32 parameters.
 template <class Stage, class Comm>
-std::uint64_t trained_hash(Comm& comm) {
+std::uint64_t trained_hash(Comm& comm, const zero::engine_options& eo = {}, int hidden = 45) {
   mlp::config cfg;
   cfg.layers = 3;
-  cfg.hidden = 45;
+  cfg.hidden = hidden;
   cfg.in = 19;
   cfg.classes = 7;
   cfg.batch = 24;  // divisible by 2, 3 and 4
   cfg.seed = 5;
   zero::optim::adamw opt;
   opt.lr = 1e-2f;
-  zero::engine<Stage, Comm, zero::optim::adamw> e(comm, mlp::make_spec(cfg), opt);
+  zero::engine<Stage, Comm, zero::optim::adamw> e(comm, mlp::make_spec(cfg), opt, eo);
   e.initialize(mlp::initializer(cfg));
   for (std::uint64_t t = 0; t < 6; ++t) mlp::train_step(e, cfg, t, comm.rank(), comm.size());
   const auto p = e.full_params();
@@ -400,6 +400,24 @@ std::uint64_t tp_trained_hash(Engine& e, int dp_rank) {
   return zero::fnv1a64(p.data(), p.size() * sizeof(float));
 }
 
+// The reference: the whole test model trained by a plain engine of each stage on `ranks` threads, on
+// rank 0 of the job, broadcast to every rank.
+std::vector<std::uint64_t> tp_reference_hashes(int ranks, const zero::engine_options& eo) {
+  std::vector<std::uint64_t> reference(4);
+  if (world_rank() == 0)
+    zero::comm::threads::launch(ranks, [&](zero::comm::threads& c) {
+      std::size_t k = 0;
+      zero::stages::for_each([&]<class Stage>() {
+        zero::engine<Stage, zero::comm::threads, zero::optim::adamw> e(c, tp_model::model(), {}, eo);
+        const std::uint64_t h = tp_trained_hash<Stage>(e, c.rank());
+        if (c.rank() == 0) reference[k] = h;
+        ++k;
+      });
+    });
+  MPI_Bcast(reference.data(), 4, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return reference;
+}
+
 }  // namespace
 
 TEST_CASE("tensor parallel: a dp x tp mesh over comm::mpi trains what a plain engine on threads trains, every stage") {
@@ -412,7 +430,7 @@ TEST_CASE("tensor parallel: a dp x tp mesh over comm::mpi trains what a plain en
   clipped.reproducible = true;
   for (const zero::engine_options& eo : {zero::engine_options{}, clipped}) {
     CAPTURE(eo.reproducible);
-    std::vector<std::uint64_t> mine, reference(4);
+    std::vector<std::uint64_t> mine;
     mpi::run([&](mpi& c) {
       zero::comm::mesh<mpi> m(c, {dp, tp});
       zero::stages::for_each([&]<class Stage>() {
@@ -420,17 +438,7 @@ TEST_CASE("tensor parallel: a dp x tp mesh over comm::mpi trains what a plain en
         mine.push_back(tp_trained_hash<Stage>(e, m.coordinates().dp));
       });
     });
-    if (world_rank() == 0)
-      zero::comm::threads::launch(dp, [&](zero::comm::threads& c) {
-        std::size_t k = 0;
-        zero::stages::for_each([&]<class Stage>() {
-          zero::engine<Stage, zero::comm::threads, zero::optim::adamw> e(c, tp_model::model(), {}, eo);
-          const std::uint64_t h = tp_trained_hash<Stage>(e, c.rank());
-          if (c.rank() == 0) reference[k] = h;
-          ++k;
-        });
-      });
-    MPI_Bcast(reference.data(), 4, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    const std::vector<std::uint64_t> reference = tp_reference_hashes(dp, eo);
     REQUIRE(mine.size() == 4);
     for (std::size_t s = 0; s < 4; ++s) {
       CAPTURE(s);
@@ -438,6 +446,43 @@ TEST_CASE("tensor parallel: a dp x tp mesh over comm::mpi trains what a plain en
       CHECK(mine[s] == reference[s]);
     }
   }
+}
+
+TEST_CASE("replicated shard groups over comm::mpi: the reproducible bits of plain ZeRO on threads, every stage") {
+  // Groups of 2 where the job's size is even (the replicas' all-reduce between them), else of 1.
+  const int n = world_size(), s = n % 2 == 0 ? 2 : 1;
+  zero::engine_options eo;
+  eo.reproducible = true;
+  std::vector<std::uint64_t> mine;
+  zero::engine_options grouped = eo;
+  grouped.shard_group_size = s;
+  mpi::run([&](mpi& c) {
+    zero::stages::for_each([&]<class Stage>() {
+      zero::engine<Stage, mpi, zero::optim::adamw> e(c, tp_model::model(), {}, grouped);
+      CHECK(e.replicas() == n / s);
+      CHECK(e.comm().protocol.inter_node_bytes() == 0);
+      mine.push_back(tp_trained_hash<Stage>(e, c.rank()));
+      CHECK(e.comm().last_step.total_bytes() == e.comm_formula_bytes());
+      CHECK(e.comm().last_step.inter_node_bytes() == e.comm_formula_by_level().inter);
+    });
+  });
+  const std::vector<std::uint64_t> reference = tp_reference_hashes(n, eo);
+  REQUIRE(mine.size() == 4);
+  for (std::size_t k = 0; k < 4; ++k) {
+    CAPTURE(k);
+    for (auto h : gather_u64(mine[k])) CHECK(h == mine[k]);
+    CHECK(mine[k] == reference[k]);
+  }
+}
+
+TEST_CASE("host_threads over comm::mpi: 1 and 3 threads per rank train the same bits") {
+  // Layers of 96 x 96: each rank's slice is cut into several of the pool's ranges.
+  zero::engine_options three;
+  three.host_threads = 3;
+  mpi::run([&](mpi& c) {
+    CHECK(trained_hash<zero::stage0>(c, three, 96) == trained_hash<zero::stage0>(c, {}, 96));
+    CHECK(trained_hash<zero::stage2>(c, three, 96) == trained_hash<zero::stage2>(c, {}, 96));
+  });
 }
 
 TEST_CASE("stage equivalence: stages 0-3 on comm::mpi give the same parameters as on comm::threads") {

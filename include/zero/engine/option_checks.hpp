@@ -62,6 +62,8 @@ engine_options checked_options(const engine_options& o, int rank) {
     // Checked whether or not the precision scales the loss: a bad value is a mistake either way.
     validate(o.loss_scale);
   });
+  ZERO_CHECK(o.host_threads >= 1 && o.host_threads <= 1024, invalid_argument, "rank ", rank,
+             ": engine_options: host_threads must be in [1, 1024] (1: the calling thread alone), got ", o.host_threads);
   ZERO_CHECK(o.init_chunk_elements > 0, invalid_argument, "rank ", rank,
              ": engine_options: init_chunk_elements must be > 0, got ", o.init_chunk_elements);
   ZERO_CHECK(o.prefetch_units >= 0, invalid_argument, "rank ", rank,

@@ -95,6 +95,15 @@ struct engine_options {
   // Costs 24 bytes per gradient element on the wire and 28 per element the rank updates
   // (formula::reproducible_*). Host systems only for now.
   bool reproducible = false;
+
+  // Threads of this rank's host update (zero/core/thread_pool.hpp): the optimizer's pass over the
+  // rank's slice, in memory or offloaded to host memory, cut into contiguous ranges that the calling
+  // thread and host_threads - 1 helpers of the rank's own pool update at once. The same bits at any
+  // count (each element's update is the same operations), so the ranks need not agree on it. A run
+  // uses ranks x host_threads threads in the update: with comm::threads give each rank cores / ranks;
+  // under MPI, the cores of its slot. A device system's own update is its kernels'; there this
+  // threads only an offloaded update. 1 to 1024.
+  int host_threads = 1;
 };
 
 }  // namespace zero

@@ -12,6 +12,7 @@
 #include "zero/core/elementwise.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/core/memory.hpp"
+#include "zero/core/thread_pool.hpp"
 #include "zero/engine/context.hpp"
 #include "zero/engine/parameters.hpp"
 #include "zero/offload/state_store.hpp"
@@ -23,7 +24,9 @@ namespace zero {
 // sharded, the whole model otherwise), in the offload tier's memory or the system's own, and the pass
 // that updates them: the offload store streams them slice by slice (offload::state_store), and each
 // unit's segments run the optimizer's element-wise rule on the system (no offload) or the host loop.
-// The same rule whichever memory runs it, so offloading changes no bit.
+// The same rule whichever memory runs it, so offloading changes no bit. Where the host runs it, the
+// rank's pool (engine_options::host_threads) updates contiguous ranges of each segment at once: each
+// element's operations are the same, so the thread count changes no bit either.
 template <class Ctx, class Opt>
 class optimizer_sweep {
  public:
@@ -35,7 +38,7 @@ class optimizer_sweep {
   static constexpr int state_arrays = master_arrays + Opt::slots;
   static constexpr int slot_array(int k) { return master_arrays + k; }
 
-  explicit optimizer_sweep(Ctx& c) : ctx_(c) {}
+  explicit optimizer_sweep(Ctx& c) : ctx_(c), pool_(c.options.host_threads) {}
   optimizer_sweep(const optimizer_sweep&) = delete;
   optimizer_sweep& operator=(const optimizer_sweep&) = delete;
 
@@ -194,12 +197,11 @@ class optimizer_sweep {
       const T* g = store + element_index(ul, i, sharded, ctx_.rank);
       if (!store_.offloaded()) {
         float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
-        elementwise::update<Opt>(ctx_.sys, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
+        in_ranges(ctx_.sys, Ctx::host_memory, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
       } else if constexpr (Ctx::host_memory) {
         // Host memory all of it: the host loop updates in place.
         float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
-        elementwise::update<Opt>(offload::host_system{}, c, g, divisor, coef, w, st,
-                                 Prec::separate_master ? p : nullptr, n);
+        in_ranges(offload::host_system{}, true, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
       } else {
         // A device system: the gradients come to host memory, the host loop updates, and the new
         // parameters (the weights themselves in fp32) go back.
@@ -223,15 +225,31 @@ class optimizer_sweep {
     auto* hp = static_cast<param_type*>(stage_p_.data());
     if constexpr (Prec::separate_master) {
       store_.count_transfer(gb, pb);
-      elementwise::update<Opt>(offload::host_system{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
-                               arrays[0], st, hp, n);
+      in_ranges(offload::host_system{}, true, c, static_cast<const T*>(stage_g_.data()), divisor, coef, arrays[0], st,
+                hp, n);
     } else {
       ctx_.sys.copy_to_host(hp, p, pb);  // the fp32 weights are the parameters
       store_.count_transfer(gb + pb, pb);
-      elementwise::update<Opt>(offload::host_system{}, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
-                               reinterpret_cast<float*>(hp), st, static_cast<param_type*>(nullptr), n);
+      in_ranges(offload::host_system{}, true, c, static_cast<const T*>(stage_g_.data()), divisor, coef,
+                reinterpret_cast<float*>(hp), st, static_cast<param_type*>(nullptr), n);
     }
     ctx_.sys.copy_from_host(p, hp, pb);
+  }
+
+  // The optimizer's rule over elements [0, n) of these arrays: on the rank's pool, one contiguous range
+  // per thread, where the host runs it (`host`), else in one call of the system.
+  template <class Sys, class T, class PT>
+  void in_ranges(const Sys& sys, bool host, const typename Opt::step_constants& c, const T* g, float divisor,
+                 float coef, float* w, float* const* st, PT* p, std::size_t n) {
+    const auto range = [&](std::size_t b, std::size_t e) {
+      float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
+      for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
+      elementwise::update<Opt>(sys, c, g + b, divisor, coef, w + b, s, p ? p + b : p, e - b);
+    };
+    if (host)
+      pool_.run(n, range);
+    else
+      range(0, n);
   }
 
   // Calls f(u, i, n, arrays) for the elements [i, i + n) of unit u that the store's slices hold, in
@@ -273,6 +291,7 @@ class optimizer_sweep {
   // Mutable: a read of the disk tier counts its bytes.
   mutable offload::state_store<system> store_;
   offload::host_block<system> stage_g_, stage_p_;  // a device system's operands of an offloaded update
+  thread_pool pool_;                               // the host update's threads (engine_options::host_threads)
 };
 
 }  // namespace zero
