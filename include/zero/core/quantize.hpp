@@ -63,9 +63,10 @@ inline std::size_t wire_bytes(std::size_t n, const format& f) {
 //
 // The element-wise rules of core/elementwise.hpp see one element of each operand; a scale needs a
 // whole block, and a code needs its block's scale. These rules therefore hold their arrays and are
-// run by the systems' index loop (for_each_index: rule(j) with the global j, on the host a plain
-// loop, on the device the one launcher, gpu/launch.cuh), which gives each j to one thread. Each
-// rule writes only its own outputs (scale j, code byte j, value j), so any order gives the same bytes.
+// run by the systems' index loop (for_each_index: rule(j) with the global j, on the host a loop over
+// SIMD packs with the rules' bytes, sys/host_quantize.hpp, on the device the one launcher,
+// gpu/launch.cuh), which gives each j to one thread. Each rule writes only its own outputs (scale j,
+// code byte j, value j), so any order gives the same bytes.
 
 // |x| without a library call (the same on host and device); NaN stays NaN.
 ZERO_HD inline float magnitude(float x) { return x < 0.0f ? -x : x; }

@@ -12,6 +12,7 @@
 #include "zero/core/fp.hpp"
 #include "zero/core/half_types.hpp"
 #include "zero/sys/host_loop.hpp"
+#include "zero/sys/host_quantize.hpp"
 
 namespace zero::sys {
 
@@ -57,10 +58,14 @@ struct host {
     host_loop::run(n, rule, ops.data...);
   }
   // The index loop: rule(j) for j in [0, n), for rules that hold their arrays and read more than
-  // element j of them (core/quantize.hpp: a block's scale, a code's block). In order.
+  // element j of them (core/quantize.hpp: a block's scale, a code's block). In order, except the
+  // quantizer's rules, which run on packs with the same bytes (sys/host_quantize.hpp).
   template <class Rule>
   static void for_each_index(std::size_t n, const Rule& rule) {
-    for (std::size_t j = 0; j < n; ++j) rule(j);
+    if constexpr (host_quantize::vectorized<Rule>)
+      host_quantize::run(n, rule);
+    else
+      for (std::size_t j = 0; j < n; ++j) rule(j);
   }
   // The gradient norm's reduction (elementwise::square per element).
   // Summed left to right: the engine depends on the order being fixed, not on it being this one.
