@@ -345,6 +345,38 @@ TEST_CASE("host loops: the binned merge equals the per-element rule bit for bit"
       }
 }
 
+TEST_CASE("host loops: the binned rounding equals the per-element rule bit for bit") {
+  std::mt19937_64 rng(11);
+  // Words of every size up to 2^61 with either sign, and small ones (0, ±1, ±2^31, 2^32 - 1) that
+  // make exact ties, carries between words, cancellations to zero and sums that need a borrow.
+  const auto word = [&]() -> std::int64_t {
+    const std::int64_t small[] = {0,
+                                  1,
+                                  -1,
+                                  std::int64_t{1} << 31,
+                                  -(std::int64_t{1} << 31),
+                                  (std::int64_t{1} << 32) - 1,
+                                  -(std::int64_t{1} << 32)};
+    if (rng() % 3 == 0) return small[rng() % 7];
+    const auto v = static_cast<std::int64_t>(rng() >> (3 + rng() % 61));
+    return rng() % 2 ? v : -v;
+  };
+  const auto words = [&](std::size_t len) {
+    std::vector<std::int64_t> v(len);
+    for (auto& x : v) x = word();
+    return v;
+  };
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{2003}})
+    for (std::size_t off : offsets)
+      for (int top : {0, 1, 2, 4, 7, 8}) {  // subnormal results at the low tops, overflow at the high ones
+        const std::size_t len = n + off;
+        check_rule("round top " + std::to_string(top), elementwise::round_bins_rule{top}, n, off,
+                   std::tuple{std::vector<float>(len, -1.0f), words(len), words(len), words(len)},
+                   {out_mode, in_mode, in_mode, in_mode});
+      }
+}
+
 TEST_CASE_TEMPLATE("host loops: the binned summaries equal the plain loop's at every level", G, float, bf16, fp16) {
   // The plain loop the summaries ran before their packed form: the largest finite magnitude's bits and
   // the non-finite flags, one value at a time.

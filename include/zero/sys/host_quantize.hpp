@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "zero/core/quantize.hpp"
 #include "zero/sys/host_loop.hpp"
@@ -74,6 +75,15 @@ ZERO_SIMD_INLINE void scales(std::size_t count, const quant::scale_rule<T>& r) {
   }
 }
 
+// Bytes 0, Step, 2 Step, ... of a vector (the low byte of each of its Step-byte lanes: a truncation,
+// as static_cast<std::uint8_t>), by one byte shuffle (N and Bytes given: not deducible through lanes): a narrowing
+// conversion is one instruction on AVX-512 only, and the compiler lowers it lane by lane for AVX2 and SSE2.
+template <int Step, int N, int Bytes, std::size_t... I>
+ZERO_SIMD_INLINE void low_bytes(simd::lanes<std::uint8_t, N>& r, const simd::lanes<std::uint8_t, Bytes>& b,
+                                std::index_sequence<I...>) {
+  r = __builtin_shufflevector(b, b, (Step * static_cast<int>(I))...);
+}
+
 // The codes of x[i, i + W) under one finite, positive scale, as int32 lanes (an out parameter: no
 // bare vector crosses a function boundary, see core/simd.hpp).
 template <int W, class T>
@@ -106,7 +116,9 @@ ZERO_SIMD_INLINE void encode_codes(std::size_t values, const quant::encode_rule<
       for (; i + W <= end; i += W) {
         simd::lanes<std::int32_t, W> q;
         codes_of<W>(q, r.x + i, scale, q_max);
-        const auto c = __builtin_convertvector(q, simd::lanes<std::int8_t, W>);
+        simd::lanes<std::uint8_t, W> c;
+        low_bytes<4, W, 4 * W>(c, reinterpret_cast<const simd::lanes<std::uint8_t, 4 * W>&>(q),
+                               std::make_index_sequence<W>{});
         std::memcpy(r.codes + i, &c, W);
       }
       for (; i < end; ++i)
@@ -120,7 +132,9 @@ ZERO_SIMD_INLINE void encode_codes(std::size_t values, const quant::encode_rule<
         codes_of<W>(q, r.x + i, scale, q_max);
         const u64 pair = reinterpret_cast<const u64&>(q);
         const u64 byte = (pair & 0xfu) | ((pair >> 28) & 0xf0u);
-        const auto c = __builtin_convertvector(byte, simd::lanes<std::uint8_t, W / 2>);
+        simd::lanes<std::uint8_t, W / 2> c;
+        low_bytes<8, W / 2, 4 * W>(c, reinterpret_cast<const simd::lanes<std::uint8_t, 4 * W>&>(byte),
+                                   std::make_index_sequence<W / 2>{});
         std::memcpy(r.codes + i / 2, &c, W / 2);
       }
       for (; i < end; i += 2) {
