@@ -72,6 +72,13 @@ struct host {
     else
       for (std::size_t j = 0; j < n; ++j) rule(j);
   }
+  // quant::quantize's scale and encode loops fused block by block (optional for a system; the same
+  // bytes as the two index loops): each block of values is read from memory once.
+  template <class T>
+  static void quantize_blocks(std::size_t blocks, const quant::scale_rule<T>& scale,
+                              const quant::encode_rule<T>& codes) {
+    host_quantize::quantize_blocks(blocks, scale, codes);
+  }
   // The gradient norm's reduction (elementwise::square per element).
   // Summed left to right: the engine depends on the order being fixed, not on it being this one.
   template <class G>
