@@ -105,40 +105,40 @@ ZERO_SIMD_INLINE void encode_block(std::size_t begin, std::size_t end, const qua
     const std::size_t first = r.bits == 8 ? begin : begin / 2, last = r.bits == 8 ? end : (end + 1) / 2;
     std::memset(r.codes + first, 0, last - first);
     return;
+  }
+  const simd::pack<W> scale(s);
+  std::size_t i = begin;
+  if (r.bits == 8) {
+    for (; i + W <= end; i += W) {
+      simd::lanes<std::int32_t, W> q;
+      codes_of<W>(q, r.x + i, scale, q_max);
+      simd::lanes<std::uint8_t, W> c;
+      low_bytes<4, W, 4 * W>(c, reinterpret_cast<const simd::lanes<std::uint8_t, 4 * W>&>(q),
+                             std::make_index_sequence<W>{});
+      std::memcpy(r.codes + i, &c, W);
     }
-    const simd::pack<W> scale(s);
-    std::size_t i = begin;
-    if (r.bits == 8) {
-      for (; i + W <= end; i += W) {
-        simd::lanes<std::int32_t, W> q;
-        codes_of<W>(q, r.x + i, scale, q_max);
-        simd::lanes<std::uint8_t, W> c;
-        low_bytes<4, W, 4 * W>(c, reinterpret_cast<const simd::lanes<std::uint8_t, 4 * W>&>(q),
-                               std::make_index_sequence<W>{});
-        std::memcpy(r.codes + i, &c, W);
-      }
-      for (; i < end; ++i)
-        r.codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(encode(static_cast<float>(r.x[i]), s, qm)));
-    } else {
-      // Lanes 2k and 2k + 1 are the low and high halves of 64-bit lane k (x86 is little-endian): one
-      // byte each, low nibble from the even value.
-      using u64 = simd::lanes<std::uint64_t, W / 2>;
-      for (; i + W <= end; i += W) {
-        simd::lanes<std::int32_t, W> q;
-        codes_of<W>(q, r.x + i, scale, q_max);
-        const u64 pair = reinterpret_cast<const u64&>(q);
-        const u64 byte = (pair & 0xfu) | ((pair >> 28) & 0xf0u);
-        simd::lanes<std::uint8_t, W / 2> c;
-        low_bytes<8, W / 2, 4 * W>(c, reinterpret_cast<const simd::lanes<std::uint8_t, 4 * W>&>(byte),
-                                   std::make_index_sequence<W / 2>{});
-        std::memcpy(r.codes + i / 2, &c, W / 2);
-      }
-      for (; i < end; i += 2) {
-        const int lo = encode(static_cast<float>(r.x[i]), s, qm);
-        const int hi = i + 1 < r.n ? encode(static_cast<float>(r.x[i + 1]), s, qm) : 0;
-        r.codes[i / 2] = static_cast<std::uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
-      }
+    for (; i < end; ++i)
+      r.codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(encode(static_cast<float>(r.x[i]), s, qm)));
+  } else {
+    // Lanes 2k and 2k + 1 are the low and high halves of 64-bit lane k (x86 is little-endian): one
+    // byte each, low nibble from the even value.
+    using u64 = simd::lanes<std::uint64_t, W / 2>;
+    for (; i + W <= end; i += W) {
+      simd::lanes<std::int32_t, W> q;
+      codes_of<W>(q, r.x + i, scale, q_max);
+      const u64 pair = reinterpret_cast<const u64&>(q);
+      const u64 byte = (pair & 0xfu) | ((pair >> 28) & 0xf0u);
+      simd::lanes<std::uint8_t, W / 2> c;
+      low_bytes<8, W / 2, 4 * W>(c, reinterpret_cast<const simd::lanes<std::uint8_t, 4 * W>&>(byte),
+                                 std::make_index_sequence<W / 2>{});
+      std::memcpy(r.codes + i / 2, &c, W / 2);
     }
+    for (; i < end; i += 2) {
+      const int lo = encode(static_cast<float>(r.x[i]), s, qm);
+      const int hi = i + 1 < r.n ? encode(static_cast<float>(r.x[i + 1]), s, qm) : 0;
+      r.codes[i / 2] = static_cast<std::uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
+    }
+  }
 }
 
 // Code bytes of values [0, values).
