@@ -1,11 +1,15 @@
-// The host's element-wise loops (sys::host::for_each) against memcpy in the same run: G elem/s and the fraction of memcpy's bandwidth, one thread, one JSON line per case.
+// The host's element-wise loops (sys::host::for_each), quantizer and reproducible-mode passes against memcpy and the
+// optimizer update in the same run, one thread, one JSON line per case.
 //
 // Usage: bench_host_loops [--mib M] [--reps R] [--levels]
 //   M: MiB of the largest array (default 256: far beyond the last-level cache); R: repetitions
 //   (default 7; the median is reported with min and max). --levels also runs every ISA level the CPU
 //   has (host_loop::set_cap), besides the default (best) one and the old scalar loop.
 // Bytes moved per element count each array read once and each array written once (an operand that
-// is read and written counts twice), as memcpy's read + write does.
+// is read and written counts twice), as memcpy's read + write does. The quantizer (int8 and int4,
+// blocks of 256) is reported as a fraction of memcpy's bytes/s; the reproducible mode's passes (cut
+// into words, merge, rounding, summary; on an eighth of the elements, their int64 planes being 24
+// bytes each) as their time per element over the fp32 AdamW update's at the same size ("of_update").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,6 +56,7 @@ std::vector<T> filled(std::size_t n, float x) {
 }
 
 double memcpy_gbs = 0;  // read + write, measured first
+double update_ns = 0;   // ns per element of the fp32 AdamW update (best level) at the binned passes' size
 
 void report(const std::string& what, const std::string& type, const std::string& loop, std::size_t n,
             double bytes_per_element, const stats& s) {
@@ -59,10 +64,11 @@ void report(const std::string& what, const std::string& type, const std::string&
   const double gbs = gelem * bytes_per_element;
   std::printf(
       "{\"case\": \"%s\", \"type\": \"%s\", \"loop\": \"%s\", \"n\": %zu, \"bytes_per_element\": %.0f, "
-      "\"gelem_per_s\": %.4f, \"gbytes_per_s\": %.3f, \"of_memcpy\": %.3f, \"time_s\": {\"median\": %.6f, \"min\": %.6f, "
-      "\"max\": %.6f}}\n",
+      "\"gelem_per_s\": %.4f, \"gbytes_per_s\": %.3f, \"of_memcpy\": %.3f, \"time_s\": {\"median\": %.6f, \"min\": "
+      "%.6f, "
+      "\"max\": %.6f}, \"ns_per_element\": %.3f, \"of_update\": %.3f}\n",
       what.c_str(), type.c_str(), loop.c_str(), n, bytes_per_element, gelem, gbs, gbs / memcpy_gbs, s.median, s.min,
-      s.max);
+      s.max, 1.0 / gelem, update_ns > 0 ? 1.0 / gelem / update_ns : 0.0);
   std::fflush(stdout);
 }
 
@@ -81,6 +87,110 @@ void run_case(const std::string& what, const std::string& type, std::size_t n, d
            time_reps(reps, [&] { sys::host::for_each(n, rule, elementwise::operand<Ts>{p, true, true}...); }));
     hl::set_cap(previous);
   }
+}
+
+// The index loop the host ran the quantizer's rules with before its packed loops.
+struct plain_index_system {
+  template <class Rule>
+  void for_each_index(std::size_t n, const Rule& rule) const {
+    for (std::size_t j = 0; j < n; ++j) rule(j);
+  }
+  static void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
+};
+
+// `before` once, then `after` at the default level and (with --levels) each lower one.
+template <class Before, class After>
+void run_levels(const std::string& what, const std::string& type, std::size_t n, double bpe, int reps, bool levels,
+                Before&& before, After&& after) {
+  report(what, type, "scalar (before)", n, bpe, time_reps(reps, before));
+  std::vector<hl::isa> caps{hl::active()};
+  if (levels)
+    for (hl::isa l : {hl::isa::avx2, hl::isa::sse2})
+      if (l < hl::active()) caps.push_back(l);
+  for (hl::isa l : caps) {
+    const hl::isa previous = hl::set_cap(l);
+    report(what, type, std::string("packed ") + hl::name(l), n, bpe, time_reps(reps, after));
+    hl::set_cap(previous);
+  }
+}
+
+void quantizer_cases(std::size_t n, int reps, bool levels) {
+  const auto x = filled<float>(n, 0.01f);
+  for (int bits : {8, 4}) {
+    const quant::format f{bits, 256};
+    std::vector<std::uint8_t> wire(quant::wire_bytes(n, f));
+    std::vector<float> y(n);
+    const std::string name = bits == 8 ? "int8" : "int4";
+    // Read the fp32 values, write the codes and scales; the dequantizer the other way.
+    const double wire_bpe = static_cast<double>(wire.size()) / static_cast<double>(n);
+    run_levels(
+        "quantize", name, n, 4 + wire_bpe, reps, levels,
+        [&] { quant::quantize(plain_index_system{}, x.data(), n, f, wire.data()); },
+        [&] { quant::quantize(sys::host{}, x.data(), n, f, wire.data()); });
+    run_levels(
+        "dequantize", name, n, 4 + wire_bpe, reps, levels,
+        [&] { quant::dequantize(plain_index_system{}, wire.data(), n, f, y.data()); },
+        [&] { quant::dequantize(sys::host{}, wire.data(), n, f, y.data()); });
+  }
+}
+
+void binned_cases(std::size_t n, int reps, bool levels) {
+  auto g = filled<float>(n, 0.01f);
+  {  // the reference: the default mode's update, fp32 AdamW at the best level
+    auto w = filled<float>(n, 1.0f), m = filled<float>(n, 0.001f), v = filled<float>(n, 0.0001f);
+    optim::adamw o;
+    const auto c = o.constants(10);
+    const stats s = time_reps(reps, [&] {
+      sys::host::for_each(n, elementwise::update_in_place_rule<optim::adamw>{c, 2.0f, 1.0f},
+                          elementwise::in(static_cast<const float*>(g.data())), elementwise::inout(w.data()),
+                          elementwise::inout(m.data()), elementwise::inout(v.data()));
+    });
+    update_ns = s.median / static_cast<double>(n) * 1e9;
+    report("adamw update (reference)", "fp32", std::string("for_each ") + hl::name(hl::active()), n, 4 + 8 + 16, s);
+  }
+  const int top = binned::summary_of(0.01f * 2.0f).bin;
+  std::vector<std::int64_t> a(3 * n), b(3 * n);
+  std::int64_t *a0 = a.data(), *a1 = a0 + n, *a2 = a1 + n, *b0 = b.data(), *b1 = b0 + n, *b2 = b1 + n;
+  const elementwise::to_bins_rule cut{top};
+  run_levels(
+      "binned cut", "fp32", n, 4 + 24, reps, levels,
+      [&] { scalar_loop(n, cut, static_cast<const float*>(g.data()), a0, a1, a2); },
+      [&] {
+        sys::host::for_each(n, cut, elementwise::in(static_cast<const float*>(g.data())), elementwise::out(a0),
+                            elementwise::out(a1), elementwise::out(a2));
+      });
+  std::copy(a.begin(), a.end(), b.begin());
+  const elementwise::merge_bins_rule merge{top, top, top};
+  const std::int64_t *c0 = b0, *c1 = b1, *c2 = b2;
+  run_levels(
+      "binned merge", "int64", n, 72, reps, levels, [&] { scalar_loop(n, merge, a0, a1, a2, c0, c1, c2); },
+      [&] {
+        sys::host::for_each(n, merge, elementwise::inout(a0), elementwise::inout(a1), elementwise::inout(a2),
+                            elementwise::in(c0), elementwise::in(c1), elementwise::in(c2));
+      });
+  std::vector<float> out(n);
+  const elementwise::round_bins_rule round{top};
+  run_levels(
+      "binned round", "int64", n, 28, reps, levels, [&] { scalar_loop(n, round, out.data(), c0, c1, c2); },
+      [&] {
+        sys::host::for_each(n, round, elementwise::out(out.data()), elementwise::in(c0), elementwise::in(c1),
+                            elementwise::in(c2));
+      });
+  std::int64_t sink = 0;
+  run_levels(
+      "binned summary", "fp32", n, 4, reps, levels,
+      [&] {  // the loop before its packed form
+        std::uint32_t largest = 0, flags = 0;
+        for (std::size_t j = 0; j < n; ++j) {
+          const std::uint32_t u = __builtin_bit_cast(std::uint32_t, g[j]) & 0x7fffffffu;
+          flags |= u >= 0x7f800000u;
+          const std::uint32_t finite = u < 0x7f800000u ? u : 0u;
+          largest = finite > largest ? finite : largest;
+        }
+        sink += largest + flags;
+      },
+      [&] { sink += sys::host::binned_summary(static_cast<const float*>(g.data()), n); });
+  if (sink == 42) std::printf("\n");  // keeps the summaries computed
 }
 
 template <class G>
@@ -169,5 +279,7 @@ int main(int argc, char** argv) {
   }
   all_cases<float>(n, reps, levels, "fp32");
   all_cases<bf16>(n, reps, levels, "bf16");
+  quantizer_cases(n, reps, levels);
+  binned_cases(n / 8, reps, levels);
   return 0;
 }

@@ -300,3 +300,122 @@ TEST_CASE_TEMPLATE("host loops: 2-byte conversions equal the scalar ones for eve
     CHECK(wrong == 0);
   }
 }
+
+// ---- the reproducible mode's passes (sys/host_binned.hpp) ----------------------------------------
+
+TEST_CASE_TEMPLATE("host loops: the binned cut into words equals the per-element rule bit for bit", G, float, bf16,
+                   fp16) {
+  std::uint32_t seed = 300;
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
+                        std::size_t{33}, std::size_t{1003}})
+    for (std::size_t off : offsets) {
+      const std::size_t len = n + off;
+      const std::vector<G> g = inputs<G>(len, ++seed);
+      // The data's own top bin, the largest, and tops below some values' bins (their high bits drop as
+      // in the scalar window) and far above (values below the kept words).
+      int top = -1;
+      for (const G& x : g) top = std::max(top, binned::summary_of(static_cast<float>(x)).bin);
+      for (int t : {top, 8, 5, 3, 1, 0})
+        if (t >= 0) {
+          const std::vector<std::int64_t> w(len, 0x5a5a5a5a5a5a5a5all);
+          check_rule("to_bins top " + std::to_string(t), elementwise::to_bins_rule{t}, n, off, std::tuple{g, w, w, w},
+                     {in_mode, out_mode, out_mode, out_mode});
+        }
+    }
+}
+
+TEST_CASE("host loops: the binned merge equals the per-element rule bit for bit") {
+  std::mt19937_64 rng(7);
+  const auto words = [&](std::size_t len) {
+    std::vector<std::int64_t> v(len);
+    for (auto& x : v) x = static_cast<std::int64_t>(rng() >> 20) - (std::int64_t{1} << 43);
+    return v;
+  };
+  // (store top, incoming top): equal (the common case), either one empty, either one lower, by 1, 2, 3+.
+  const std::pair<int, int> tops[] = {{4, 4}, {-1, 4}, {4, -1}, {3, 4}, {4, 3}, {2, 4}, {4, 2}, {0, 6}, {7, 1}};
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{17}, std::size_t{1003}})
+    for (std::size_t off : offsets)
+      for (auto [st, in] : tops) {
+        const std::size_t len = n + off;
+        check_rule("merge " + std::to_string(st) + "," + std::to_string(in),
+                   elementwise::merge_bins_rule{st, in, std::max(st, in)}, n, off,
+                   std::tuple{words(len), words(len), words(len), words(len), words(len), words(len)},
+                   {inout_mode, inout_mode, inout_mode, in_mode, in_mode, in_mode});
+      }
+}
+
+TEST_CASE("host loops: the binned rounding equals the per-element rule bit for bit") {
+  std::mt19937_64 rng(11);
+  // Words of every size up to 2^61 with either sign, and small ones (0, ±1, ±2^31, 2^32 - 1) that
+  // make exact ties, carries between words, cancellations to zero and sums that need a borrow.
+  const auto word = [&]() -> std::int64_t {
+    const std::int64_t small[] = {0,
+                                  1,
+                                  -1,
+                                  std::int64_t{1} << 31,
+                                  -(std::int64_t{1} << 31),
+                                  (std::int64_t{1} << 32) - 1,
+                                  -(std::int64_t{1} << 32)};
+    if (rng() % 3 == 0) return small[rng() % 7];
+    const auto v = static_cast<std::int64_t>(rng() >> (3 + rng() % 61));
+    return rng() % 2 ? v : -v;
+  };
+  const auto words = [&](std::size_t len) {
+    std::vector<std::int64_t> v(len);
+    for (auto& x : v) x = word();
+    return v;
+  };
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{2003}})
+    for (std::size_t off : offsets)
+      for (int top : {0, 1, 2, 4, 7, 8}) {  // subnormal results at the low tops, overflow at the high ones
+        const std::size_t len = n + off;
+        check_rule("round top " + std::to_string(top), elementwise::round_bins_rule{top}, n, off,
+                   std::tuple{std::vector<float>(len, -1.0f), words(len), words(len), words(len)},
+                   {out_mode, in_mode, in_mode, in_mode});
+      }
+}
+
+TEST_CASE_TEMPLATE("host loops: the binned summaries equal the plain loop's at every level", G, float, bf16, fp16) {
+  // The plain loop the summaries ran before their packed form: the largest finite magnitude's bits and
+  // the non-finite flags, one value at a time.
+  const auto reference = [](const std::vector<const G*>& segs, const std::vector<std::size_t>& sizes, bool divide,
+                            float divisor) {
+    std::uint32_t largest = 0, infinite = 0, nan = 0;
+    for (std::size_t k = 0; k < segs.size(); ++k)
+      for (std::size_t j = 0; j < sizes[k]; ++j) {
+        const float x = static_cast<float>(segs[k][j]);
+        const std::uint32_t a = __builtin_bit_cast(std::uint32_t, divide ? fp::div(x, divisor) : x) & 0x7fffffffu;
+        infinite |= a == 0x7f800000u;
+        nan |= a > 0x7f800000u;
+        if (a < 0x7f800000u && a > largest) largest = a;
+      }
+    return std::array<std::uint32_t, 3>{largest, infinite, nan};
+  };
+  std::uint32_t seed = 500;
+  for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{16}, std::size_t{31}, std::size_t{1003}})
+    for (int finite_only : {0, 1}) {
+      std::vector<G> a = inputs<G>(n, ++seed), b = inputs<G>(n / 2 + 5, ++seed);
+      if (finite_only)  // so that the largest magnitude, not only the flags, decides
+        for (auto* v : {&a, &b})
+          for (auto& x : *v)
+            if (!std::isfinite(static_cast<float>(x))) x = from_float<G>(0.5f);
+      const std::vector<const G*> segs = {a.data(), b.data()};
+      const std::vector<std::size_t> sizes = {a.size(), b.size()};
+      for (hl::isa level : levels()) {
+        const cap_guard guard(level);
+        INFO("n=", n, " level=", std::string(hl::name(level)));
+        for (float divisor : {1.0f, 3.0f, 1e-30f}) {
+          const auto r = reference(segs, sizes, true, divisor);
+          const auto s = sys::host::largest_magnitude(segs.data(), sizes.data(), 2, true, divisor);
+          CHECK(__builtin_bit_cast(std::uint32_t, s.largest) == r[0]);
+          CHECK(s.flags == ((r[1] ? binned::summary::infinite : 0u) | (r[2] ? binned::summary::not_a_number : 0u)));
+        }
+        const auto r = reference({a.data()}, {a.size()}, false, 1.0f);
+        const binned::summary s = binned::unpack(sys::host::binned_summary(a.data(), a.size()));
+        CHECK(s.flags == ((r[1] ? binned::summary::infinite : 0u) | (r[2] ? binned::summary::not_a_number : 0u)));
+        if (!(r[1] | r[2])) CHECK(s.bin == binned::summary_of(__builtin_bit_cast(float, r[0])).bin);
+      }
+    }
+}

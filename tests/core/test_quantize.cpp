@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "zero/core/quantize.hpp"
@@ -102,6 +103,113 @@ std::vector<float> round_trip(const std::vector<float>& x, quant::format f) {
     CHECK(bits_of(y[i]) == bits_of(ref.values[i]));
   }
   return y;
+}
+
+// ---- the host's packed loops (sys/host_quantize.hpp) against the rules run one index at a time ----
+
+namespace hl = zero::sys::host_loop;
+
+// The scalar reference: the rules of core/quantize.hpp run by a plain index loop, as the host ran
+// them before its packed loops.
+struct plain_system {
+  template <class Rule>
+  void for_each_index(std::size_t n, const Rule& rule) const {
+    for (std::size_t j = 0; j < n; ++j) rule(j);
+  }
+  static void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
+};
+
+// Every level up to what the CPU has (scalar: host_loop's fallback, the rules themselves).
+std::vector<hl::isa> isa_levels() {
+  std::vector<hl::isa> r{hl::isa::scalar};
+#if defined(ZERO_HOST_SIMD)
+  for (hl::isa i : {hl::isa::sse2, hl::isa::avx2, hl::isa::avx512})
+    if (i <= hl::detected()) r.push_back(i);
+#endif
+  return r;
+}
+struct isa_cap {
+  hl::isa previous;
+  explicit isa_cap(hl::isa level) : previous(hl::set_cap(level)) {}
+  ~isa_cap() { hl::set_cap(previous); }
+};
+
+// Values of every class the format defines: random magnitudes over the whole range, subnormals, ±0,
+// the largest finite values, exact ties of a scale-1 block (k + 1/2), and, in about one block in
+// eight, an infinity or a NaN (a non-finite block); a few blocks all zero or underflowing.
+std::vector<float> mixed_values(std::size_t n, std::size_t block, std::mt19937& gen) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-150, 127), pick(0, 15);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int kind = pick(gen);
+    if (kind == 0)
+      x[i] = std::ldexp(unit(gen), exponent(gen));
+    else if (kind == 1)
+      x[i] = __builtin_bit_cast(float, static_cast<std::uint32_t>(gen() & 0x807fffffu));  // subnormal
+    else if (kind == 2)
+      x[i] = (gen() & 1) ? -0.0f : 0.0f;
+    else if (kind == 3)
+      x[i] = (gen() & 1) ? -std::numeric_limits<float>::max() : std::numeric_limits<float>::max();
+    else if (kind == 4)
+      x[i] = static_cast<float>(static_cast<int>(gen() % 254) - 127) + 0.5f;
+    else
+      x[i] = unit(gen) * std::ldexp(1.0f, static_cast<int>(gen() % 20) - 10);
+  }
+  for (std::size_t b = 0; b * block < n; ++b) {
+    const std::size_t at = b * block + gen() % std::min(block, n - b * block);
+    switch (gen() % 16) {
+      case 0:
+        x[at] = std::numeric_limits<float>::infinity();
+        break;
+      case 1:
+        x[at] = -std::numeric_limits<float>::infinity();
+        break;
+      case 2:
+        x[at] = __builtin_bit_cast(float, 0xffc01234u);
+        break;  // a NaN with a payload
+      case 3:
+        x[at] = 127.0f;
+        break;  // this block's ties are exact
+      case 4:   // all zero, or so small that the scale underflows
+        for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
+          x[i] = (gen() & 1) ? -0.0f : __builtin_bit_cast(float, static_cast<std::uint32_t>(gen() % 64));
+        break;
+      default:
+        break;
+    }
+  }
+  return x;
+}
+
+// Quantizes, dequantizes and sums x (stored as T) with the host at `level` and with the plain loop,
+// and checks every byte: wire (padding included), values, sums.
+template <class T>
+void check_levels_equal(const std::vector<float>& xf, quant::format f, hl::isa level) {
+  const std::size_t n = xf.size();
+  std::vector<T> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = T(xf[i]);
+  const std::size_t wb = quant::wire_bytes(n, f);
+  constexpr int sources = 3;
+  std::vector<std::uint8_t> ref(sources * wb, 0xab), got(sources * wb, 0xcd);
+  std::vector<T> y_ref(n), y_got(n), s_ref(n), s_got(n);
+  for (int k = 0; k < sources; ++k) {
+    std::vector<T> xk(x);
+    for (std::size_t i = k; i < n; i += 3) xk[i] = T(-static_cast<float>(xk[i]) * static_cast<float>(k + 1));
+    quant::quantize(plain_system{}, xk.data(), n, f, ref.data() + k * wb);
+    const isa_cap cap(level);
+    quant::quantize(host{}, xk.data(), n, f, got.data() + k * wb);
+  }
+  REQUIRE(ref == got);
+  quant::dequantize(plain_system{}, ref.data(), n, f, y_ref.data());
+  quant::dequantize_sum(plain_system{}, ref.data(), wb, sources, n, f, s_ref.data());
+  {
+    const isa_cap cap(level);
+    quant::dequantize(host{}, ref.data(), n, f, y_got.data());
+    quant::dequantize_sum(host{}, ref.data(), wb, sources, n, f, s_got.data());
+  }
+  CHECK(std::memcmp(y_ref.data(), y_got.data(), n * sizeof(T)) == 0);
+  CHECK(std::memcmp(s_ref.data(), s_got.data(), n * sizeof(T)) == 0);
 }
 
 }  // namespace
@@ -248,4 +356,34 @@ TEST_CASE("quantize: formats the rules cannot represent are refused with the set
   CHECK_THROWS_WITH_AS(quant::validate(quant::format{4, 33}, "qgz"),
                        "qgz: int4 packs two values per byte, so the block must be even, got 33", zero::error);
   CHECK_NOTHROW(quant::validate(quant::format{4, 2}, "qgz"));
+}
+
+TEST_CASE("quantize: the host's packed loops write the plain loop's bytes at every ISA level") {
+  std::mt19937 gen(26);
+  // Sizes around every pack width (4, 8, 16 values; 2, 4, 8 int4 bytes) and odd tails, and blocks
+  // shorter than, equal to and longer than a pack, not multiples of it.
+  const std::size_t sizes[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 65, 255, 256, 257, 1001, 4099, 20000};
+  const std::size_t blocks[] = {2, 6, 16, 34, 256};
+  for (hl::isa level : isa_levels()) {
+    for (std::size_t n : sizes)
+      for (std::size_t block : blocks)
+        for (int bits : {8, 4}) {
+          CAPTURE(std::string(hl::name(level)));
+          CAPTURE(n);
+          CAPTURE(block);
+          CAPTURE(bits);
+          const quant::format f{bits, block};
+          const std::vector<float> x = mixed_values(n, block, gen);
+          check_levels_equal<float>(x, f, level);
+          if (n <= 4099) {
+            check_levels_equal<zero::bf16>(x, f, level);
+            check_levels_equal<zero::fp16>(x, f, level);
+          }
+        }
+    // An odd block for int8, and block 1 (every value its own scale).
+    for (std::size_t block : {std::size_t{1}, std::size_t{37}}) {
+      const std::vector<float> x = mixed_values(1000, block, gen);
+      check_levels_equal<float>(x, quant::format{8, block}, level);
+    }
+  }
 }

@@ -63,9 +63,10 @@ inline std::size_t wire_bytes(std::size_t n, const format& f) {
 //
 // The element-wise rules of core/elementwise.hpp see one element of each operand; a scale needs a
 // whole block, and a code needs its block's scale. These rules therefore hold their arrays and are
-// run by the systems' index loop (for_each_index: rule(j) with the global j, on the host a plain
-// loop, on the device the one launcher, gpu/launch.cuh), which gives each j to one thread. Each
-// rule writes only its own outputs (scale j, code byte j, value j), so any order gives the same bytes.
+// run by the systems' index loop (for_each_index: rule(j) with the global j, on the host a loop over
+// SIMD packs with the rules' bytes, sys/host_quantize.hpp, on the device the one launcher,
+// gpu/launch.cuh), which gives each j to one thread. Each rule writes only its own outputs (scale j,
+// code byte j, value j), so any order gives the same bytes.
 
 // |x| without a library call (the same on host and device); NaN stays NaN.
 ZERO_HD inline float magnitude(float x) { return x < 0.0f ? -x : x; }
@@ -183,8 +184,15 @@ void quantize(const System& sys, const T* x, std::size_t n, const format& f, std
   const std::size_t nb = blocks(n, f);
   float* scales = reinterpret_cast<float*>(wire);
   std::uint8_t* codes = wire + 4 * nb;
-  sys.for_each_index(nb, scale_rule<T>{x, n, f.block, qmax(f.bits), scales});
-  sys.for_each_index(code_bytes(n, f), encode_rule<T>{x, n, f.block, f.bits, scales, codes});
+  const scale_rule<T> scale{x, n, f.block, qmax(f.bits), scales};
+  const encode_rule<T> code{x, n, f.block, f.bits, scales, codes};
+  // A system may fuse the two loops block by block (sys::host: a block is read from memory once).
+  if constexpr (requires { sys.quantize_blocks(nb, scale, code); }) {
+    sys.quantize_blocks(nb, scale, code);
+  } else {
+    sys.for_each_index(nb, scale);
+    sys.for_each_index(code_bytes(n, f), code);
+  }
   // The padding bytes are sent too: zero, so that a wire is a pure function of its values.
   const std::size_t pad = wire_bytes(n, f) - 4 * nb - code_bytes(n, f);
   if (pad) sys.fill_zero(codes + code_bytes(n, f), pad);

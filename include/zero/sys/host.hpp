@@ -11,7 +11,9 @@
 #include "zero/core/elementwise.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/half_types.hpp"
+#include "zero/sys/host_binned.hpp"
 #include "zero/sys/host_loop.hpp"
+#include "zero/sys/host_quantize.hpp"
 
 namespace zero::sys {
 
@@ -54,13 +56,28 @@ struct host {
   // Vectorized for the CPU it runs on (sys/host_loop.hpp), with the bits of the in-order loop.
   template <class Rule, class... Ts>
   static void for_each(std::size_t n, const Rule& rule, elementwise::operand<Ts>... ops) {
-    host_loop::run(n, rule, ops.data...);
+    // (the reproducible mode's int64 words: sys/host_binned.hpp's loops)
+    if constexpr (host_binned::vectorized<Rule, Ts...>)
+      host_binned::run(n, rule, ops.data...);
+    else
+      host_loop::run(n, rule, ops.data...);
   }
   // The index loop: rule(j) for j in [0, n), for rules that hold their arrays and read more than
-  // element j of them (core/quantize.hpp: a block's scale, a code's block). In order.
+  // element j of them (core/quantize.hpp: a block's scale, a code's block). In order, except the
+  // quantizer's rules, which run on packs with the same bytes (sys/host_quantize.hpp).
   template <class Rule>
   static void for_each_index(std::size_t n, const Rule& rule) {
-    for (std::size_t j = 0; j < n; ++j) rule(j);
+    if constexpr (host_quantize::vectorized<Rule>)
+      host_quantize::run(n, rule);
+    else
+      for (std::size_t j = 0; j < n; ++j) rule(j);
+  }
+  // quant::quantize's scale and encode loops fused block by block (optional for a system; the same
+  // bytes as the two index loops): each block of values is read from memory once.
+  template <class T>
+  static void quantize_blocks(std::size_t blocks, const quant::scale_rule<T>& scale,
+                              const quant::encode_rule<T>& codes) {
+    host_quantize::quantize_blocks(blocks, scale, codes);
   }
   // The gradient norm's reduction (elementwise::square per element).
   // Summed left to right: the engine depends on the order being fixed, not on it being this one.
@@ -82,25 +99,31 @@ struct host {
   // ---- the reproducible reduction's reductions (core/binned.hpp; a system without them cannot run
   // engine_options::reproducible) ----
 
-  // The summary of f(x) over the values of several segments (x widened to fp32): the bin of the
-  // largest finite magnitude, which is the largest bit pattern without the sign (compared as integers,
-  // branch-free so that the loop vectorizes), and the non-finite flags; `largest` is that magnitude.
+  // The summary of x, or of x / divisor where `divide`, over the values of several segments (x widened
+  // to fp32): the bin of the largest finite magnitude, which is the largest bit pattern without the
+  // sign (compared as integers, so that packs compare as one value does), and the non-finite flags;
+  // `largest` is that magnitude.
   struct magnitude_summary : binned::summary {
     float largest = 0.0f;
   };
-  template <class G, class Fn>
+  template <class G>
   static magnitude_summary largest_magnitude(const G* const* segments, const std::size_t* sizes, std::size_t count,
-                                             Fn f) {
+                                             bool divide, float divisor) {
     std::uint32_t largest = 0, infinite = 0, nan = 0;
-    for (std::size_t k = 0; k < count; ++k)
-      for (std::size_t j = 0; j < sizes[k]; ++j) {
-        const float v = f(static_cast<float>(segments[k][j]));
+    for (std::size_t k = 0; k < count; ++k) {
+      // whole SIMD packs first (sys/host_binned.hpp), the same comparisons lane by lane
+      const std::size_t packed =
+          host_binned::magnitudes(segments[k], sizes[k], divide, divisor, largest, infinite, nan);
+      for (std::size_t j = packed; j < sizes[k]; ++j) {
+        const float x = static_cast<float>(segments[k][j]);
+        const float v = divide ? fp::div(x, divisor) : x;
         const std::uint32_t a = zero::detail::float_to_u32(v) & 0x7fffffffu;
         infinite |= a == 0x7f800000u;
         nan |= a > 0x7f800000u;
         const std::uint32_t finite = a < 0x7f800000u ? a : 0u;
         largest = finite > largest ? finite : largest;
       }
+    }
     magnitude_summary s;
     s.largest = zero::detail::u32_to_float(largest);
     s.bin = binned::summary_of(s.largest).bin;
@@ -111,7 +134,7 @@ struct host {
   // The binned::summary (largest bin, non-finite flags) of n gradient values widened to fp32, packed.
   template <class G>
   static std::int64_t binned_summary(const G* g, std::size_t n) {
-    return binned::pack(largest_magnitude(&g, &n, 1, [](float x) { return x; }));
+    return binned::pack(largest_magnitude(&g, &n, 1, false, 1.0f));
   }
   // The summary of the squares (in double, exact) of g[j] / divisor (an fp32 division, the gradient the
   // optimizer sees) over several segments, packed.
@@ -119,8 +142,7 @@ struct host {
   static std::int64_t binned_square_summary(const G* const* segments, const std::size_t* sizes, std::size_t count,
                                             float divisor) {
     // The largest square is the square of the largest magnitude.
-    const magnitude_summary s =
-        largest_magnitude(segments, sizes, count, [divisor](float x) { return fp::div(x, divisor); });
+    const magnitude_summary s = largest_magnitude(segments, sizes, count, true, divisor);
     const binned::summary sq = binned::summary_of(static_cast<double>(s.largest) * s.largest);
     return binned::pack(binned::summary{s.finite() ? sq.bin : -1, s.flags});
   }

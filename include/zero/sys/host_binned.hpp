@@ -1,0 +1,363 @@
+// sys::host_binned: the reproducible mode's host passes (summary, cut into words, merge, rounding) on SIMD packs, the
+// scalar code's bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "zero/core/binned.hpp"
+#include "zero/core/elementwise.hpp"
+#include "zero/sys/host_loop.hpp"
+
+// Why these are exact: every pass is integer arithmetic on the values' bits (the summary's largest
+// magnitude, the words' shifts and signs, the merge's int64 additions, the rounding's 128-bit
+// steps), which a lane does as the scalar code does, and the one float operation, the square
+// summary's division by the divisor, is the IEEE division lane by lane. The summary runs on packs at
+// every level; the cut, merge and rounding on AVX-512 only, whose 64-bit lanes have the shifts,
+// conversions and widths they need (with AVX2 and SSE2 the packed cut and merge measured slower than
+// the scalar loop, and the rounding needs AVX-512DQ's conversion), so other levels run the rules one
+// element at a time. The loops are compiled per ISA and picked at run time as in sys/host_loop.hpp.
+namespace zero::sys::host_binned {
+
+#if defined(ZERO_HOST_SIMD)
+
+namespace detail {
+
+template <class T, int W>
+using lanes = simd::lanes<T, W>;
+
+// binned::to_words for K = 3 on W floats at once. Word k of a value is its bits in bin top - k: with
+// |x| = m 2^e (m < 2^24) and s = e - (32 (top - k) + lowest), the word is m << s for 0 <= s < 32,
+// m >> -s for -32 < s < 0, and 0 otherwise (all of m's bits outside the bin), which is the 32-bit
+// part of to_words' 128-bit window that the word takes (the same bits dropped above the top bin and
+// below the lowest kept one). Shift counts are masked to 0..31 so that no lane shifts out of range.
+template <int W, class G>
+ZERO_SIMD_INLINE void to_bins(std::size_t j, int top, const G* g, std::int64_t* const* w) {
+  using u32 = lanes<std::uint32_t, W>;
+  using i32 = lanes<std::int32_t, W>;
+  using i64 = lanes<std::int64_t, W>;
+  using fmt = binned::format<float>;
+  const u32 u = simd::load_lanes<W>(g + j).bits();
+  const u32 a = u & 0x7fffffffu, field = a >> 23;
+  u32 m = a;  // a subnormal: its fraction
+  simd::assign_where<W>(m, field != 0u, (a & 0x007fffffu) | 0x00800000u);
+  simd::assign_where<W>(m, field == 0xffu, u32{});  // an infinity or NaN: no bits
+  u32 biased = field;
+  simd::assign_where<W>(biased, field == 0u, u32{} + 1u);
+  const i32 e = reinterpret_cast<const i32&>(biased) + (fmt::min_exponent - 1);
+  const i64 sign = __builtin_convertvector(reinterpret_cast<const i32&>(u) >> 31, i64);  // 0 or -1
+  for (int k = 0; k < binned::words; ++k) {
+    const i32 s = e - (binned::word_bits * (top - k) + fmt::lowest);
+    const u32 left = __builtin_convertvector(s & 31, u32), right = __builtin_convertvector((-s) & 31, u32);
+    u32 word = u32{};
+    simd::assign_where<W>(word, (s >= 0) & (s < 32), m << left);
+    simd::assign_where<W>(word, (s < 0) & (s > -32), m >> right);
+    const i64 v = (__builtin_convertvector(word, i64) ^ sign) - sign;
+    std::memcpy(w[k] + j, &v, sizeof v);
+  }
+}
+
+// The int64 lanes of a W-float register's loop: W / 2, so that a pack of words is one register (a
+// vector twice the register's width is lowered to slow generic code), and at least 4 (a pack's least).
+template <int W>
+inline constexpr int word_lanes = W / 2 < 4 ? 4 : W / 2;
+
+template <int W, class G>
+ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rule& r, const G* g, std::int64_t* w0,
+                           std::int64_t* w1, std::int64_t* w2) {
+  constexpr int V = word_lanes<W>;
+  std::int64_t* const w[3] = {w0, w1, w2};
+  std::size_t j = 0;
+  if constexpr (W == 16)  // measured slower than the scalar loop with AVX2 and SSE2 (their 64-bit lanes)
+    for (; j + V <= n; j += V) to_bins<V>(j, r.top, g, w);
+  for (; j < n; ++j) r(j, g, w0, w1, w2);
+}
+
+// merge_bins_rule: each of the store's and the incoming words re-expressed for the common top (plane
+// k takes plane k - d, or zero), then added. d is the same for every element, so the planes are chosen
+// once; each pack loads all six planes before it stores, as the rule reads all before it writes.
+template <int W>
+ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::merge_bins_rule& r, std::int64_t* s0, std::int64_t* s1,
+                           std::int64_t* s2, const std::int64_t* w0, const std::int64_t* w1, const std::int64_t* w2) {
+  constexpr int V = word_lanes<W>;
+  using i64 = lanes<std::int64_t, V>;
+  constexpr int K = binned::words;
+  const auto shift = [&](int from) { return from == r.to ? 0 : from < 0 ? K : r.to - from; };  // binned::realign's d
+  const int ds = shift(r.store_top), dw = shift(r.in_top);
+  std::size_t j = 0;
+  if (W == 16 && ds >= 0 && dw >= 0) {  // (as the cut: AVX-512 only)
+    std::int64_t* const st[K] = {s0, s1, s2};
+    const std::int64_t* const in[K] = {w0, w1, w2};
+    for (; j + V <= n; j += V) {
+      i64 a[K], b[K];
+      for (int k = 0; k < K; ++k) {
+        std::memcpy(&a[k], st[k] + j, sizeof(i64));
+        std::memcpy(&b[k], in[k] + j, sizeof(i64));
+      }
+      for (int k = 0; k < K; ++k) {
+        i64 sum = i64{};
+        if (k - ds >= 0) sum += a[k - ds];
+        if (k - dw >= 0) sum += b[k - dw];
+        std::memcpy(st[k] + j, &sum, sizeof(i64));
+      }
+    }
+  }
+  for (; j < n; ++j) r(j, s0, s1, s2, w0, w1, w2);
+}
+
+// floor(log2 x) of 8 non-zero 64-bit lanes read as unsigned: the exponent of x converted to double
+// rounding toward zero, which is exact (a conversion to nearest can round up to the next power of 2).
+// AVX-512DQ's conversion. This and the shifts below are not always_inline, as core/simd.hpp's
+// sqrt_lanes, and are inlined into the AVX-512 loop by its flatten.
+__attribute__((target("avx512f,avx512dq"))) inline void log2_lanes(lanes<std::int64_t, 8>& r,
+                                                                   const lanes<std::int64_t, 8>& x) {
+  __m512i v;
+  std::memcpy(&v, &x, sizeof v);
+  const __m512i d = _mm512_castpd_si512(_mm512_cvt_roundepu64_pd(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+  std::memcpy(&r, &d, sizeof r);
+  r = (r >> 52) - 1023;
+}
+
+// x << c and x >> c (logical) per lane, 0 where c is outside [0, 64) (a negative c is a huge unsigned
+// count): the instructions' own rule, where a vector shift in C++ would be undefined. (The masked
+// form: the unmasked one reads an undefined register, GCC 12 warns.)
+__attribute__((target("avx512f"))) inline void shift_left(lanes<std::int64_t, 8>& r, const lanes<std::int64_t, 8>& x,
+                                                          const lanes<std::int64_t, 8>& c) {
+  __m512i a, n;
+  std::memcpy(&a, &x, sizeof a);
+  std::memcpy(&n, &c, sizeof n);
+  a = _mm512_mask_sllv_epi64(a, 0xff, a, n);
+  std::memcpy(&r, &a, sizeof a);
+}
+__attribute__((target("avx512f"))) inline void shift_right(lanes<std::int64_t, 8>& r, const lanes<std::int64_t, 8>& x,
+                                                           const lanes<std::int64_t, 8>& c) {
+  __m512i a, n;
+  std::memcpy(&a, &x, sizeof a);
+  std::memcpy(&n, &c, sizeof n);
+  a = _mm512_mask_srlv_epi64(a, 0xff, a, n);
+  std::memcpy(&r, &a, sizeof a);
+}
+
+// binned::round_128<float> for K = 3 on 8 elements, step by step: the 128-bit two's complement
+// value, its sign and magnitude, the leading bit, the quantum (24 bits down, or the subnormals'),
+// the significand q with round to nearest even from the half bit and the sticky bits, and
+// from_quantum's bits. Integers only (the one conversion rounds toward zero explicitly), so neither
+// the rounding mode nor flush-to-zero can change a bit. Every condition is a mask of all ones or
+// zeros made from a sign bit (x >> 63, arithmetic), not a comparison, which GCC 12 lowers lane by
+// lane for 64-bit lanes; a lane's unsigned 64 bits are held in int64 lanes.
+ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::int64_t* w0, const std::int64_t* w1,
+                                 const std::int64_t* w2) {
+  using i64 = lanes<std::int64_t, 8>;
+  using fmt = binned::format<float>;
+  i64 a, b, c;
+  std::memcpy(&a, w0 + j, sizeof a);
+  std::memcpy(&b, w1 + j, sizeof b);
+  std::memcpy(&c, w2 + j, sizeof c);
+  // v = a 2^64 + b 2^32 + c as hi 2^64 + lo (hi signed); the carry out of the low halves' sum
+  const i64 b_low = b << 32;
+  const i64 lo = c + b_low;
+  const i64 carry = (((c & b_low) | ((c | b_low) & ~lo)) >> 63) & 1;
+  const i64 hi = a + (b >> 32) + (c >> 63) + carry;
+  // the magnitude: 0 - (hi 2^64 + lo) = (0 - hi - [lo != 0]) 2^64 + (0 - lo) where negative
+  const i64 negative = hi >> 63;  // all ones or zero
+  const i64 lo_nonzero = (lo | -lo) >> 63;
+  const i64 mlo = ((-lo) & negative) | (lo & ~negative);
+  const i64 mhi = ((-hi + lo_nonzero) & negative) | (hi & ~negative);
+  i64 lead_hi, lead_lo;
+  log2_lanes(lead_hi, mhi);
+  log2_lanes(lead_lo, mlo);
+  const i64 hi_nonzero = (mhi | -mhi) >> 63;
+  const i64 lead = ((lead_hi + 64) & hi_nonzero) | (lead_lo & ~hi_nonzero);
+  const int lsb = binned::word_bits * (top - binned::words + 1) + fmt::lowest;
+  const i64 unclamped = lead + (lsb - (fmt::precision - 1));
+  const i64 subnormal = (unclamped - fmt::min_exponent) >> 63;
+  const i64 quantum = (fmt::min_exponent & subnormal) | (unclamped & ~subnormal);
+  const i64 r = quantum - lsb;  // bits below the quantum
+  // r > 0: q = the bits from r up (none above the leading one), rounded by bit r - 1 and the ones below
+  i64 from_lo, from_hi_up, from_hi_down;
+  shift_right(from_lo, mlo, r);
+  shift_left(from_hi_up, mhi, 64 - r);
+  shift_right(from_hi_down, mhi, r - 64);
+  i64 q = from_lo | from_hi_up | from_hi_down;
+  i64 half_lo, half_hi;
+  shift_right(half_lo, mlo, r - 1);
+  shift_right(half_hi, mhi, r - 65);
+  const i64 half = (half_lo | half_hi) & 1;
+  // sticky: any bit below r - 1 (r - 1 <= 64: in lo alone, all of it at 64; above: all of lo and the
+  // low r - 65 bits of hi)
+  const i64 one = i64{} + 1;
+  i64 one_lo, one_hi;
+  shift_left(one_lo, one, r - 1);
+  shift_left(one_hi, one, r - 65);
+  const i64 in_lo = (r - 65) >> 63;
+  const i64 lo_mask = ((one_lo - 1) & in_lo) | ~in_lo;
+  const i64 hi_mask = (one_hi - 1) & ~((r - 66) >> 63);
+  const i64 rest = (mlo & lo_mask) | (mhi & hi_mask);
+  const i64 sticky = (rest | -rest) >> 63;
+  q += half & (sticky | -(q & 1));
+  // r <= 0: exact, q = lo << -r
+  i64 exact;
+  shift_left(exact, mlo, -r);
+  const i64 not_positive = (r - 1) >> 63;
+  q = (exact & not_positive) | (q & ~not_positive);
+  // from_quantum: q 2^quantum with the sign; from the largest finite value up, infinity
+  const i64 e = quantum - fmt::min_exponent;
+  i64 bits = (e << 23) + q;
+  const i64 infinite = ~((e - 256) >> 63) | ~((bits - 0x7f800000) >> 63);
+  bits = (0x7f800000 & infinite) | (bits & ~infinite);
+  bits |= negative & 0x80000000;
+  const i64 all = mlo | mhi;
+  bits &= (all | -all) >> 63;  // an exact zero is +0
+  const auto out = __builtin_convertvector(bits, lanes<std::uint32_t, 8>);
+  std::memcpy(g + j, &out, sizeof out);
+}
+
+template <int W>
+ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::round_bins_rule& r, float* g, const std::int64_t* w0,
+                           const std::int64_t* w1, const std::int64_t* w2) {
+  std::size_t j = 0;
+  if constexpr (W == 16)  // AVX-512 only: AVX2 has neither the 64-bit lanes' conversion nor their width
+    for (; j + 8 <= n; j += 8) round_bins(j, r.top, g, w0, w1, w2);
+  for (; j < n; ++j) r(j, g, w0, w1, w2);
+}
+
+// The largest magnitude's bits and the non-finite flags of g[0, n) (over g / divisor when Divide): the
+// lane-wise form of sys::host::largest_magnitude's loop. Returns how many elements it covered (whole
+// packs); the caller runs the rest.
+template <int W, bool Divide, class G>
+ZERO_SIMD_INLINE std::size_t magnitudes(const G* g, std::size_t n, float divisor, std::uint32_t& largest,
+                                        std::uint32_t& infinite, std::uint32_t& nan) {
+  using u32 = lanes<std::uint32_t, W>;
+  u32 big = u32{}, inf = u32{}, not_a_number = u32{};
+  const simd::pack<W> d(divisor);
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) {
+    simd::pack<W> v = simd::load_lanes<W>(g + j);
+    if constexpr (Divide) v = div(v, d);
+    const u32 a = v.bits() & 0x7fffffffu;
+    inf |= __builtin_convertvector(a == 0x7f800000u, u32);  // all ones where true
+    not_a_number |= __builtin_convertvector(a > 0x7f800000u, u32);
+    u32 finite = a;
+    simd::assign_where<W>(finite, a >= 0x7f800000u, u32{});
+    simd::assign_where<W>(big, finite > big, finite);
+  }
+  for (int i = 0; i < W; ++i) {
+    largest = big[i] > largest ? big[i] : largest;
+    infinite |= inf[i] & 1u;
+    nan |= not_a_number[i] & 1u;
+  }
+  return j;
+}
+
+template <class Rule, class... Ts>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void run_avx512(std::size_t n, const Rule& rule,
+                                                                                       Ts*... p) {
+  loop<16>(n, rule, p...);
+  _mm256_zeroupper();
+}
+template <class Rule, class... Ts>
+__attribute__((target("avx2"), flatten)) void run_avx2(std::size_t n, const Rule& rule, Ts*... p) {
+  loop<8>(n, rule, p...);
+  _mm256_zeroupper();
+}
+template <class Rule, class... Ts>
+__attribute__((flatten)) void run_sse2(std::size_t n, const Rule& rule, Ts*... p) {
+  loop<4>(n, rule, p...);
+}
+
+template <bool Divide, class G>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) std::size_t magnitudes_avx512(
+    const G* g, std::size_t n, float divisor, std::uint32_t& largest, std::uint32_t& infinite, std::uint32_t& nan) {
+  const std::size_t done = magnitudes<16, Divide>(g, n, divisor, largest, infinite, nan);
+  _mm256_zeroupper();
+  return done;
+}
+template <bool Divide, class G>
+__attribute__((target("avx2"), flatten)) std::size_t magnitudes_avx2(const G* g, std::size_t n, float divisor,
+                                                                     std::uint32_t& largest, std::uint32_t& infinite,
+                                                                     std::uint32_t& nan) {
+  const std::size_t done = magnitudes<8, Divide>(g, n, divisor, largest, infinite, nan);
+  _mm256_zeroupper();
+  return done;
+}
+template <bool Divide, class G>
+__attribute__((flatten)) std::size_t magnitudes_sse2(const G* g, std::size_t n, float divisor, std::uint32_t& largest,
+                                                     std::uint32_t& infinite, std::uint32_t& nan) {
+  return magnitudes<4, Divide>(g, n, divisor, largest, infinite, nan);
+}
+
+template <class Rule, class... Ts>
+struct packed : std::false_type {};
+template <class G>
+struct packed<elementwise::to_bins_rule, G, std::int64_t, std::int64_t, std::int64_t>
+    : std::bool_constant<simd::lane_type<G>> {};
+template <>
+struct packed<elementwise::round_bins_rule, float, std::int64_t, std::int64_t, std::int64_t> : std::true_type {};
+template <>
+struct packed<elementwise::merge_bins_rule, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+              std::int64_t> : std::true_type {};
+
+}  // namespace detail
+
+// Whether run() has a packed loop for this rule over these operand types (those of sys::host::for_each):
+// the cut (from float, bf16 or fp16 gradients) and the merge. (An operand may be const or not.)
+template <class Rule, class... Ts>
+concept vectorized = detail::packed<Rule, std::remove_const_t<Ts>...>::value;
+
+template <class Rule, class... Ts>
+void run(std::size_t n, const Rule& rule, Ts*... p) {
+  switch (host_loop::active()) {
+    case host_loop::isa::avx512:
+      return detail::run_avx512(n, rule, p...);
+    case host_loop::isa::avx2:
+      return detail::run_avx2(n, rule, p...);
+    case host_loop::isa::sse2:
+      return detail::run_sse2(n, rule, p...);
+    case host_loop::isa::scalar:
+      break;
+  }
+  for (std::size_t j = 0; j < n; ++j) rule(j, p...);
+}
+
+// The packed part of the summary loop over g[0, n) (g / divisor when divide): folds the whole packs
+// into largest, infinite and nan and returns how many elements it covered (0 at isa::scalar, or for
+// an element type without lanes).
+template <class G>
+std::size_t magnitudes(const G* g, std::size_t n, bool divide, float divisor, std::uint32_t& largest,
+                       std::uint32_t& infinite, std::uint32_t& nan) {
+  if constexpr (simd::lane_type<G>) {
+    switch (host_loop::active()) {
+      case host_loop::isa::avx512:
+        return divide ? detail::magnitudes_avx512<true>(g, n, divisor, largest, infinite, nan)
+                      : detail::magnitudes_avx512<false>(g, n, divisor, largest, infinite, nan);
+      case host_loop::isa::avx2:
+        return divide ? detail::magnitudes_avx2<true>(g, n, divisor, largest, infinite, nan)
+                      : detail::magnitudes_avx2<false>(g, n, divisor, largest, infinite, nan);
+      case host_loop::isa::sse2:
+        return divide ? detail::magnitudes_sse2<true>(g, n, divisor, largest, infinite, nan)
+                      : detail::magnitudes_sse2<false>(g, n, divisor, largest, infinite, nan);
+      case host_loop::isa::scalar:
+        break;
+    }
+  }
+  return 0;
+}
+
+#else
+
+template <class Rule, class... Ts>
+concept vectorized = false;
+template <class Rule, class... Ts>
+void run(std::size_t n, const Rule& rule, Ts*... p) {
+  for (std::size_t j = 0; j < n; ++j) rule(j, p...);
+}
+template <class G>
+std::size_t magnitudes(const G*, std::size_t, bool, float, std::uint32_t&, std::uint32_t&, std::uint32_t&) {
+  return 0;
+}
+
+#endif
+
+}  // namespace zero::sys::host_binned
