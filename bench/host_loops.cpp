@@ -1,5 +1,6 @@
 // The host's element-wise loops (sys::host::for_each), quantizer and reproducible-mode passes against memcpy and the
-// optimizer update in the same run, one thread, one JSON line per case.
+// optimizer update in the same run, one thread (and the AdamW update over a pool of 1 and 2 threads), one JSON line
+// per case.
 //
 // Usage: bench_host_loops [--mib M] [--reps R] [--levels]
 //   M: MiB of the largest array (default 256: far beyond the last-level cache); R: repetitions
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "zero/core/thread_pool.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -214,6 +216,19 @@ void all_cases(std::size_t n, int reps, bool levels, const char* type) {
     else
       run_case("adamw", type, n, bpe, reps, levels, elementwise::update_in_place_rule<optim::adamw>{c, 2.0f, 1.0f},
                static_cast<const G*>(g.data()), w.data(), slots[0], slots[1]);
+    // engine_options::host_threads: the same update over a rank's pool of T threads, cut into
+    // contiguous ranges as the engine's sweep cuts each segment.
+    for (int t : {1, 2}) {
+      thread_pool pool(t);
+      report("adamw", type, "pool of " + std::to_string(t), n, bpe, time_reps(reps, [&] {
+               pool.run(n, [&](std::size_t b, std::size_t e) {
+                 float* s[2] = {m.data() + b, v.data() + b};
+                 elementwise::update<optim::adamw>(sys::host{}, c, static_cast<const G*>(g.data()) + b, 2.0f, 1.0f,
+                                                   w.data() + b, s, copy ? p.data() + b : static_cast<G*>(nullptr),
+                                                   e - b);
+               });
+             }));
+    }
   }
   {
     optim::sgd o;
