@@ -74,23 +74,6 @@ void report(const std::string& what, const std::string& type, const std::string&
   std::fflush(stdout);
 }
 
-// One case on the scalar loop, the default dispatch and (with --levels) each ISA level.
-template <class Rule, class... Ts>
-void run_case(const std::string& what, const std::string& type, std::size_t n, double bpe, int reps, bool levels,
-              const Rule& rule, Ts*... p) {
-  report(what, type, "scalar (before)", n, bpe, time_reps(reps, [&] { scalar_loop(n, rule, p...); }));
-  std::vector<hl::isa> caps{hl::active()};
-  if (levels)
-    for (hl::isa l : {hl::isa::avx2, hl::isa::sse2})
-      if (l < hl::active()) caps.push_back(l);
-  for (hl::isa l : caps) {
-    const hl::isa previous = hl::set_cap(l);
-    report(what, type, std::string("for_each ") + hl::name(l), n, bpe,
-           time_reps(reps, [&] { sys::host::for_each(n, rule, elementwise::operand<Ts>{p, true, true}...); }));
-    hl::set_cap(previous);
-  }
-}
-
 // The index loop the host ran the quantizer's rules with before its packed loops.
 struct plain_index_system {
   template <class Rule>
@@ -100,10 +83,11 @@ struct plain_index_system {
   static void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
 };
 
-// `before` once, then `after` at the default level and (with --levels) each lower one.
+// `before` once, then `after` at the default level and (with --levels) each lower one, reported as
+// `loop` and the level's name.
 template <class Before, class After>
 void run_levels(const std::string& what, const std::string& type, std::size_t n, double bpe, int reps, bool levels,
-                Before&& before, After&& after) {
+                Before&& before, After&& after, const char* loop = "packed ") {
   report(what, type, "scalar (before)", n, bpe, time_reps(reps, before));
   std::vector<hl::isa> caps{hl::active()};
   if (levels)
@@ -111,9 +95,21 @@ void run_levels(const std::string& what, const std::string& type, std::size_t n,
       if (l < hl::active()) caps.push_back(l);
   for (hl::isa l : caps) {
     const hl::isa previous = hl::set_cap(l);
-    report(what, type, std::string("packed ") + hl::name(l), n, bpe, time_reps(reps, after));
+    report(what, type, loop + std::string(hl::name(l)), n, bpe, time_reps(reps, after));
     hl::set_cap(previous);
   }
+}
+
+// One rule on the scalar loop (before), then sys::host::for_each at each level.
+template <class Rule, class... Ts>
+void run_case(const std::string& what, const std::string& type, std::size_t n, double bpe, int reps, bool levels,
+              const Rule& rule, Ts*... p) {
+  run_levels(
+      what, type, n, bpe, reps, levels, [&] { scalar_loop(n, rule, p...); },
+      [&] {
+        sys::host::for_each(n, rule, elementwise::operand<Ts>{p, true, true}...);
+      },
+      "for_each ");
 }
 
 void quantizer_cases(std::size_t n, int reps, bool levels) {

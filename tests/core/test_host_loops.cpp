@@ -11,29 +11,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "isa_levels.hpp"
 #include "zero/zero.hpp"
 
 namespace {
 
 using namespace zero;
 namespace hl = zero::sys::host_loop;
-
-// The levels to check: every one up to what the CPU has (scalar: the fallback loop itself).
-std::vector<hl::isa> levels() {
-  std::vector<hl::isa> r{hl::isa::scalar};
-#if defined(ZERO_HOST_SIMD)
-  for (hl::isa i : {hl::isa::sse2, hl::isa::avx2, hl::isa::avx512})
-    if (i <= hl::detected()) r.push_back(i);
-#endif
-  return r;
-}
-
-// Restores the process-wide cap when a check ends (also when it throws).
-struct cap_guard {
-  hl::isa previous;
-  explicit cap_guard(hl::isa level) : previous(hl::set_cap(level)) {}
-  ~cap_guard() { hl::set_cap(previous); }
-};
 
 // Float inputs every rule sees: NaNs with several payloads and signs (quiet and signalling),
 // infinities, zeros, subnormals, huge values, values at bf16 and fp16 rounding ties and overflow
@@ -90,8 +74,8 @@ void check_rule(const std::string& what, const Rule& rule, std::size_t n, std::s
   std::apply([&](auto&... a) {
     for (std::size_t j = 0; j < n; ++j) rule(j, (a.data() + offset)...);
   }, reference);
-  for (hl::isa level : levels()) {
-    const cap_guard g(level);
+  for (hl::isa level : isa_levels::available()) {
+    const isa_levels::cap_guard g(level);
     auto got = init;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       auto op = [&](auto& a, int mode) {
@@ -201,12 +185,12 @@ void check_optimizer_all_types(const std::string& what, const typename Opt::step
 
 TEST_CASE("host loops: the levels this CPU runs") {
   std::string names;
-  for (hl::isa l : levels()) names += std::string(hl::name(l)) + " ";
+  for (hl::isa l : isa_levels::available()) names += std::string(hl::name(l)) + " ";
   MESSAGE("levels checked: ", names);
 #if defined(ZERO_HOST_SIMD)
   CHECK(hl::detected() >= hl::isa::sse2);  // x86-64's baseline
   {
-    const cap_guard g(hl::isa::sse2);
+    const isa_levels::cap_guard g(hl::isa::sse2);
     CHECK(hl::active() == hl::isa::sse2);
   }
   CHECK(hl::active() == hl::detected());
@@ -279,8 +263,8 @@ TEST_CASE_TEMPLATE("host loops: 2-byte conversions equal the scalar ones for eve
   // And a stride over all 2^32 patterns.
   for (std::uint64_t u = 0; u < (1ull << 32); u += 40961) floats.push_back(__builtin_bit_cast(float, std::uint32_t(u)));
   const std::size_t n = floats.size();
-  for (hl::isa level : levels()) {
-    const cap_guard g(level);
+  for (hl::isa level : isa_levels::available()) {
+    const isa_levels::cap_guard g(level);
     INFO("level ", std::string(hl::name(level)));
     // Widening: accumulate_rule{first} stores static_cast<float>(src[j]) into a float array.
     std::vector<float> wide(all.size());
@@ -403,8 +387,8 @@ TEST_CASE_TEMPLATE("host loops: the binned summaries equal the plain loop's at e
             if (!std::isfinite(static_cast<float>(x))) x = from_float<G>(0.5f);
       const std::vector<const G*> segs = {a.data(), b.data()};
       const std::vector<std::size_t> sizes = {a.size(), b.size()};
-      for (hl::isa level : levels()) {
-        const cap_guard guard(level);
+      for (hl::isa level : isa_levels::available()) {
+        const isa_levels::cap_guard guard(level);
         INFO("n=", n, " level=", std::string(hl::name(level)));
         for (float divisor : {1.0f, 3.0f, 1e-30f}) {
           const auto r = reference(segs, sizes, true, divisor);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "isa_levels.hpp"
 #include "zero/core/quantize.hpp"
 #include "zero/sys/host.hpp"
 
@@ -119,21 +120,6 @@ struct plain_system {
   static void fill_zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
 };
 
-// Every level up to what the CPU has (scalar: host_loop's fallback, the rules themselves).
-std::vector<hl::isa> isa_levels() {
-  std::vector<hl::isa> r{hl::isa::scalar};
-#if defined(ZERO_HOST_SIMD)
-  for (hl::isa i : {hl::isa::sse2, hl::isa::avx2, hl::isa::avx512})
-    if (i <= hl::detected()) r.push_back(i);
-#endif
-  return r;
-}
-struct isa_cap {
-  hl::isa previous;
-  explicit isa_cap(hl::isa level) : previous(hl::set_cap(level)) {}
-  ~isa_cap() { hl::set_cap(previous); }
-};
-
 // Values of every class the format defines: random magnitudes over the whole range, subnormals, ±0,
 // the largest finite values, exact ties of a scale-1 block (k + 1/2), and, in about one block in
 // eight, an infinity or a NaN (a non-finite block); a few blocks all zero or underflowing.
@@ -197,14 +183,14 @@ void check_levels_equal(const std::vector<float>& xf, quant::format f, hl::isa l
     std::vector<T> xk(x);
     for (std::size_t i = k; i < n; i += 3) xk[i] = T(-static_cast<float>(xk[i]) * static_cast<float>(k + 1));
     quant::quantize(plain_system{}, xk.data(), n, f, ref.data() + k * wb);
-    const isa_cap cap(level);
+    const isa_levels::cap_guard cap(level);
     quant::quantize(host{}, xk.data(), n, f, got.data() + k * wb);
   }
   REQUIRE(ref == got);
   quant::dequantize(plain_system{}, ref.data(), n, f, y_ref.data());
   quant::dequantize_sum(plain_system{}, ref.data(), wb, sources, n, f, s_ref.data());
   {
-    const isa_cap cap(level);
+    const isa_levels::cap_guard cap(level);
     quant::dequantize(host{}, ref.data(), n, f, y_got.data());
     quant::dequantize_sum(host{}, ref.data(), wb, sources, n, f, s_got.data());
   }
@@ -364,7 +350,7 @@ TEST_CASE("quantize: the host's packed loops write the plain loop's bytes at eve
   // shorter than, equal to and longer than a pack, not multiples of it.
   const std::size_t sizes[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 65, 255, 256, 257, 1001, 4099, 20000};
   const std::size_t blocks[] = {2, 6, 16, 34, 256};
-  for (hl::isa level : isa_levels()) {
+  for (hl::isa level : isa_levels::available()) {
     for (std::size_t n : sizes)
       for (std::size_t block : blocks)
         for (int bits : {8, 4}) {

@@ -120,25 +120,19 @@ __attribute__((target("avx512f,avx512dq"))) inline void log2_lanes(lanes<std::in
   r = (r >> 52) - 1023;
 }
 
-// x << c and x >> c (logical) per lane, 0 where c is outside [0, 64) (a negative c is a huge unsigned
-// count): the instructions' own rule, where a vector shift in C++ would be undefined. (The masked
-// form: the unmasked one reads an undefined register, GCC 12 warns.)
-__attribute__((target("avx512f"))) inline void shift_left(lanes<std::int64_t, 8>& r, const lanes<std::int64_t, 8>& x,
-                                                          const lanes<std::int64_t, 8>& c) {
+// x << c (Left) and x >> c (logical) per lane, 0 where c is outside [0, 64) (a negative c is a huge
+// unsigned count): the instructions' own rule, where a vector shift in C++ would be undefined. (The
+// masked form: the unmasked one reads an undefined register, GCC 12 warns.)
+template <bool Left>
+__attribute__((target("avx512f"))) inline void shift(lanes<std::int64_t, 8>& r, const lanes<std::int64_t, 8>& x,
+                                                     const lanes<std::int64_t, 8>& c) {
   __m512i a, n;
   std::memcpy(&a, &x, sizeof a);
   std::memcpy(&n, &c, sizeof n);
-  a = _mm512_mask_sllv_epi64(a, 0xff, a, n);
+  a = Left ? _mm512_mask_sllv_epi64(a, 0xff, a, n) : _mm512_mask_srlv_epi64(a, 0xff, a, n);
   std::memcpy(&r, &a, sizeof a);
 }
-__attribute__((target("avx512f"))) inline void shift_right(lanes<std::int64_t, 8>& r, const lanes<std::int64_t, 8>& x,
-                                                           const lanes<std::int64_t, 8>& c) {
-  __m512i a, n;
-  std::memcpy(&a, &x, sizeof a);
-  std::memcpy(&n, &c, sizeof n);
-  a = _mm512_mask_srlv_epi64(a, 0xff, a, n);
-  std::memcpy(&r, &a, sizeof a);
-}
+inline constexpr bool shl = true, shr = false;  // shift<shl>, shift<shr>
 
 // binned::round_128<float> for K = 3 on 8 elements, step by step: the 128-bit two's complement
 // value, its sign and magnitude, the leading bit, the quantum (24 bits down, or the subnormals'),
@@ -177,20 +171,20 @@ ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::in
   const i64 r = quantum - lsb;  // bits below the quantum
   // r > 0: q = the bits from r up (none above the leading one), rounded by bit r - 1 and the ones below
   i64 from_lo, from_hi_up, from_hi_down;
-  shift_right(from_lo, mlo, r);
-  shift_left(from_hi_up, mhi, 64 - r);
-  shift_right(from_hi_down, mhi, r - 64);
+  shift<shr>(from_lo, mlo, r);
+  shift<shl>(from_hi_up, mhi, 64 - r);
+  shift<shr>(from_hi_down, mhi, r - 64);
   i64 q = from_lo | from_hi_up | from_hi_down;
   i64 half_lo, half_hi;
-  shift_right(half_lo, mlo, r - 1);
-  shift_right(half_hi, mhi, r - 65);
+  shift<shr>(half_lo, mlo, r - 1);
+  shift<shr>(half_hi, mhi, r - 65);
   const i64 half = (half_lo | half_hi) & 1;
   // sticky: any bit below r - 1 (r - 1 <= 64: in lo alone, all of it at 64; above: all of lo and the
   // low r - 65 bits of hi)
   const i64 one = i64{} + 1;
   i64 one_lo, one_hi;
-  shift_left(one_lo, one, r - 1);
-  shift_left(one_hi, one, r - 65);
+  shift<shl>(one_lo, one, r - 1);
+  shift<shl>(one_hi, one, r - 65);
   const i64 in_lo = (r - 65) >> 63;
   const i64 lo_mask = ((one_lo - 1) & in_lo) | ~in_lo;
   const i64 hi_mask = (one_hi - 1) & ~((r - 66) >> 63);
@@ -199,7 +193,7 @@ ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::in
   q += half & (sticky | -(q & 1));
   // r <= 0: exact, q = lo << -r
   i64 exact;
-  shift_left(exact, mlo, -r);
+  shift<shl>(exact, mlo, -r);
   const i64 not_positive = (r - 1) >> 63;
   q = (exact & not_positive) | (q & ~not_positive);
   // from_quantum: q 2^quantum with the sign; from the largest finite value up, infinity
