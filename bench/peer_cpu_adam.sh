@@ -48,7 +48,8 @@ trap 'rm -f "$records"' EXIT
 
 # 1. DeepSpeed, one process per thread count (torch reads OMP_NUM_THREADS at start).
 for threads in 1 2; do
-  OMP_NUM_THREADS=$threads DS_BUILD_OPS=0 "$venv/bin/python" - "$threads" >>"$records" <<'PY' ||
+  # (DeepSpeed logs to stdout: the record goes to the file named by the second argument)
+  OMP_NUM_THREADS=$threads DS_BUILD_OPS=0 "$venv/bin/python" - "$threads" "$records" >&2 <<'PY' ||
 import json, os, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[1]))
@@ -65,9 +66,10 @@ for _ in range(7):
     times.append(time.perf_counter() - t)
 times.sort()
 import deepspeed
-print(json.dumps({"case": "deepspeed_cpu_adam", "version": deepspeed.__version__, "threads": int(sys.argv[1]),
-                  "n": n, "gelem_per_s_best": n / times[0] / 1e9, "gelem_per_s_median": n / times[3] / 1e9,
-                  "time_s": {"min": times[0], "median": times[3], "max": times[-1]}}))
+with open(sys.argv[2], "a") as out:
+    print(json.dumps({"case": "deepspeed_cpu_adam", "version": deepspeed.__version__, "threads": int(sys.argv[1]),
+                      "n": n, "gelem_per_s_best": n / times[0] / 1e9, "gelem_per_s_median": n / times[3] / 1e9,
+                      "time_s": {"min": times[0], "median": times[3], "max": times[-1]}}), file=out)
 PY
     skip "DeepSpeedCPUAdam did not build or run in $venv (its op needs a C++ compiler and torch's headers)"
 done
