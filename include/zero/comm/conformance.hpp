@@ -566,6 +566,16 @@ void nan_canonical_typed(checker<Comm>& ck, const char* type) {
     auto slice = recv.read();
     slice.resize(count);
     check(slice, count * static_cast<std::size_t>(r), "reduce_scatter of NaN-making inputs (" + suffix.substr(2), op);
+    // In place too (a world of one may take a shorter path there).
+    send.write(mine);
+    c.all_reduce(send.data(), send.data(), count * static_cast<std::size_t>(n), op);
+    check(send.read(), 0, "in-place all_reduce of NaN-making inputs (" + suffix.substr(2), op);
+    send.write(mine);
+    c.reduce_scatter(send.data(), send.data() + count * static_cast<std::size_t>(r), count, op);
+    auto all = send.read();
+    check(std::vector<T>(all.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(r)),
+                         all.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(r + 1))),
+          count * static_cast<std::size_t>(r), "in-place reduce_scatter of NaN-making inputs (" + suffix.substr(2), op);
   }
 }
 
