@@ -63,7 +63,8 @@ struct gradient_probe {
 //   r.averaging_count()            what the rank-ordered sum is divided by (with the loss scale)
 //   r.sharded()                    whether the store holds only this rank's slices
 //   r.with_gradients(f)            calls f(const T* base) with the store (element_index addresses it)
-//   r.clear()                      the store zero for the next step
+//   r.clear(updated_zeroed)        the store zero for the next step (updated_zeroed: the update
+//                                  zeroed the elements it read, engine/reduce/reducer.hpp)
 // Every decision depends only on the calls, which every rank makes alike, so all ranks start the same
 // collectives in the same order. The bits of a reducer are its own contract (exact: rank-ordered
 // sums; quantized: ZeRO++'s qgZ; binned: independent of the world size).
@@ -89,7 +90,7 @@ concept GradientReducer = requires(R& r, const R& cr, typename R::context_type& 
   { cr.averaging_count() } -> std::convertible_to<std::size_t>;
   { cr.sharded() } -> std::same_as<bool>;
   cr.with_gradients(detail::gradient_probe{});
-  r.clear();
+  r.clear(first);
 }
 &&std::constructible_from<R, typename R::context_type&>;
 

@@ -153,6 +153,25 @@ struct update_rule : update_in_place_rule<Opt> {
   }
 };
 
+// An update rule that also zeroes each gradient element once it has read it: the engine's gradient
+// store left ready for the next step by the pass that reads it last, instead of by a second pass.
+// +0 is stored, the bits fill_zero writes. Arrays: those of Rule, the gradient now read and written.
+template <class Rule>
+struct clearing_gradient : Rule {
+  template <class G, class... Rest>
+  ZERO_HD void operator()(std::size_t j, G* g, Rest*... rest) const {
+    Rule::operator()(j, static_cast<const G*>(g), rest...);
+    store(g, j, 0.0f);
+  }
+  // Present where Rule's apply<V> is (host_loop::vectorizable asks).
+  template <class V, class G, class... Rest>
+  ZERO_HD auto apply(std::size_t j, G* g, Rest*... rest) const
+      -> decltype(this->Rule::template apply<V>(j, static_cast<const G*>(g), rest...)) {
+    Rule::template apply<V>(j, static_cast<const G*>(g), rest...);
+    store(g, j, V(0.0f));
+  }
+};
+
 // Gradient accumulation: the first micro-batch is stored (a copy: 0 + (-0) would turn a negative
 // zero positive), later ones added in fp32 and rounded once to the store's type.
 // Arrays: the store dst (read only when !first), the reduced micro-batch src.
@@ -248,6 +267,20 @@ void update(const System& sys, const typename Opt::step_constants& c, const G* g
       sys.for_each(n, update_rule<Opt>{{c, divisor, coef}}, in(g), inout(w), out(p), inout(slots[K])...);
     else
       sys.for_each(n, update_in_place_rule<Opt>{c, divisor, coef}, in(g), inout(w), inout(slots[K])...);
+  }
+  (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
+}
+// The same step, leaving the n gradient elements it read zero (clearing_gradient).
+template <class Opt, class System, class G, class P>
+void update_and_clear(const System& sys, const typename Opt::step_constants& c, G* g, float divisor, float coef,
+                      float* w, float* const* slots, P* p, std::size_t n) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    if (p)
+      sys.for_each(n, clearing_gradient<update_rule<Opt>>{{{c, divisor, coef}}}, inout(g), inout(w), out(p),
+                   inout(slots[K])...);
+    else
+      sys.for_each(n, clearing_gradient<update_in_place_rule<Opt>>{{c, divisor, coef}}, inout(g), inout(w),
+                   inout(slots[K])...);
   }
   (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
 }

@@ -110,6 +110,11 @@ class layout {
   }
   // The part of owned(u, r) that holds real elements: padding never enters a norm or an update.
   range owned_real(unit_id u, int r) const { return intersect(owned(u, r), range{0, unit(u).numel}); }
+  // The unit-local, unpadded elements rank r's optimizer updates: its owned slice where the optimizer
+  // states are sharded (stages 1-3), the whole unit where every rank keeps them (stage 0).
+  range updated_real(unit_id u, int r, bool states_sharded) const {
+    return states_sharded ? owned_real(u, r) : range{0, unit(u).numel};
+  }
 
  private:
   int ranks_ = 0;

@@ -340,7 +340,7 @@ class engine {
       ++skipped_;
     }
     scaler_.update(r.skipped);
-    reducer().clear();
+    reducer().clear(!r.skipped && decltype(sweep_)::update_zeroes_gradients);
     for (auto& s : units_) s.reduces = s.step_gathers = 0;
     placement_.secondary_stale();  // the update changed the parameters: the next step's first gather refills it
     step_started_ = false;

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "zero/concepts/optimizer_state.hpp"
@@ -64,9 +65,7 @@ class optimizer_sweep {
     return element_index(ul, i, P::shards_optimizer_states, ctx_.rank);
   }
   // The unit-local, unpadded elements the rank holds and updates: its owned slice, or the whole unit.
-  range update_range(unit_id u) const {
-    return P::shards_optimizer_states ? ctx_.layout.owned_real(u, ctx_.rank) : range{0, ctx_.layout.unit(u).numel};
-  }
+  range update_range(unit_id u) const { return ctx_.layout.updated_real(u, ctx_.rank, P::shards_optimizer_states); }
   std::size_t held_real_elements() const {
     std::size_t n = 0;
     for (std::size_t u = 0; u < ctx_.layout.num_units(); ++u) n += update_range(unit_id{u}).size();
@@ -106,8 +105,13 @@ class optimizer_sweep {
     }
   }
 
+  // Where the host runs the update, it zeroes each gradient element it reads (the store is then ready
+  // for the next step without a second pass over it: the reducer's clear(true)); a device system's
+  // update leaves the gradients as they are.
+  static constexpr bool update_zeroes_gradients = Ctx::host_memory;
+
   // The update of every held element: for each segment, the gradient the reducer stores (`gradients`:
-  // calls f(const T* base, bool sharded)) divided by N x loss scale (`divisor`) and multiplied by the
+  // calls f(T* base, bool sharded)) divided by N x loss scale (`divisor`) and multiplied by the
   // clipping coefficient, then the optimizer's rule. `done(u)` is called once per unit in unit order,
   // as soon as its last segment is through (the engine starts the unit's parameter all-gather there).
   template <class Gradients, class Done>
@@ -125,13 +129,18 @@ class optimizer_sweep {
   // The master weights into the parameters after a load: in the system's memory, or slice by slice
   // from the tier, cast on the host, copied into the system's memory (the host loop's cast rule, the
   // device's bits).
+  // Where the host casts, the rank's pool does (engine_options::host_threads).
   void cast_master_into(parameter_placement<Ctx>& params) {
     if (!store_.offloaded()) {
       for (std::size_t u = 0; u < ctx_.layout.num_units(); ++u) {
         const unit_layout& ul = ctx_.layout.unit(unit_id{u});
         const range r = update_range(unit_id{u});
-        ctx_.sys.for_each(r.size(), elementwise::cast_rule{}, elementwise::out(params.element(ul, r.begin)),
-                          elementwise::in(static_cast<const float*>(store_.data(0) + state_index(ul, r.begin))));
+        param_type* to = params.element(ul, r.begin);
+        const float* from = store_.data(0) + state_index(ul, r.begin);
+        if constexpr (Ctx::host_memory)
+          cast_on_pool(ctx_.sys, to, from, r.size());
+        else
+          ctx_.sys.for_each(r.size(), elementwise::cast_rule{}, elementwise::out(to), elementwise::in(from));
       }
       return;
     }
@@ -139,8 +148,7 @@ class optimizer_sweep {
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
           cast.resize(n);
-          offload::host_system::for_each(n, elementwise::cast_rule{}, elementwise::out(cast.data()),
-                                         elementwise::in(static_cast<const float*>(arrays[0])));
+          cast_on_pool(offload::host_system{}, cast.data(), arrays[0], n);
           ctx_.sys.copy_from_host(params.element(ctx_.layout.unit(u), i), cast.data(), n * sizeof(param_type));
         },
         false, [](unit_id) {});
@@ -193,8 +201,8 @@ class optimizer_sweep {
     param_type* p = params.element(ul, i);
     float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
     for (int k = 0; k < Opt::slots; ++k) st[k] = arrays[slot_array(k)];
-    gradients([&]<class T>(const T* store, bool sharded) {
-      const T* g = store + element_index(ul, i, sharded, ctx_.rank);
+    gradients([&]<class T>(T* store, bool sharded) {
+      T* g = store + element_index(ul, i, sharded, ctx_.rank);
       if (!store_.offloaded()) {
         float* w = Prec::separate_master ? arrays[0] : reinterpret_cast<float*>(p);
         in_ranges(ctx_.sys, Ctx::host_memory, c, g, divisor, coef, w, st, Prec::separate_master ? p : nullptr, n);
@@ -237,19 +245,31 @@ class optimizer_sweep {
   }
 
   // The optimizer's rule over elements [0, n) of these arrays: on the rank's pool, one contiguous range
-  // per thread, where the host runs it (`host`), else in one call of the system.
+  // per thread, where the host runs it (`host`), else in one call of the system. A writable gradient
+  // (the reducer's store, in host memory) is zeroed as it is read: update_zeroes_gradients.
   template <class Sys, class T, class PT>
-  void in_ranges(const Sys& sys, bool host, const typename Opt::step_constants& c, const T* g, float divisor,
-                 float coef, float* w, float* const* st, PT* p, std::size_t n) {
+  void in_ranges(const Sys& sys, bool host, const typename Opt::step_constants& c, T* g, float divisor, float coef,
+                 float* w, float* const* st, PT* p, std::size_t n) {
     const auto range = [&](std::size_t b, std::size_t e) {
       float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
       for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
-      elementwise::update<Opt>(sys, c, g + b, divisor, coef, w + b, s, p ? p + b : p, e - b);
+      if constexpr (!std::is_const_v<T> && update_zeroes_gradients)
+        elementwise::update_and_clear<Opt>(sys, c, g + b, divisor, coef, w + b, s, p ? p + b : p, e - b);
+      else
+        elementwise::update<Opt>(sys, c, g + b, divisor, coef, w + b, s, p ? p + b : p, e - b);
     };
     if (host)
       pool_.run(n, range);
     else
       range(0, n);
+  }
+
+  // n fp32 master weights cast into parameters in host memory, one contiguous range per pool thread.
+  template <class Sys>
+  void cast_on_pool(const Sys& sys, param_type* to, const float* from, std::size_t n) {
+    pool_.run(n, [&](std::size_t b, std::size_t e) {
+      sys.for_each(e - b, elementwise::cast_rule{}, elementwise::out(to + b), elementwise::in(from + b));
+    });
   }
 
   // Calls f(u, i, n, arrays) for the elements [i, i + n) of unit u that the store's slices hold, in

@@ -327,8 +327,11 @@ class binned_method {
   void with_gradients(F&& f) const {
     f(static_cast<const float*>(grads32_.data()));
   }
-  void clear() {
-    ctx_.sys.fill_zero(grads32_.data(), grads32_.size() * sizeof(float));
+  void clear(bool updated_zeroed) {
+    if (updated_zeroed)
+      zero_all_but_updated(ctx_, grads32_.data(), grads32_.size(), sharded());
+    else
+      ctx_.sys.fill_zero(grads32_.data(), grads32_.size() * sizeof(float));
     ctx_.sys.fill_zero(bins_.data(), bins_.size() * sizeof(std::int64_t));
     for (auto& s : sums_) s = binned::summary{};
   }

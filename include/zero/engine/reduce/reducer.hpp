@@ -33,27 +33,48 @@ struct bucket_part {
 };
 
 // The chosen reducer's gradient store as the engine's sweep reads it: its base, fp32 or the
-// precision's gradient type (in_fp32 says which).
+// precision's gradient type (in_fp32 says which). Writable: the host update zeroes what it reads
+// (elementwise::clearing_gradient), and clear(true) then zeroes only the rest.
 template <class Ctx>
 struct gradient_store_view {
   bool in_fp32 = false;
-  const float* fp32 = nullptr;
-  const typename Ctx::grad_type* grad = nullptr;
+  float* fp32 = nullptr;
+  typename Ctx::grad_type* grad = nullptr;
 };
 
-// The view of a store that a with_gradients(f) call hands to f.
+// The view of a reducer's store that a with_gradients(f) call hands to f. with_gradients gives readers
+// a const base; the store is the reducer's own buffer, which the engine, its owner, may also write.
 template <class Ctx, class S>
-gradient_store_view<Ctx> store_view(const S& s) {
+gradient_store_view<Ctx> store_view(S& s) {
   gradient_store_view<Ctx> v;
   s.with_gradients([&]<class T>(const T* base) {
     if constexpr (std::is_same_v<T, float>) {
       v.in_fp32 = true;
-      v.fp32 = base;
+      v.fp32 = const_cast<float*>(base);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
     } else {
-      v.grad = base;
+      v.grad = const_cast<T*>(base);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
     }
   });
   return v;
+}
+
+// Zeroes a gradient store of `size` elements (element_index addressing, `sharded` or whole) but for
+// the elements the rank's optimizer updates (layout::updated_real), which the update zeroed as it
+// read them: what is left is the padding and, where the store is whole and the states sharded
+// (stage 1), the other ranks' slices.
+template <class Ctx, class T>
+void zero_all_but_updated(Ctx& ctx, T* store, std::size_t size, bool sharded) {
+  const zero::layout& lay = ctx.layout;
+  std::size_t at = 0;  // the first element not yet zero or updated
+  for (std::size_t u = 0; u < lay.num_units(); ++u) {
+    const unit_layout& ul = lay.unit(unit_id{u});
+    const range r = lay.updated_real(unit_id{u}, ctx.rank, Ctx::partitioner::shards_optimizer_states);
+    if (r.empty()) continue;
+    const std::size_t begin = element_index(ul, r.begin, sharded, ctx.rank);
+    if (begin > at) ctx.sys.fill_zero(store + at, (begin - at) * sizeof(T));
+    at = begin + r.size();
+  }
+  if (size > at) ctx.sys.fill_zero(store + at, (size - at) * sizeof(T));
 }
 
 // The engine's view of its reducer: the GradientReducer calls, virtual. The engine's code that calls
@@ -76,8 +97,8 @@ class any_reducer {
   virtual norm_result sum_of_squares(float divisor, const agreement_terms& a) = 0;
   virtual std::size_t averaging_count() const = 0;
   virtual bool sharded() const = 0;
-  virtual gradient_store_view<Ctx> gradients() const = 0;
-  virtual void clear() = 0;
+  virtual gradient_store_view<Ctx> gradients() = 0;
+  virtual void clear(bool updated_zeroed) = 0;
 };
 
 // What every reducer shares, whatever travels on the wire, compiled once per engine: a unit's
@@ -214,9 +235,10 @@ class reducer final : public bucketing<Ctx> {
   void with_gradients(F&& f) const {
     method_.with_gradients(std::forward<F>(f));
   }
-  gradient_store_view<Ctx> gradients() const override { return store_view<Ctx>(method_); }
-  // After step(): the store zero for the next step.
-  void clear() override { method_.clear(); }
+  gradient_store_view<Ctx> gradients() override { return store_view<Ctx>(method_); }
+  // After step(): the store zero for the next step; `updated_zeroed`: the update zeroed the elements
+  // it read (zero_all_but_updated), so only the rest is left to zero.
+  void clear(bool updated_zeroed) override { method_.clear(updated_zeroed); }
 
  private:
   void start(std::vector<unit_part<Ctx>> parts) override { launched(method_.start(std::move(parts))); }

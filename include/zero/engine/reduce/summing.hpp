@@ -163,8 +163,13 @@ class summing_store {
     else
       f(static_cast<const grad_type*>(grads_.data()));
   }
-  void clear() {
-    with_store([&](auto& store) { ctx_.sys.fill_zero(store.data(), store.size() * sizeof(*store.data())); });
+  void clear(bool updated_zeroed) {
+    with_store([&](auto& store) {
+      if (updated_zeroed)
+        zero_all_but_updated(ctx_, store.data(), store.size(), store_sharded);
+      else
+        ctx_.sys.fill_zero(store.data(), store.size() * sizeof(*store.data()));
+    });
   }
 
  protected:
