@@ -10,11 +10,13 @@
 // is read and written counts twice), as memcpy's read + write does. The quantizer (int8 and int4,
 // blocks of 256) is reported as a fraction of memcpy's bytes/s; the reproducible mode's passes (cut
 // into words, merge, rounding, summary; on an eighth of the elements, their int64 planes being 24
-// bytes each) as their time per element over the fp32 AdamW update's at the same size ("of_update").
+// bytes each) as their time per element over the fp32 AdamW update's at the same size ("of_update"). Last, a
+// 1-rank engine's reduce() + step() over the same update's loop ("of_loop").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -261,6 +263,63 @@ void all_cases(std::size_t n, int reps, bool levels, const char* type) {
   }
 }
 
+// The step of a 1-rank engine (stage 1, fp32 AdamW, one unit of n elements) next to the loop it runs,
+// in the same run: step() alone (the update, and the gradients left zero for the next step), and
+// reduce() + step() (at one rank the reduce leaves the gradient where it is: a read of it). "of_loop":
+// the engine's elements per second over the bare update's of the same size.
+void engine_step_case(std::size_t n, int reps) {
+  optim::adamw o;
+  auto g = filled<float>(n, 0.01f), w = filled<float>(n, 1.0f), m = filled<float>(n, 0.001f),
+       v = filled<float>(n, 0.0001f);
+  const auto c = o.constants(10);
+  const stats loop = time_reps(reps, [&] {
+    float* slots[2] = {m.data(), v.data()};
+    elementwise::update<optim::adamw>(sys::host{}, c, static_cast<const float*>(g.data()), 1.0f, 1.0f, w.data(), slots,
+                                      static_cast<float*>(nullptr), n);
+  });
+  report("adamw", "fp32", "update loop, for the engine", n, 28, loop);
+  g = {};
+  w = {};
+  m = {};
+  v = {};
+  model_spec spec;
+  spec.unit("all").tensor("w", {n});
+  std::vector<double> step_s, both_s;
+  comm::threads::launch(1, [&](comm::threads& comm) {
+    engine<stage1, comm::threads, optim::adamw> e(comm, spec);
+    e.initialize([](const unit_spec&, const tensor_spec&, range r, std::span<float> x) {
+      for (std::size_t j = 0; j < x.size(); ++j) x[j] = 1.0f + 1e-3f * static_cast<float>((r.begin + j) % 1000);
+    });
+    const unit_id u{0};
+    for (int r = 0; r <= reps; ++r) {  // the first is the warm-up
+      {
+        auto gv = e.grads(u);  // the persistent gradient (stage 1): written by kernels, not timed
+        (void)gv;
+      }
+      const auto a = clock_type::now();
+      e.reduce(u);
+      const auto b = clock_type::now();
+      e.step();
+      const auto end = clock_type::now();
+      if (r == 0) continue;
+      step_s.push_back(std::chrono::duration<double>(end - b).count());
+      both_s.push_back(std::chrono::duration<double>(end - a).count());
+    }
+  });
+  const auto summary = [](std::vector<double> t) {
+    std::sort(t.begin(), t.end());
+    return stats{t[t.size() / 2], t.front(), t.back()};
+  };
+  const stats step = summary(step_s), both = summary(both_s);
+  report("adamw", "fp32", "engine step(), 1 rank", n, 28, step);
+  report("adamw", "fp32", "engine reduce() + step(), 1 rank", n, 28, both);
+  std::printf(
+      "{\"case\": \"engine step over loop\", \"n\": %zu, \"step_of_loop\": %.3f, \"reduce_and_step_of_loop\": %.3f, "
+      "\"isa\": \"%s\"}\n",
+      n, loop.median / step.median, loop.median / both.median, hl::name(hl::active()));
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -292,5 +351,11 @@ int main(int argc, char** argv) {
   all_cases<bf16>(n, reps, levels, "bf16");
   quantizer_cases(n, reps, levels);
   binned_cases(n / 8, reps, levels);
+  engine_step_case(n / 4, reps);
+  if (levels && hl::detected() > hl::isa::avx2) {  // what a CPU without AVX-512 runs
+    const hl::isa before = hl::set_cap(hl::isa::avx2);
+    engine_step_case(n / 4, reps);
+    hl::set_cap(before);
+  }
   return 0;
 }
