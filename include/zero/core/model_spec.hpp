@@ -35,6 +35,9 @@ struct tensor_spec {
   // is replicated or the group has one rank) and which of them this tensor is; shape is the piece's.
   int tp_parts = 1;
   int tp_index = 0;
+  // The parameter group whose hyper-parameter overrides the tensor takes (engine_options::param_groups);
+  // empty: the optimizer's own hyper-parameters.
+  std::string group{};
 };
 
 // The shape of the whole tensor a piece was cut from (the piece's own shape where it is not cut).
@@ -101,6 +104,10 @@ class unit_builder {
   unit_builder& tensor(const std::string& name, const std::vector<std::size_t>& shape, tensor_parallel tp);
   // Declares a shared unit: gathered `times` times per forward pass and per backward pass (>= 1).
   unit_builder& gathers(int times);
+  // Puts the tensor declared last in parameter group `name` (engine_options::param_groups gives the
+  // group its hyper-parameters). A tensor belongs to one group: a second, other name is refused
+  // naming both.
+  unit_builder& group(const std::string& name);
   operator unit_id() const { return unit_id{index_}; }
   unit_id id() const { return unit_id{index_}; }
 
@@ -225,7 +232,7 @@ inline unit_builder& unit_builder::tensor(const std::string& name, const std::ve
              "': shape ", dims, " brings the model to ", total, " elements, more than 2^50 (model_spec::max_elements)");
   ZERO_CHECK(spec_->tensor_names_.insert(detail::concat(index_, ":", name)).second, invalid_argument,
              "model_spec: unit '", u.name, "': tensor '", name, "' is declared twice");
-  u.tensors.push_back(tensor_spec{name, shape, numel});
+  u.tensors.push_back(tensor_spec{.name = name, .shape = shape, .numel = numel});
   u.numel += numel;
   spec_->numel_ = total;
   return *this;
@@ -236,6 +243,20 @@ inline unit_builder& unit_builder::gathers(int times) {
   ZERO_CHECK(times >= 1, invalid_argument, "model_spec: unit '", u.name, "': gathers(", times,
              "): a unit is gathered at least once per pass");
   u.gathers = times;
+  return *this;
+}
+
+inline unit_builder& unit_builder::group(const std::string& name) {
+  unit_spec& u = spec_->units_[index_];
+  ZERO_CHECK(!u.tensors.empty(), invalid_argument, "model_spec: unit '", u.name, "': group('", name,
+             "') before any tensor (it names the group of the tensor declared last)");
+  ZERO_CHECK(!name.empty(), invalid_argument, "model_spec: unit '", u.name, "', tensor '", u.tensors.back().name,
+             "': a group name must not be empty");
+  std::string& g = u.tensors.back().group;
+  ZERO_CHECK(g.empty() || g == name, invalid_argument, "model_spec: unit '", u.name, "', tensor '",
+             u.tensors.back().name, "' is put in group '", name, "' but is in group '", g,
+             "' already (a tensor belongs to one group)");
+  g = name;
   return *this;
 }
 
@@ -262,6 +283,7 @@ inline model_spec model_spec::piece(int parts, int index) const {
       tensor_spec& p = out.units_.back().tensors.back();
       p.tp_parts = t.tp.split() ? parts : 1;
       p.tp_index = t.tp.split() ? index : 0;
+      p.group = t.group;
     }
   }
   return out;

@@ -15,6 +15,7 @@
 #include "zero/core/hyper_parameter.hpp"
 #include "zero/core/value_checks.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/param_groups.hpp"
 #include "zero/error.hpp"
 
 namespace zero::detail {
@@ -106,6 +107,8 @@ inline settings options_settings(const engine_options& o) {
   s.add("engine_options::zeropp.node_size", o.zeropp.node_size);
   s.add("engine_options::reproducible", o.reproducible);
   s.add("engine_options::shard_group_size", o.shard_group_size);
+  s.add("engine_options::param_groups (how many)", o.param_groups.size());
+  s.add("engine_options::param_groups (their names and values, hashed)", param_groups_hash(o.param_groups));
   return s;
 }
 

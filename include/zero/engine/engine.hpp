@@ -54,6 +54,7 @@
 #include "zero/engine/replica_groups.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/schedule.hpp"
+#include "zero/engine/param_groups.hpp"
 #include "zero/engine/sweep.hpp"
 #include "zero/engine/tensor_parallel.hpp"
 #include "zero/engine/tensor_view.hpp"
@@ -160,6 +161,7 @@ class engine {
         static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
         offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays, sweep_.elements())});
     agreement_.check_settings(opt_);  // every rank's options and optimizer, before the model states are allocated
+    param_groups_ = param_group_map::make<Opt>(spec_, layout_, options_.param_groups, rank_);  // agreed on above
     if (groups_.count() > 1) connect_replicas();  // the shard groups' split, agreed on above
     placement_.allocate();
     reducer_ = reduce::make_chosen(ctx_);  // its gradient store
@@ -334,8 +336,7 @@ class engine {
     }
     if (!r.skipped) {
       ++step_;
-      const auto c = opt_.constants(step_);
-      update_and_gather_params(c, divisor, coef);
+      update_and_gather_params(group_constants(), divisor, coef);
     } else {
       ++skipped_;
     }
@@ -633,7 +634,13 @@ class engine {
   // they stay in flight after step() returns: the next step's gather(u) waits for its unit's (the
   // forward pass overlaps them), anything else that reads or writes the parameters for all of them
   // (complete_parameter_gathers).
-  void update_and_gather_params(const typename Opt::step_constants& c, float divisor, float coef) {
+  // The step's constants of each parameter group: the optimizer's own, then each override's.
+  std::vector<typename Opt::step_constants> group_constants() const {
+    std::vector<typename Opt::step_constants> c{opt_.constants(step_)};
+    for (const param_group& g : options_.param_groups) c.push_back(group_optimizer(opt_, g).constants(step_));
+    return c;
+  }
+  void update_and_gather_params(const std::vector<typename Opt::step_constants>& c, float divisor, float coef) {
     const bool sharded = reducer().sharded();
     const auto gradients = [&](auto f) {
       const auto v = reducer().gradients();
@@ -642,7 +649,7 @@ class engine {
       else
         f(v.grad, sharded);
     };
-    sweep_.update(placement_, c, divisor, coef, gradients, [&](unit_id u) {
+    sweep_.update(placement_, param_groups_, c, divisor, coef, gradients, [&](unit_id u) {
       if (!placement_.keeps_whole(u)) return;
       unit_state& s = units_[u.index];
       {
@@ -838,6 +845,7 @@ class engine {
   const zero::layout layout_;
   Opt opt_;
   engine_options options_;
+  param_group_map param_groups_;  // each unit's runs of one parameter group (engine_options::param_groups)
   loss_scaler scaler_;
   int rank_;
   overlap_report overlap_;

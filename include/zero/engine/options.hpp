@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "zero/offload/options.hpp"
 #include "zero/engine/zeropp.hpp"
@@ -17,6 +20,20 @@ enum class accumulation {
   // Kernels accumulate into grads(u) over the micro-batches and reduce(u) is called once. Needs the
   // full gradient kept between micro-batches, so stages 0 and 1 only.
   local_then_reduce,
+};
+
+// A parameter group's hyper-parameters: the tensors the model spec puts in group `name`
+// (unit_builder::group) take them in place of the optimizer's. Every other tensor takes the
+// optimizer's own.
+struct param_group {
+  std::string name{};
+  // Multiplies the optimizer's lr for the group's tensors, whatever sets it (set_learning_rate and a
+  // schedule too): the group's lr is lr x lr_scale, one fp32 multiplication. >= 0 and finite; an
+  // optimizer without an lr takes 1 only.
+  float lr_scale = 1.0f;
+  // Replaces the optimizer's weight_decay for the group's tensors (>= 0 and finite), e.g. 0 for
+  // biases, norm gains and embeddings; none: the optimizer's. Refused for an optimizer without one.
+  std::optional<float> weight_decay{};
 };
 
 struct engine_options {
@@ -104,6 +121,11 @@ struct engine_options {
   // under MPI, the cores of its slot. A device system's own update is its kernels'; there this
   // threads only an offloaded update. 1 to 1024.
   int host_threads = 1;
+
+  // Hyper-parameter overrides per parameter group (param_group). Each name must be one the model spec
+  // gives some tensor, and appear once; the ranks must agree (the settings check compares them).
+  // Empty: every tensor takes the optimizer's hyper-parameters.
+  std::vector<param_group> param_groups{};
 };
 
 }  // namespace zero

@@ -46,6 +46,7 @@ class rank_agreement {
     Comm& everyone = whole();
     if (everyone.size() == 1) return;
     detail::settings all = detail::options_settings(ctx_.options);
+    all.add("model_spec's tensor groups (unit_builder::group, hashed)", tensor_groups_hash(ctx_.spec));
     all.append(detail::optimizer_settings(opt));
     const std::string d =
         detail::disagreement(all, gather_words(all.words(), "settings check", everyone), everyone.size());

@@ -15,6 +15,7 @@
 #include "zero/core/memory.hpp"
 #include "zero/core/thread_pool.hpp"
 #include "zero/engine/context.hpp"
+#include "zero/engine/param_groups.hpp"
 #include "zero/engine/parameters.hpp"
 #include "zero/offload/state_store.hpp"
 
@@ -112,15 +113,25 @@ class optimizer_sweep {
 
   // The update of every held element: for each segment, the gradient the reducer stores (`gradients`:
   // calls f(T* base, bool sharded)) divided by N x loss scale (`divisor`) and multiplied by the
-  // clipping coefficient, then the optimizer's rule. `done(u)` is called once per unit in unit order,
-  // as soon as its last segment is through (the engine starts the unit's parameter all-gather there).
+  // clipping coefficient, then the optimizer's rule with the constants of the element's parameter
+  // group (`c[g]` for the runs `groups` gives group g). `done(u)` is called once per unit in unit
+  // order, as soon as its last segment is through (the engine starts the unit's parameter all-gather
+  // there).
   template <class Gradients, class Done>
-  void update(parameter_placement<Ctx>& params, const typename Opt::step_constants& c, float divisor, float coef,
+  void update(parameter_placement<Ctx>& params, const param_group_map& groups,
+              const std::vector<typename Opt::step_constants>& c, float divisor, float coef,
               const Gradients& gradients, Done done) {
     store_.begin_step();
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
-          update_segment(params, u, i, n, arrays, c, divisor, coef, gradients);
+          // The segment cut where its elements' group changes (one piece where the unit has one group).
+          for (const group_run& run : groups.runs(u)) {
+            const range piece = intersect(run.elements, range{i, i + n});
+            if (piece.empty()) continue;
+            float* at[offload::state_store<system>::max_arrays] = {};
+            for (int a = 0; a < state_arrays; ++a) at[a] = arrays[a] + (piece.begin - i);
+            update_segment(params, u, piece.begin, piece.size(), at, c[run.group], divisor, coef, gradients);
+          }
         },
         true, done);
     store_.end_step();
