@@ -3,11 +3,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "../engine_instances.hpp"
+#include "zero/checkpoint/checkpoint.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -237,4 +239,55 @@ TEST_CASE("param groups: ranks with other groups are refused on every rank, nami
     CHECK_THROWS_WITH_AS((zero::engine<zero::stage1, threads, zero::optim::adamw>(c, s)),
                          doctest::Contains("model_spec's tensor groups"), zero::error);
   });
+}
+
+TEST_CASE("param groups: kept in the checkpoint's manifest, and a run resumed with them continues bit for bit") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "zero_test_param_groups";
+  std::filesystem::remove_all(dir);
+  zero::optim::adamw opt;
+  opt.weight_decay = 0.1f;
+  zero::engine_options eo;
+  eo.param_groups = recipe();
+  const auto init = [](const zero::unit_spec&, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = 0.05f * std::cos(0.21f * static_cast<float>(r.begin + j + t.numel));
+  };
+  const auto step = [](auto& e, int rank, int k) {
+    for (std::size_t u = e.spec().units().size(); u-- > 0;) {
+      const zero::unit_id id{u};
+      auto w = e.gather(id);
+      auto g = e.grads(id);
+      for (std::size_t j = 0; j < e.layout().unit(id).numel; ++j)
+        g.view().data()[j] = std::sin(3.0f * w.view().data()[j] + static_cast<float>(j % 7 + k + rank));
+      e.reduce(id);
+    }
+    e.step();
+  };
+  std::vector<float> uninterrupted;
+  threads::launch(2, [&](threads& c) {
+    zero::engine<zero::stage3, threads, zero::optim::adamw> e(c, grouped_model(), opt, eo);
+    e.initialize(init);
+    for (int k = 0; k < 4; ++k) {
+      if (k == 2) zero::checkpoint::save(e, c, dir);
+      step(e, c.rank(), k);
+    }
+    const auto p = e.full_params();
+    if (c.rank() == 0) uninterrupted = p;
+  });
+  const zero::checkpoint::manifest m = zero::checkpoint::verify(dir);
+  REQUIRE(m.param_groups.size() == 2);
+  CHECK(m.param_groups[0].name == "no_decay");
+  CHECK(m.param_groups[0].lr_scale == 1.0f);
+  CHECK(m.param_groups[0].weight_decay == 0.0f);
+  CHECK(m.param_groups[1].name == "embedding");
+  CHECK(m.param_groups[1].lr_scale == 0.5f);
+  CHECK_FALSE(m.param_groups[1].weight_decay.has_value());
+  threads::launch(2, [&](threads& c) {
+    zero::engine_options resumed;
+    resumed.param_groups = m.param_groups;
+    zero::engine<zero::stage1, threads, zero::optim::adamw> e(c, grouped_model(), zero::checkpoint::optimizer_from<zero::optim::adamw>(m), resumed);
+    zero::checkpoint::load(e, c, dir);
+    for (int k = 2; k < 4; ++k) step(e, c.rank(), k);
+    CHECK(e.full_params() == uninterrupted);
+  });
+  std::filesystem::remove_all(dir);
 }

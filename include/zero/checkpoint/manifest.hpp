@@ -20,6 +20,7 @@
 #include "zero/checkpoint/printable.hpp"
 #include "zero/config.hpp"
 #include "zero/core/model_spec.hpp"
+#include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/error.hpp"
 
@@ -97,6 +98,9 @@ struct manifest {
   std::string precision;                   // Engine::precision::name at save time
   std::string optimizer;                   // Engine::optimizer::name
   json hyper_parameters = json::object();  // at most 64 members: numbers, booleans, short strings
+  // engine_options::param_groups at save time (at most 64; absent from a manifest without any), e.g.
+  // to resume with the same: engine_options::param_groups = m.param_groups.
+  std::vector<param_group> param_groups;
   training_state state;
   std::vector<std::string> slots;  // "master", then the optimizer's state slots
   std::vector<file_entry> files;
@@ -199,6 +203,15 @@ inline std::string serialize_manifest(const manifest& m) {
   if (m.tensor_parallel > 1) j["saved_by"]["tensor_parallel"] = m.tensor_parallel;
   j["precision"] = m.precision;
   j["optimizer"] = json{{"name", m.optimizer}, {"hyper_parameters", m.hyper_parameters}};
+  if (!m.param_groups.empty()) {
+    json groups = json::array();
+    for (const param_group& g : m.param_groups) {
+      json e{{"name", g.name}, {"lr_scale", static_cast<double>(g.lr_scale)}};
+      if (g.weight_decay) e["weight_decay"] = static_cast<double>(*g.weight_decay);
+      groups.push_back(std::move(e));
+    }
+    j["optimizer"]["param_groups"] = std::move(groups);
+  }
   j["training_state"] = json{{"step", m.state.step},
                              {"loss_scale", static_cast<double>(m.state.loss_scale)},
                              {"clean_steps", m.state.clean_steps},
@@ -386,6 +399,29 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
         rd.bad(hw + "." + printable(key, 64),
                "expected a number, a boolean or a string of at most 256 bytes, found " + rd.brief(v));
       m.hyper_parameters[key] = json(v);
+    }
+
+    if (opt.find("param_groups") != opt.end()) {
+      const std::string gw = "manifest.optimizer.param_groups";
+      const parsed_json& groups = rd.array(opt, "param_groups", "manifest.optimizer");
+      if (groups.size() > max_hyper_parameters) rd.bad(gw, "more than " + std::to_string(max_hyper_parameters) + " groups");
+      // A value a group may take: finite, >= 0 and a float (what engine_options::param_groups accepts).
+      const auto value = [&](const parsed_json& v, const std::string& where) {
+        const double d = rd.number(v, where);
+        if (!(d >= 0.0) || d > static_cast<double>(std::numeric_limits<float>::max()))
+          rd.bad(where, "expected a finite float >= 0");
+        return static_cast<float>(d);
+      };
+      for (std::size_t k = 0; k < groups.size(); ++k) {
+        const std::string w = gw + "[" + std::to_string(k) + "]";
+        param_group g;
+        g.name = rd.str(groups[k], "name", w);
+        if (g.name.empty() || g.name.size() > 256) rd.bad(w + ".name", "expected 1 to 256 bytes");
+        g.lr_scale = value(rd.member(groups[k], "lr_scale", w), w + ".lr_scale");
+        if (groups[k].find("weight_decay") != groups[k].end())
+          g.weight_decay = value(rd.member(groups[k], "weight_decay", w), w + ".weight_decay");
+        m.param_groups.push_back(std::move(g));
+      }
     }
 
     const parsed_json& ts = rd.member(j, "training_state", "manifest");

@@ -289,6 +289,7 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     m.precision = std::string(Engine::precision::name);
     m.optimizer = std::string(Opt::name);
     m.hyper_parameters = hyper_parameters(e.optimizer_settings());
+    m.param_groups = e.options().param_groups;
     m.state = e.state();
     ZERO_CHECK(std::isfinite(m.state.loss_scale) && m.state.loss_scale > 0.0f, invalid_argument,
                "checkpoint save: the loss scale ", m.state.loss_scale, " is not a positive finite number");
