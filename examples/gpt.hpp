@@ -58,17 +58,24 @@ inline zero::model_spec make_spec(const config& c) {
   zero::model_spec spec;
   spec.unit("wte").tensor("weight", {V, C}).gathers(2);
   spec.unit("wpe").tensor("weight", {T, C});
+  const std::string no_decay = "no_decay";  // biases and layer-norm gains (param_groups below)
   for (int l = 0; l < c.layers; ++l)
     spec.unit("h." + std::to_string(l))
-        .tensor("ln_1.weight", {C}).tensor("ln_1.bias", {C})
-        .tensor("attn.c_attn.weight", {3, C, C}, by_heads).tensor("attn.c_attn.bias", {3, C}, by_heads)
-        .tensor("attn.c_proj.weight", {C, C}, row_parallel).tensor("attn.c_proj.bias", {C})
-        .tensor("ln_2.weight", {C}).tensor("ln_2.bias", {C})
-        .tensor("mlp.c_fc.weight", {4 * C, C}, column_parallel).tensor("mlp.c_fc.bias", {4 * C}, column_parallel)
-        .tensor("mlp.c_proj.weight", {C, 4 * C}, row_parallel).tensor("mlp.c_proj.bias", {C});
-  spec.unit("ln_f").tensor("weight", {C}).tensor("bias", {C});
+        .tensor("ln_1.weight", {C}).group(no_decay).tensor("ln_1.bias", {C}).group(no_decay)
+        .tensor("attn.c_attn.weight", {3, C, C}, by_heads)
+        .tensor("attn.c_attn.bias", {3, C}, by_heads).group(no_decay)
+        .tensor("attn.c_proj.weight", {C, C}, row_parallel).tensor("attn.c_proj.bias", {C}).group(no_decay)
+        .tensor("ln_2.weight", {C}).group(no_decay).tensor("ln_2.bias", {C}).group(no_decay)
+        .tensor("mlp.c_fc.weight", {4 * C, C}, column_parallel)
+        .tensor("mlp.c_fc.bias", {4 * C}, column_parallel).group(no_decay)
+        .tensor("mlp.c_proj.weight", {C, 4 * C}, row_parallel).tensor("mlp.c_proj.bias", {C}).group(no_decay);
+  spec.unit("ln_f").tensor("weight", {C}).group(no_decay).tensor("bias", {C}).group(no_decay);
   return spec;
 }
+
+// The GPT recipe's parameter groups (nanoGPT's and llm.c's): the matrices and both embeddings decay,
+// the biases and the layer norms' gains and biases take no weight decay.
+inline std::vector<zero::param_group> param_groups() { return {{.name = "no_decay", .weight_decay = 0.0f}}; }
 // tutorial:end
 
 // tutorial:begin init

@@ -81,7 +81,8 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   const zero::model_spec spec = gpt::make_spec(c);
   // --clip (the global gradient norm's limit), --accum (reduce() calls per unit per step),
   // --memory-limit (bytes a rank may hold: model states are checked before they are allocated)
-  const zero::engine_options eo = trainer::engine_options_of(o);
+  zero::engine_options eo = trainer::engine_options_of(o);
+  eo.param_groups = gpt::param_groups();  // no weight decay for biases and norms (gpt.hpp)
   // --tp T > 1: the ranks as an (N / T) x T mesh (comm::mesh). The engine runs ZeRO over this rank's
   // data-parallel group, on its pieces of the model; the blocks sum their partial activations over
   // its tensor-parallel group. T = 1: the engine over all ranks, every rank data-parallel.
@@ -179,6 +180,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   }
   s.padded = e.layout().padded();
   s.numel = spec.numel();
+  s.param_groups = trainer::describe_param_groups(spec, eo.param_groups);
   // tutorial:begin finish
   trainer::finish(e, comm, o);  // --save DIR: a checkpoint of the end; --export FILE: its weights as safetensors
   // tutorial:end

@@ -121,7 +121,30 @@ struct summary {
   bool offload_direct = false;
   double control_bytes = 0;  // the step's control collectives (the norm, the settings fingerprint), per step
   double comm_inter_bytes = 0, comm_inter_formula = 0;  // the part of comm_bytes sent between nodes, and its formula
+  // engine_options::param_groups and what the model puts in each (describe_param_groups); empty: none.
+  std::string param_groups;
 };
+
+// "'no_decay' (lr x 1, weight_decay 0): 50 tensors, 9600 elements": each parameter group, its
+// overrides and the tensors (and elements) the model spec puts in it; groups separated by "; ".
+inline std::string describe_param_groups(const zero::model_spec& spec, const std::vector<zero::param_group>& groups) {
+  std::string out;
+  for (const zero::param_group& g : groups) {
+    std::size_t tensors = 0, elements = 0;
+    for (const auto& u : spec.units())
+      for (const auto& t : u.tensors)
+        if (t.group == g.name) ++tensors, elements += t.numel;
+    char values[96];
+    if (g.weight_decay)
+      std::snprintf(values, sizeof values, "lr x %g, weight_decay %g", static_cast<double>(g.lr_scale),
+                    static_cast<double>(*g.weight_decay));
+    else
+      std::snprintf(values, sizeof values, "lr x %g, the optimizer's weight_decay", static_cast<double>(g.lr_scale));
+    out += (out.empty() ? "" : "; ") + ("'" + g.name + "' (") + values + "): " + std::to_string(tensors) +
+           " tensors, " + std::to_string(elements) + " elements";
+  }
+  return out;
+}
 
 // ---- flag values and output targets --------------------------------------------------------
 // Every number is converted by tool_cli.hpp (exactly, then range-checked as used: CLI11 2.1 turned
@@ -550,6 +573,7 @@ inline void print_summary(const options& o, const summary& s) {
     std::printf("  gradient norm %.4g (last step)", s.grad_norm);
   std::printf(", loss scale %g, %llu overflow step(s) skipped\n", s.loss_scale,
               static_cast<unsigned long long>(s.overflow_steps));
+  if (!s.param_groups.empty()) std::printf("  parameter groups: %s\n", s.param_groups.c_str());
   if (s.time_step_s >= 0)
     std::printf("  step %.3f ms = compute %.3f + exposed communication %.3f + optimizer %.3f + other %.3f ms%s%s%s\n",
                 1e3 * s.time_step_s, 1e3 * s.time_compute_s, 1e3 * s.time_comm_exposed_s, 1e3 * s.time_optimizer_s,
@@ -601,6 +625,7 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
       {"comm_control_bytes_per_rank_per_step", static_cast<std::uint64_t>(s.control_bytes)},
   };
   if (!s.device.empty()) j["device"] = s.device;
+  if (!s.param_groups.empty()) j["param_groups"] = s.param_groups;
   if (!o.gemm.empty()) j["gemm"] = o.gemm;
   if (o.offload != "none") {
     j["offload"] = o.offload;

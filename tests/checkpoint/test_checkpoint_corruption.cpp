@@ -238,6 +238,24 @@ TEST_CASE("malformed manifests with a valid checksum are refused by the schema c
        [](json& j) { j["training_state"]["skipped_steps"] = 1ull << 53; }},
       {"world_size", [](json& j) { j["saved_by"]["world_size"] = 0; }},
       {"expected a JSON object", [](json& j) { j["optimizer"]["hyper_parameters"] = 3; }},
+      // Parameter groups (optional): each value a finite float >= 0, each name 1 to 256 bytes.
+      {"expected an array", [](json& j) { j["optimizer"]["param_groups"] = json::object(); }},
+      {"param_groups[0].lr_scale: expected a finite float >= 0",
+       [](json& j) { j["optimizer"]["param_groups"] = json::parse(R"([{"name": "a", "lr_scale": -1}])"); }},
+      {"param_groups[1].weight_decay: expected a finite float >= 0",
+       [](json& j) {
+         j["optimizer"]["param_groups"] =
+             json::parse(R"([{"name": "a", "lr_scale": 1}, {"name": "b", "lr_scale": 1, "weight_decay": 1e300}])");
+       }},
+      {"param_groups[0].name: expected 1 to 256 bytes",
+       [](json& j) { j["optimizer"]["param_groups"] = json::parse(R"([{"name": "", "lr_scale": 1}])"); }},
+      {"missing member 'lr_scale'",
+       [](json& j) { j["optimizer"]["param_groups"] = json::parse(R"([{"name": "a"}])"); }},
+      {"more than 64 groups",
+       [](json& j) {
+         j["optimizer"]["param_groups"] = json::array();
+         for (int k = 0; k < 65; ++k) j["optimizer"]["param_groups"].push_back(json{{"name", "g"}, {"lr_scale", 1}});
+       }},
       {"expected a string", [](json& j) { j["precision"] = 32; }},
       {"no units", [](json& j) { j["model"]["units"] = json::array(); }},
   };
