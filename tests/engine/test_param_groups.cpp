@@ -201,8 +201,9 @@ TEST_CASE("param groups: refused, naming the group, before any model state exist
                            doctest::Contains(what.c_str()), zero::error);
     });
   };
-  refused({{.name = "no_decy"}}, "group 'no_decy' is given to no tensor of the model (its groups: 'embedding', "
-                                 "'no_decay')");
+  refused({{.name = "no_decy"}},
+          "group 'no_decy' is given to no tensor of the model (its groups: 'embedding', "
+          "'no_decay')");
   refused({{.name = "no_decay"}, {.name = "no_decay"}}, "group 'no_decay' is given twice");
   refused({{.name = ""}}, "a group name must not be empty");
   refused({{.name = "embedding", .lr_scale = -1.0f}}, "param_groups['embedding']: lr_scale must be finite and >= 0");
@@ -234,8 +235,10 @@ TEST_CASE("param groups: ranks with other groups are refused on every rank, nami
   threads::launch(2, [](threads& c) {
     zero::model_spec s;
     s.unit("u").tensor("w", {8, 8}).tensor("b", {8});
-    if (c.rank() == 1) s.unit("v").tensor("b", {8}).group("no_decay");
-    else s.unit("v").tensor("b", {8});
+    if (c.rank() == 1)
+      s.unit("v").tensor("b", {8}).group("no_decay");
+    else
+      s.unit("v").tensor("b", {8});
     CHECK_THROWS_WITH_AS((zero::engine<zero::stage1, threads, zero::optim::adamw>(c, s)),
                          doctest::Contains("model_spec's tensor groups"), zero::error);
   });
@@ -249,7 +252,8 @@ TEST_CASE("param groups: kept in the checkpoint's manifest, and a run resumed wi
   zero::engine_options eo;
   eo.param_groups = recipe();
   const auto init = [](const zero::unit_spec&, const zero::tensor_spec& t, zero::range r, std::span<float> v) {
-    for (std::size_t j = 0; j < v.size(); ++j) v[j] = 0.05f * std::cos(0.21f * static_cast<float>(r.begin + j + t.numel));
+    for (std::size_t j = 0; j < v.size(); ++j)
+      v[j] = 0.05f * std::cos(0.21f * static_cast<float>(r.begin + j + t.numel));
   };
   const auto step = [](auto& e, int rank, int k) {
     for (std::size_t u = e.spec().units().size(); u-- > 0;) {
@@ -284,7 +288,8 @@ TEST_CASE("param groups: kept in the checkpoint's manifest, and a run resumed wi
   threads::launch(2, [&](threads& c) {
     zero::engine_options resumed;
     resumed.param_groups = m.param_groups;
-    zero::engine<zero::stage1, threads, zero::optim::adamw> e(c, grouped_model(), zero::checkpoint::optimizer_from<zero::optim::adamw>(m), resumed);
+    zero::engine<zero::stage1, threads, zero::optim::adamw> e(
+        c, grouped_model(), zero::checkpoint::optimizer_from<zero::optim::adamw>(m), resumed);
     zero::checkpoint::load(e, c, dir);
     for (int k = 2; k < 4; ++k) step(e, c.rank(), k);
     CHECK(e.full_params() == uninterrupted);

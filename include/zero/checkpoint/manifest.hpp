@@ -404,7 +404,8 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
     if (opt.find("param_groups") != opt.end()) {
       const std::string gw = "manifest.optimizer.param_groups";
       const parsed_json& groups = rd.array(opt, "param_groups", "manifest.optimizer");
-      if (groups.size() > max_hyper_parameters) rd.bad(gw, "more than " + std::to_string(max_hyper_parameters) + " groups");
+      if (groups.size() > max_hyper_parameters)
+        rd.bad(gw, "more than " + std::to_string(max_hyper_parameters) + " groups");
       // A value a group may take: finite, >= 0 and a float (what engine_options::param_groups accepts).
       const auto value = [&](const parsed_json& v, const std::string& where) {
         const double d = rd.number(v, where);

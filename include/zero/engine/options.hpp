@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "zero/offload/options.hpp"
 #include "zero/engine/zeropp.hpp"
+#include "zero/offload/options.hpp"
 #include "zero/precision/loss_scaler.hpp"
 
 namespace zero {

@@ -1,4 +1,5 @@
-// Parameter groups (engine_options::param_groups): each unit's elements as runs of one group, and each group's optimizer.
+// Parameter groups (engine_options::param_groups): each unit's elements as runs of one group, and each group's
+// optimizer.
 #pragma once
 
 #include <bit>
@@ -87,8 +88,8 @@ class param_group_map {
       detail::require_non_negative(detail::concat("engine_options::param_groups['", p.name, "']"), "lr_scale",
                                    p.lr_scale);
       if (p.weight_decay)
-        detail::require_non_negative(detail::concat("engine_options::param_groups['", p.name, "']"),
-                                     "weight_decay", *p.weight_decay);
+        detail::require_non_negative(detail::concat("engine_options::param_groups['", p.name, "']"), "weight_decay",
+                                     *p.weight_decay);
     }
     std::vector<bool> used(count_, false);
     std::string declared;  // the spec's group names, for the message

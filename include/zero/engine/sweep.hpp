@@ -119,8 +119,8 @@ class optimizer_sweep {
   // there).
   template <class Gradients, class Done>
   void update(parameter_placement<Ctx>& params, const param_group_map& groups,
-              const std::vector<typename Opt::step_constants>& c, float divisor, float coef,
-              const Gradients& gradients, Done done) {
+              const std::vector<typename Opt::step_constants>& c, float divisor, float coef, const Gradients& gradients,
+              Done done) {
     store_.begin_step();
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
