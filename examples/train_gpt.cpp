@@ -42,6 +42,12 @@ struct gpt_options {
   // AdamW's learning rate without --lr (the library's 1e-3 learns too slowly for the default run;
   // 3e-3 and more stalls this model without a warmup). SGD keeps trainer_cli's default.
   float adamw_lr = 2e-3f;
+  // LAMB's (with AdamW's --beta2): its steps are each tensor's ||w|| times lr over the tensor's
+  // update norm, about lr x the weights' RMS per element, so its rates are larger than AdamW's.
+  float lamb_lr = 1e-2f;
+  // --warmup K: the rate rises linearly over K steps, then decays along a cosine to a tenth of it at
+  // the run's last step (zero::warmup_cosine); 0: a constant rate.
+  int warmup = 0;
   std::size_t eval_windows = 256;
   int sample = 240;
   float temperature = 0.8f;
@@ -106,7 +112,13 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   s.first_step = t0;
   s.last_step = t0;
   trainer::step_traffic step_bytes;  // what the summary reports as the step's traffic
+  const zero::warmup_cosine schedule{.peak = opt.lr,
+                                     .min = zero::fp::mul(opt.lr, 0.1f),
+                                     .warmup = static_cast<std::uint64_t>(g.warmup),
+                                     .total = std::max<std::uint64_t>(t0 + static_cast<std::uint64_t>(o.steps), 1)};
+  if (g.warmup > 0) schedule.validate();
   for (int i = 0; i < o.steps; ++i) {
+    if (g.warmup > 0) e.set_learning_rate(schedule.at(e.steps()));
     // tutorial:begin loop
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
     const auto r = gpt::train_step(e, c, tp, data, t, rank, ranks, o.accum);
@@ -187,13 +199,17 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
 }
 
 // tutorial:begin dispatch
-// This trainer's changes to the optimizers trainer_cli makes from the flags: AdamW's --beta2 and,
-// without --lr, its own rate.
+// This trainer's changes to the optimizers trainer_cli makes from the flags: AdamW's and LAMB's
+// --beta2 and, without --lr, their own rates.
 template <class O>
 void tune(O& opt, const gpt_options& g, const options& o) {
   if constexpr (std::is_same_v<O, zero::optim::adamw>) {
     opt.beta2 = g.beta2;
     if (o.lr == 0) opt.lr = g.adamw_lr;
+  }
+  if constexpr (std::is_same_v<O, zero::optim::lamb>) {
+    opt.beta2 = g.beta2;
+    if (o.lr == 0) opt.lr = g.lamb_lr;
   }
 }
 
@@ -367,7 +383,10 @@ int main(int argc, char** argv) {
          "larger files are refused before they are read")
       ->type_name("BYTES")
       ->default_str(std::to_string(data_limit));
-  toolcli::add_float(app, "--beta2", g.beta2, 0.0f, 0.99999f, "AdamW's second-moment decay");
+  toolcli::add_float(app, "--beta2", g.beta2, 0.0f, 0.99999f, "AdamW's and LAMB's second-moment decay");
+  toolcli::add_integer(app, "--warmup", g.warmup, 0, 100000000,
+                       "steps of linear warm-up to the rate, then a cosine decay to a tenth of it at the last step "
+                       "(0: a constant rate)");
   toolcli::add_double(
       app, "--held-out", g.held_out, 0.01, 0.9,
       "fraction of the corpus held out for evaluation: that many of its 100 equal blocks, evenly spread");

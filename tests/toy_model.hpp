@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine_instances.hpp"
+#include "optimizer_step.hpp"
 #include "zero/zero.hpp"
 
 namespace toy {
@@ -181,6 +182,7 @@ reference_state reference_with_state(int n, int steps, Opt opt, reduction_order 
   for (int t = 0; t < steps; ++t) {
     const auto c = opt.constants(static_cast<std::uint64_t>(t) + 1);
     const auto step = static_cast<std::uint64_t>(t);
+    std::vector<float> averaged(w.size());
     for (std::size_t i = 0; i < w.size(); ++i) {
       float acc;
       if (order == reduction_order::rank) {
@@ -190,11 +192,17 @@ reference_state reference_with_state(int n, int steps, Opt opt, reduction_order 
         acc = gradient(w[i], n - 1, step, i);
         for (int r = n - 2; r >= 0; --r) acc += gradient(w[i], r, step, i);
       }
-      float st[Opt::slots > 0 ? Opt::slots : 1];
-      for (int k = 0; k < Opt::slots; ++k) st[k] = out.slots[static_cast<std::size_t>(k) * w.size() + i];
-      Opt::update(c, w[i], acc / static_cast<float>(n), st);
-      for (int k = 0; k < Opt::slots; ++k) out.slots[static_cast<std::size_t>(k) * w.size() + i] = st[k];
+      averaged[i] = acc / static_cast<float>(n);
     }
+    // Each tensor whole (a tensor-wise optimizer's norms are the tensor's).
+    std::size_t at = 0;
+    for (const zero::unit_spec& u : s.units())
+      for (const zero::tensor_spec& t : u.tensors) {
+        float* slots[Opt::slots > 0 ? Opt::slots : 1] = {};
+        for (int k = 0; k < Opt::slots; ++k) slots[k] = out.slots.data() + static_cast<std::size_t>(k) * w.size() + at;
+        testing::tensor_step<Opt>(c, averaged.data() + at, w.data() + at, slots, static_cast<float*>(nullptr), t.numel);
+        at += t.numel;
+      }
   }
   return out;
 }

@@ -13,6 +13,10 @@ produces (a meson test runs it so). Standard library only.
       w = w - lr d
   Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2):
       c = b1 m + (1 - b1) g;  w = w - lr (sign(c) + wd w);  m = b2 m + (1 - b2) g
+  LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning", Algorithm 2, with Adam's bias correction):
+      m, v, m^, v^ as AdamW;  r = m^ / (sqrt(v^) + eps) + wd w, per tensor:
+      w = w - lr phi(||w||) / ||r|| r,  phi(z) = min(max(z, phi_min), phi_max), the ratio 1 where phi or ||r|| is 0
+      The elements are cut into tensors (TENSORS), each with its own norms.
 """
 import math
 import pathlib
@@ -91,7 +95,39 @@ def lion(hp, w, grads):
     return out
 
 
-RULES = {"adamw": adamw, "sgd": sgd, "lion": lion}
+# LAMB's tensors: the ELEMENTS cut into two, so that a rule taking one norm over all of them fails.
+TENSORS = [5, 3]
+
+
+def lamb(hp, w, grads):
+    lr, b1, b2, eps, wd = hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"]
+    lo, hi = hp["phi_min"], hp["phi_max"]
+    m = [0.0] * len(w)
+    v = [0.0] * len(w)
+    out = []
+    for t, g in enumerate(grads, start=1):
+        r = [0.0] * len(w)
+        for i in range(len(w)):
+            m[i] = b1 * m[i] + (1 - b1) * g[i]
+            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i]
+            m_hat = m[i] / (1 - b1 ** t)
+            v_hat = v[i] / (1 - b2 ** t)
+            r[i] = m_hat / (math.sqrt(v_hat) + eps) + wd * w[i]
+        begin = 0
+        for size in TENSORS:
+            part = range(begin, begin + size)
+            w_norm = math.sqrt(sum(w[i] * w[i] for i in part))
+            r_norm = math.sqrt(sum(r[i] * r[i] for i in part))
+            phi = min(max(w_norm, lo), hi)
+            ratio = phi / r_norm if phi > 0 and r_norm > 0 else 1.0
+            for i in part:
+                w[i] = w[i] - lr * ratio * r[i]
+            begin += size
+        out.append(list(w))
+    return out
+
+
+RULES = {"adamw": adamw, "sgd": sgd, "lion": lion, "lamb": lamb}
 
 # (optimizer, label, hyper-parameters): every setting of the optimizer, by the names its
 # hyper_parameters() lists. Large rates and decays, so that a formula that drifts (coupled instead of
@@ -105,6 +141,10 @@ CASES = [
     ("sgd", "Nesterov momentum and weight decay", dict(lr=0.05, momentum=0.8, weight_decay=0.1, nesterov=True)),
     ("lion", "default betas, no decay", dict(lr=0.05, beta1=0.9, beta2=0.99, weight_decay=0.0)),
     ("lion", "other betas and decoupled decay", dict(lr=0.02, beta1=0.5, beta2=0.8, weight_decay=0.5)),
+    ("lamb", "defaults except lr and decay, no clamp reached",
+     dict(lr=0.05, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.1, phi_min=0.0, phi_max=10.0)),
+    ("lamb", "small betas, ||w|| clamped from below and above",
+     dict(lr=0.02, beta1=0.5, beta2=0.75, eps=0.1, weight_decay=0.0, phi_min=1.5, phi_max=2.0)),
 ]
 
 
@@ -149,6 +189,7 @@ def generate():
         "  std::vector<float> w0;                    // the weights before step 1",
         "  std::vector<std::vector<float>> grads;     // [step][element], the averaged gradient",
         "  std::vector<std::vector<double>> weights;  // [step][element], after that step",
+        "  std::vector<int> tensors;                  // a tensor-wise optimizer's tensors (sizes, in order)",
         "};",
         "",
         "inline const std::vector<optimizer_case>& cases() {",
@@ -163,7 +204,8 @@ def generate():
         lines.append(f'      {{"{opt}", "{label}", {{{settings}}},')
         lines.append("       {" + ", ".join(cpp_float(x) for x in w0) + "},")
         lines.append("       {" + ", ".join("{" + ", ".join(cpp_float(x) for x in g) + "}" for g in grads) + "},")
-        lines.append("       {" + ", ".join("{" + ", ".join(cpp_double(x) for x in s) + "}" for s in weights) + "}},")
+        lines.append("       {" + ", ".join("{" + ", ".join(cpp_double(x) for x in s) + "}" for s in weights) + "},")
+        lines.append("       {" + (", ".join(str(x) for x in TENSORS) if opt == "lamb" else "") + "}},")
     lines += ["  };", "  return all;", "}", "", "}  // namespace golden", ""]
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../checkpoint/checkpoint_helpers.hpp"
+#include "../optimizer_step.hpp"
 #include "zero/core/schedule.hpp"
 
 using namespace ckpt_test;
@@ -232,17 +233,22 @@ TEST_CASE_TEMPLATE_DEFINE("lr 0 and a weight of -0: the sign of zero follows the
   };
   float s[Opt::slots > 0 ? Opt::slots : 1] = {};
   float w = -0.0f;
-  Opt::update(c, w, -1.0f, s);  // gradient -1: the direction is negative in every optimizer here
+  const auto update = [&](float& x, float g, float* st) {
+    float* slots[Opt::slots > 0 ? Opt::slots : 1] = {};
+    for (int k = 0; k < Opt::slots; ++k) slots[k] = st + k;
+    testing::tensor_step<Opt>(c, &g, &x, slots, static_cast<float*>(nullptr), 1);
+  };
+  update(w, -1.0f, s);  // gradient -1: the direction is negative in every optimizer here
   CHECK(bits(w) == bits(0.0f));
   float s2[Opt::slots > 0 ? Opt::slots : 1] = {};
   w = -0.0f;
-  Opt::update(c, w, 1.0f, s2);
+  update(w, 1.0f, s2);
   CHECK(bits(w) == bits(-0.0f));
   // Any nonzero weight keeps its bits.
   for (float x : {1.5f, -2.25e-3f, std::numeric_limits<float>::denorm_min()}) {
     float s3[Opt::slots > 0 ? Opt::slots : 1] = {};
     w = x;
-    Opt::update(c, w, -0.75f, s3);
+    update(w, -0.75f, s3);
     CHECK(bits(w) == bits(x));
   }
 }

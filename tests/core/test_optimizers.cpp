@@ -5,8 +5,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <cstring>
+#include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -41,29 +42,72 @@ Opt configured(const golden::optimizer_case& gc) {
   return o;
 }
 
+// A tensor-wise optimizer's case through a 1-rank engine (stage 0, fp32) over a model whose one unit
+// holds the case's tensors (or, with `one_tensor`, all of its elements as one tensor): each step hands
+// the case's gradient to grads() and steps. Returns the largest distance from the golden weights.
+template <class Opt>
+double tensorwise_distance(const golden::optimizer_case& gc, const Opt& opt, bool one_tensor) {
+  zero::model_spec spec;
+  auto unit = spec.unit("u");
+  if (one_tensor) {
+    unit.tensor("all", {gc.w0.size()});
+  } else {
+    for (std::size_t t = 0; t < gc.tensors.size(); ++t)
+      unit.tensor("t" + std::to_string(t), {static_cast<std::size_t>(gc.tensors[t])});
+  }
+  double worst = 0.0;
+  zero::comm::threads::launch(1, [&](zero::comm::threads& c) {
+    zero::engine<zero::stage0, zero::comm::threads, Opt> e(c, spec, opt);
+    e.initialize([&](const zero::unit_spec& u, const zero::tensor_spec& t, std::span<float> v) {
+      std::size_t at = 0;  // the tensor's first element in the case's weights
+      for (std::size_t k = 0; &u.tensors[k] != &t; ++k) at += u.tensors[k].numel;
+      std::copy(gc.w0.begin() + static_cast<std::ptrdiff_t>(at),
+                gc.w0.begin() + static_cast<std::ptrdiff_t>(at + v.size()), v.begin());
+    });
+    for (std::size_t t = 0; t < gc.grads.size(); ++t) {
+      CAPTURE(t + 1);
+      auto g = e.grads(zero::unit_id{0});
+      std::copy(gc.grads[t].begin(), gc.grads[t].end(), g.view().data());
+      e.reduce(zero::unit_id{0});
+      e.step();
+      const std::vector<float> w = e.full_params();
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const double want = gc.weights[t][i];
+        worst = std::fmax(worst, std::fabs(static_cast<double>(w[i]) - want) / std::fmax(1.0, std::fabs(want)));
+      }
+    }
+  });
+  return worst;
+}
+
 // Runs the case through the engine's element-wise update on the host system (divisor 1, no
 // clipping: the gradient reaches the rule as given) and compares every weight after every step.
 template <class Opt>
 void check_case(const golden::optimizer_case& gc) {
   CAPTURE(gc.label);
   const Opt opt = configured<Opt>(gc);
-  std::vector<float> w = gc.w0;
-  const std::size_t n = w.size();
-  std::vector<std::vector<float>> state(static_cast<std::size_t>(Opt::slots), std::vector<float>(n, 0.0f));
-  float* slots[Opt::slots > 0 ? Opt::slots : 1] = {};
-  for (int k = 0; k < Opt::slots; ++k) slots[k] = state[static_cast<std::size_t>(k)].data();
-  for (std::size_t t = 0; t < gc.grads.size(); ++t) {
-    CAPTURE(t + 1);
-    REQUIRE(gc.grads[t].size() == n);
-    const auto c = opt.constants(t + 1);
-    zero::elementwise::update<Opt>(zero::sys::host{}, c, gc.grads[t].data(), 1.0f, 1.0f, w.data(), slots,
-                                   static_cast<float*>(nullptr), n);
-    for (std::size_t i = 0; i < n; ++i) {
-      CAPTURE(i);
-      const double want = gc.weights[t][i];
-      const double err = std::fabs(static_cast<double>(w[i]) - want);
-      CHECK_MESSAGE(err <= tolerance * std::fmax(1.0, std::fabs(want)), "weight ", static_cast<double>(w[i]),
-                    ", the equations give ", want);
+  if constexpr (zero::TensorwiseOptimizer<Opt>) {
+    REQUIRE_MESSAGE(!gc.tensors.empty(), "a tensor-wise optimizer's golden case names its tensors");
+    CHECK(tensorwise_distance(gc, opt, false) <= tolerance);
+  } else {
+    std::vector<float> w = gc.w0;
+    const std::size_t n = w.size();
+    std::vector<std::vector<float>> state(static_cast<std::size_t>(Opt::slots), std::vector<float>(n, 0.0f));
+    float* slots[Opt::slots > 0 ? Opt::slots : 1] = {};
+    for (int k = 0; k < Opt::slots; ++k) slots[k] = state[static_cast<std::size_t>(k)].data();
+    for (std::size_t t = 0; t < gc.grads.size(); ++t) {
+      CAPTURE(t + 1);
+      REQUIRE(gc.grads[t].size() == n);
+      const auto c = opt.constants(t + 1);
+      zero::elementwise::update<Opt>(zero::sys::host{}, c, gc.grads[t].data(), 1.0f, 1.0f, w.data(), slots,
+                                     static_cast<float*>(nullptr), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        const double want = gc.weights[t][i];
+        const double err = std::fabs(static_cast<double>(w[i]) - want);
+        CHECK_MESSAGE(err <= tolerance * std::fmax(1.0, std::fabs(want)), "weight ", static_cast<double>(w[i]),
+                      ", the equations give ", want);
+      }
     }
   }
 }
@@ -144,6 +188,26 @@ TEST_CASE("the golden values discriminate: Lion's direction interpolated with be
     }
   }
   CHECK(worst > 100 * tolerance);
+}
+
+TEST_CASE("the golden values discriminate: LAMB with one norm over all elements instead of per tensor fails") {
+  for (const auto& gc : golden::cases()) {
+    if (std::string(gc.optimizer) != "lamb") continue;
+    CAPTURE(gc.label);
+    REQUIRE(gc.tensors.size() > 1);
+    const auto opt = configured<zero::optim::lamb>(gc);
+    CHECK(tensorwise_distance(gc, opt, true) > 100 * tolerance);
+  }
+}
+
+TEST_CASE("optim::lamb refuses a clamp whose ends are out of order, naming both") {
+  zero::optim::lamb o;
+  o.phi_min = 3.0f;
+  o.phi_max = 2.0f;
+  CHECK_THROWS_WITH_AS(o.validate(), doctest::Contains("phi_min 3 is above phi_max 2"), zero::error);
+  o.phi_max = 0.0f;
+  o.phi_min = 0.0f;
+  CHECK_THROWS_WITH_AS(o.validate(), doctest::Contains("phi_max"), zero::error);
 }
 
 TEST_CASE("the gradient's divisor: a power of two multiplies by its exact reciprocal, with the division's bits") {

@@ -12,7 +12,7 @@ expect() {  # expect CODE [--] PATTERN ARGS...  (-- lets a pattern start with a 
 }
 expect 2 'stage.*(not in range|0 - 3|outside \[0, 3\])' --stage 4
 expect 2 'Usage' --stage 7
-expect 2 'optimizer' --optimizer lamb
+expect 2 'optimizer' --optimizer adafactor
 expect 2 'multiple of --ranks' --ranks 3 --batch 64
 expect 2 'ranks' --ranks 0
 expect 2 'lr' --lr -1

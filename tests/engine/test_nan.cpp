@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../engine_instances.hpp"
+#include "../optimizer_step.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -89,9 +90,9 @@ TEST_CASE_TEMPLATE_DEFINE("the optimizer rules store canonical NaNs in master, s
       float w2 = w, w3 = w, t0 = 0.0f, t1 = 0.0f, u0 = 0.0f, u1 = 0.0f;
       float* slots2[] = {&t0, &t1};
       float* slots3[] = {&u0, &u1};
-      zero::elementwise::update<Opt>(zero::sys::host{}, c, &g, 1.0f, 1.0f, &w, slots, &pb, 1);
-      zero::elementwise::update<Opt>(zero::sys::host{}, c, &g, 1.0f, 1.0f, &w2, slots2, &ph, 1);
-      zero::elementwise::update<Opt>(zero::sys::host{}, c, &g, 1.0f, 1.0f, &w3, slots3, &pf, 1);
+      testing::tensor_step<Opt>(c, &g, &w, slots, &pb, 1);
+      testing::tensor_step<Opt>(c, &g, &w2, slots2, &ph, 1);
+      testing::tensor_step<Opt>(c, &g, &w3, slots3, &pf, 1);
       CHECK(bits(w) == canonical32);
       CHECK(bits16(pb) == zero::canonical_bf16_nan);
       CHECK(bits16(ph) == zero::canonical_fp16_nan);

@@ -165,7 +165,7 @@ TEST_CASE("param groups: set_learning_rate scales every group's lr") {
 }
 
 TEST_CASE_TEMPLATE("param groups: every stage trains the same bits, and the reproducible mode at any N", Opt,
-                   zero::optim::adamw, zero::optim::sgd, zero::optim::lion) {
+                   zero::optim::adamw, zero::optim::sgd, zero::optim::lion, zero::optim::lamb) {
   Opt opt;
   opt.weight_decay = 0.05f;
   zero::engine_options eo;
@@ -186,6 +186,7 @@ TEST_CASE_TEMPLATE("param groups: every stage trains the same bits, and the repr
   CHECK(one != trained_global<zero::stage2, Opt>(plain_model(), 1, opt, without));
   for (int ranks : {2, 3, 4}) {
     CAPTURE(ranks);
+    CHECK(trained_global<zero::stage1, Opt>(grouped_model(), ranks, opt, eo) == one);
     CHECK(trained_global<zero::stage2, Opt>(grouped_model(), ranks, opt, eo) == one);
     CHECK(trained_global<zero::stage3, Opt>(grouped_model(), ranks, opt, eo) == one);
     CHECK(trained_global<zero::stage0, Opt>(grouped_model(), ranks, opt, eo) == one);

@@ -324,3 +324,26 @@ TEST_CASE("tensor parallel: settings and optimizers that differ across the group
       CHECK(x.find("optim::adamw::lr is 0.001 on rank 0 but 0.5 on rank 3") != std::string::npos);
   }
 }
+
+TEST_CASE("tensor parallel: a tensor-wise optimizer is refused inside a mesh (tp > 1), naming it, on every rank") {
+  std::vector<std::string> errors(4);
+  CHECK_THROWS_AS(threads::launch(4,
+                                  [&](threads& c) {
+                                    mesh<threads> m(c, {2, 2});
+                                    try {
+                                      zero::engine<zero::stage1, threads, zero::optim::lamb> e(m, model());
+                                    } catch (const zero::error& x) {
+                                      errors[static_cast<std::size_t>(c.rank())] = x.what();
+                                      throw;
+                                    }
+                                  }),
+                  zero::error);
+  for (const auto& x : errors) CHECK(x.find("optim::lamb needs each tensor's norms") != std::string::npos);
+  // At tp = 1 the mesh's engine is the plain one, and takes it.
+  threads::launch(2, [&](threads& c) {
+    mesh<threads> m(c, {2, 1});
+    zero::engine<zero::stage1, threads, zero::optim::lamb> e(m, model());
+    e.initialize(zero::from_whole_tensors(whole_init()));
+    mesh_step(e, m.coordinates().dp, 0);
+  });
+}

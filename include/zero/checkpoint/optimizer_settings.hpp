@@ -19,7 +19,7 @@ namespace zero::checkpoint {
 
 // Every setting of Opt::hyper_parameters(), under its name. Floats are stored as the JSON number of
 // the double they widen to: exact, and read back exactly.
-template <OptimizerState Opt>
+template <Optimizer Opt>
 json hyper_parameters(const Opt& o) {
   json j = json::object();
   for_each_hyper_parameter(Opt::hyper_parameters(), [&](const auto& h) { j[std::string(h.name)] = o.*(h.member); });
@@ -27,13 +27,13 @@ json hyper_parameters(const Opt& o) {
 }
 
 // The names of an optimizer's state slots, as the manifest lists them after "master".
-template <OptimizerState Opt>
+template <Optimizer Opt>
 std::vector<std::string> slot_names() {
   return std::vector<std::string>(Opt::slot_names.begin(), Opt::slot_names.end());
 }
 
 // Refuses state slots of another optimizer.
-template <OptimizerState Opt>
+template <Optimizer Opt>
 void check_optimizer(const manifest& m, const std::string& source) {
   ZERO_CHECK(m.optimizer == Opt::name, corrupt, "checkpoint: '", source, "' was saved with optimizer ",
              quote_name(m.optimizer), ", the engine uses '", Opt::name, "'");
@@ -66,7 +66,7 @@ T hyper_value(const json& hp, std::string_view name, const std::string& source) 
 
 // The optimizer as saved, e.g. to resume with the same settings: optimizer_from<optim::adamw>(m).
 // Settings are read in the order Opt::hyper_parameters() lists them.
-template <OptimizerState Opt>
+template <Optimizer Opt>
 Opt optimizer_from(const manifest& m, const std::string& source = "manifest") {
   check_optimizer<Opt>(m, source);
   Opt o{};

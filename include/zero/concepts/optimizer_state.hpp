@@ -1,4 +1,5 @@
-// The OptimizerState concept: per-element state slots, hyper-parameters, and one element-wise update rule.
+// The optimizer concepts: per-element state slots, hyper-parameters, and an element-wise update rule
+// (OptimizerState) or one that needs sums over whole tensors (TensorwiseOptimizer).
 #pragma once
 
 #include <array>
@@ -47,8 +48,42 @@ concept OptimizerState = requires(const O& o, std::uint64_t t, float& w, float g
 }
 &&(O::slots >= 0);
 
+// An optimizer whose step needs sums over each whole tensor (LAMB's trust ratio), which ZeRO cuts
+// across ranks. The metadata of OptimizerState, and the update in three parts instead of one rule:
+//   O::tensor_sums              constexpr int, 1..4: the sums of squares the step needs per tensor
+//   O::advance(c, w, g, s)      ZERO_HD static: the slots s (float[slots]) from the averaged gradient g
+//                               and the weight w, which it must not change (the first pass)
+//   O::norm_terms(c, w, s, x)   ZERO_HD static: x[0..tensor_sums) from the weight and the advanced
+//                               slots; the engine sums each one's squares over every tensor (exactly,
+//                               so the sums do not depend on how the tensor is cut over ranks)
+//   O::tensor_factor(c, sq)     static, host: one float per tensor from those sums (double[tensor_sums])
+//   O::apply(c, f, w, s)        ZERO_HD static: the new weight from the tensor's factor f and the
+//                               slots (the third pass, after every rank's sums are in)
+// advance, norm_terms and apply must use zero::fp operations, as OptimizerState's update does; the
+// engine runs them over a value type V (float, or a SIMD pack in the host loop) where they are templates.
+// (Each concept is one requires-expression, so that a diagnostic lists every missing member at once.)
+template <class O>
+concept TensorwiseOptimizer = requires(const O& o, std::uint64_t t, float& w, float g, float* s, const float* cs,
+                                       float* x, const double* sq, float f, const typename O::step_constants& c) {
+  { O::slots } -> std::convertible_to<int>;
+  { O::name } -> std::convertible_to<std::string_view>;
+  { o.constants(t) } -> std::same_as<typename O::step_constants>;
+  { O::slot_names } -> std::convertible_to<std::array<std::string_view, static_cast<std::size_t>(O::slots)>>;
+  { O::hyper_parameters() } -> hyper_parameter_list<O>;
+  { O::tensor_sums } -> std::convertible_to<int>;
+  O::advance(c, static_cast<const float&>(w), g, s);
+  O::norm_terms(c, static_cast<const float&>(w), cs, x);
+  { O::tensor_factor(c, sq) } -> std::same_as<float>;
+  O::apply(c, f, w, cs);
+}
+&&(O::slots >= 0) && (O::tensor_sums >= 1) && (O::tensor_sums <= 4);
+
+// What an engine takes: either kind.
+template <class O>
+concept Optimizer = OptimizerState<O> || TensorwiseOptimizer<O>;
+
 // Calls o.validate() where the optimizer has one; nothing otherwise.
-template <OptimizerState O>
+template <Optimizer O>
 void validate_optimizer(const O& o) {
   if constexpr (requires { o.validate(); }) o.validate();
 }

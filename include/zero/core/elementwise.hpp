@@ -153,6 +153,83 @@ struct update_rule : update_in_place_rule<Opt> {
   }
 };
 
+// ---- a tensor-wise optimizer's element-wise passes (concepts/optimizer_state.hpp) -------------
+// Whether optimizer Opt's passes are written over a value type (templates, as optim::lamb).
+template <class Opt, class V>
+concept tensorwise_over = requires(const typename Opt::step_constants& c, V& w, V g, V* s, float f) {
+  Opt::advance(c, static_cast<const V&>(w), g, s);
+  Opt::apply(c, f, w, static_cast<const V*>(s));
+};
+
+// The first pass: the slots advanced from the averaged, unscaled (and clipped) gradient, as
+// update_in_place_rule forms it. Arrays: gradient g, master weights w (read), then one per slot.
+template <class Opt>
+struct advance_rule {
+  typename Opt::step_constants c;
+  gradient_divisor divisor;
+  float coef;
+
+  template <class G, class... Slots>
+  ZERO_HD void operator()(std::size_t j, const G* g, const float* w, Slots*... slots) const {
+    step<float>(j, g, w, slots...);
+  }
+  template <class V, class G, class... Slots>
+  requires tensorwise_over<Opt, V> ZERO_HD void apply(std::size_t j, const G* g, const float* w,
+                                                      Slots*... slots) const {
+    step<V>(j, g, w, slots...);
+  }
+  template <class V, class G, class... Slots>
+  ZERO_HD void step(std::size_t j, const G* g, const float* w, Slots*... slots) const {
+    static_assert(sizeof...(Slots) == static_cast<std::size_t>(Opt::slots), "one array per optimizer slot");
+    using namespace zero::fp;
+    V gj = divisor.divide(load<V>(g, j));
+    if (coef != 1.0f) gj = mul(gj, V(coef));
+    V s[Opt::slots > 0 ? Opt::slots : 1] = {load<V>(slots, j)...};
+    const V wj = load<V>(w, j);
+    Opt::advance(c, wj, gj, s);
+    int k = 0;
+    (store(slots, j, s[k++]), ...);
+  }
+};
+
+// The last pass: the weight from the tensor's factor f and the slots, and the parameter copy p from
+// it where the precision keeps one apart. Arrays: w, [p,] then one per slot (read).
+template <class Opt>
+struct apply_in_place_rule {
+  typename Opt::step_constants c;
+  float f;
+
+  template <class... Slots>
+  ZERO_HD void operator()(std::size_t j, float* w, const Slots*... slots) const {
+    (void)step<float>(j, w, slots...);
+  }
+  template <class V, class... Slots>
+  requires tensorwise_over<Opt, V> ZERO_HD void apply(std::size_t j, float* w, const Slots*... slots) const {
+    (void)step<V>(j, w, slots...);
+  }
+  template <class V, class... Slots>
+  ZERO_HD V step(std::size_t j, float* w, const Slots*... slots) const {
+    using namespace zero::fp;
+    const V s[Opt::slots > 0 ? Opt::slots : 1] = {load<V>(slots, j)...};
+    V wj = load<V>(w, j);
+    Opt::apply(c, f, wj, s);
+    wj = canonical(wj);
+    store(w, j, wj);
+    return wj;
+  }
+};
+template <class Opt>
+struct apply_rule : apply_in_place_rule<Opt> {
+  template <class P, class... Slots>
+  ZERO_HD void operator()(std::size_t j, float* w, P* p, const Slots*... slots) const {
+    store(p, j, this->template step<float>(j, w, slots...));
+  }
+  template <class V, class P, class... Slots>
+  requires tensorwise_over<Opt, V> ZERO_HD void apply(std::size_t j, float* w, P* p, const Slots*... slots) const {
+    store(p, j, this->template step<V>(j, w, slots...));
+  }
+};
+
 // An update rule that also zeroes each gradient element once it has read it: the engine's gradient
 // store left ready for the next step by the pass that reads it last, instead of by a second pass.
 // +0 is stored, the bits fill_zero writes. Arrays: those of Rule, the gradient now read and written.
@@ -281,6 +358,33 @@ void update_and_clear(const System& sys, const typename Opt::step_constants& c, 
     else
       sys.for_each(n, clearing_gradient<update_in_place_rule<Opt>>{{c, divisor, coef}}, inout(g), inout(w),
                    inout(slots[K])...);
+  }
+  (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
+}
+
+// A tensor-wise optimizer's first pass over n elements (advance_rule), zeroing the gradient elements it
+// reads where g is writable (clearing_gradient).
+template <class Opt, class System, class G>
+void advance(const System& sys, const typename Opt::step_constants& c, G* g, float divisor, float coef, const float* w,
+             float* const* slots, std::size_t n) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    if constexpr (std::is_const_v<G>)
+      sys.for_each(n, advance_rule<Opt>{c, divisor, coef}, in(g), in(w), inout(slots[K])...);
+    else
+      sys.for_each(n, clearing_gradient<advance_rule<Opt>>{{c, divisor, coef}}, inout(g), in(w), inout(slots[K])...);
+  }
+  (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
+}
+// Its last pass over n elements with the tensor's factor f (apply_rule); p == nullptr: no separate
+// parameter copy.
+template <class Opt, class System, class P>
+void apply_factor(const System& sys, const typename Opt::step_constants& c, float f, float* w,
+                  const float* const* slots, P* p, std::size_t n) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    if (p)
+      sys.for_each(n, apply_rule<Opt>{{c, f}}, inout(w), out(p), in(slots[K])...);
+    else
+      sys.for_each(n, apply_in_place_rule<Opt>{c, f}, inout(w), in(slots[K])...);
   }
   (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
 }

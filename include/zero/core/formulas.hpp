@@ -143,15 +143,20 @@ struct offload_step_bytes {
 };
 
 // Per step: the disk tier reads and writes every array's region once, offloaded_state_bytes each
-// way. Where the system's memory is not host memory (a GPU), the update's operands cross: the R real
-// elements the rank updates (its held state without the padding) bring their gradients to the host
-// (g bytes each, plus the fp32 weights themselves when the parameters are the master weights) and
-// take the new parameters back (c bytes each: the parameter copy, or the 4-byte weights).
+// way (a tensor-wise optimizer's three passes: `reads` = 3 and `writes` = 2 times). Where the system's memory is not
+// host memory (a GPU), the update's operands cross: the R real elements the rank updates (its held state without the
+// padding) bring their gradients to the host (g bytes each, plus the fp32 weights themselves when the parameters are
+// the master weights) and take the new parameters back (c bytes each: the parameter copy, or the 4-byte weights).
 inline offload_step_bytes offload_bytes_per_step(int stage, std::uint64_t psi, int n, std::size_t arrays, bool disk,
                                                  bool host_memory_system, std::uint64_t real_held,
-                                                 std::size_t grad_bytes, std::size_t param_copy_bytes) {
+                                                 std::size_t grad_bytes, std::size_t param_copy_bytes,
+                                                 std::uint64_t reads = 1, std::uint64_t writes = 1) {
   offload_step_bytes b;
-  if (disk) b.disk_read = b.disk_written = offloaded_state_bytes(stage, psi, n, arrays, true);
+  if (disk) {
+    const std::uint64_t region = offloaded_state_bytes(stage, psi, n, arrays, true);
+    b.disk_read = detail::mul(region, reads);
+    b.disk_written = detail::mul(region, writes);
+  }
   if (!host_memory_system) {
     b.to_host = detail::mul(real_held, grad_bytes + (param_copy_bytes ? 0 : 4));
     b.from_host = detail::mul(real_held, param_copy_bytes ? param_copy_bytes : 4);

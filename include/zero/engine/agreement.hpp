@@ -113,7 +113,7 @@ inline settings options_settings(const engine_options& o) {
 }
 
 // Every hyper-parameter of the optimizer (Opt::hyper_parameters()), as "optim::adamw::lr".
-template <OptimizerState Opt>
+template <Optimizer Opt>
 settings optimizer_settings(const Opt& opt) {
   settings s;
   for_each_hyper_parameter(Opt::hyper_parameters(),

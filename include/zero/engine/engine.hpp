@@ -66,7 +66,7 @@
 
 namespace zero {
 
-template <Partitioner P, CommBackend Comm, OptimizerState Opt, PrecisionPolicy Prec = precision::fp32>
+template <Partitioner P, CommBackend Comm, Optimizer Opt, PrecisionPolicy Prec = precision::fp32>
 class engine {
  public:
   using partitioner = P;
@@ -162,6 +162,7 @@ class engine {
         offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays, sweep_.elements())});
     agreement_.check_settings(opt_);  // every rank's options and optimizer, before the model states are allocated
     param_groups_ = param_group_map::make<Opt>(spec_, layout_, options_.param_groups, rank_);  // agreed on above
+    if constexpr (TensorwiseOptimizer<Opt>) check_tensorwise();  // on every rank alike: the options agree
     if (groups_.count() > 1) connect_replicas();  // the shard groups' split, agreed on above
     placement_.allocate();
     reducer_ = reduce::make_chosen(ctx_);  // its gradient store
@@ -765,6 +766,13 @@ class engine {
     }
   }
   grad_type* full_grads_of(unit_id u) { return reducer().unit_gradient(u); }
+
+  // What a tensor-wise optimizer's step (optimizer_sweep::update_tensorwise) does not cover yet.
+  void check_tensorwise() const {
+    ZERO_CHECK(ctx_.tp_size == 1, invalid_argument, "rank ", rank_, ": optim::", Opt::name,
+               " needs each tensor's norms, which the engine does not combine over a tensor-parallel group yet: "
+               "build the engine over comm::mesh with tp = 1, or over the data-parallel backend");
+  }
 
   // ---- gradient accumulation and norms ----
 

@@ -69,7 +69,8 @@ class formula_report {
     const std::size_t grad_read = ctx_.options.reproducible ? sizeof(float) : sizes().grad_bytes;
     const auto t = formula::offload_bytes_per_step(P::stage, padded(), ranks(), static_cast<std::size_t>(state_arrays),
                                                    on_disk(), Ctx::host_memory, sweep_.held_real_elements(), grad_read,
-                                                   Prec::separate_master ? sizeof(param_type) : 0);
+                                                   Prec::separate_master ? sizeof(param_type) : 0,
+                                                   TensorwiseOptimizer<Opt> ? 3 : 1, TensorwiseOptimizer<Opt> ? 2 : 1);
     return {t.disk_read, t.disk_written, t.to_host, t.from_host};
   }
   // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3;

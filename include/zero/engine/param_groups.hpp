@@ -29,7 +29,7 @@ struct group_run {
 
 // Group g's optimizer (g: an entry of engine_options::param_groups): the engine's with the group's lr
 // scale (one fp32 multiplication, so a schedule's lr scales every group alike) and weight decay.
-template <OptimizerState Opt>
+template <Optimizer Opt>
 Opt group_optimizer(const Opt& base, const param_group& g) {
   Opt o = base;
   if constexpr (requires { o.lr = 1.0f; }) o.lr = fp::mul(o.lr, g.lr_scale);
@@ -63,7 +63,7 @@ inline std::uint64_t tensor_groups_hash(const model_spec& spec) {
 class param_group_map {
  public:
   param_group_map() = default;
-  template <OptimizerState Opt>
+  template <Optimizer Opt>
   static param_group_map make(const model_spec& spec, const layout& lay, const std::vector<param_group>& groups,
                               int rank) {
     check_optimizer<Opt>(groups, rank);
@@ -122,7 +122,7 @@ class param_group_map {
                  ")");
   }
 
-  template <OptimizerState Opt>
+  template <Optimizer Opt>
   static void check_optimizer(const std::vector<param_group>& groups, int rank) {
     for (const param_group& p : groups) {
       if constexpr (!requires(Opt o) { o.weight_decay = 1.0f; })

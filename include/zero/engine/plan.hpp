@@ -12,6 +12,7 @@
 #include "zero/comm/counted.hpp"
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/precision_policy.hpp"
+#include "zero/core/binned.hpp"
 #include "zero/core/checked.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/layout.hpp"
@@ -39,14 +40,19 @@ struct plan_precision {
   }
 };
 
-// What plan() needs of an optimizer: its fp32 slots per parameter.
+// What plan() needs of an optimizer: its fp32 slots per parameter, and a tensor-wise optimizer's sums
+// per tensor (0 for an element-wise one).
 struct plan_optimizer {
   std::string_view name = "adamw";
   int slots = 2;
+  int tensor_sums = 0;
 
-  template <OptimizerState O>
+  template <Optimizer O>
   static constexpr plan_optimizer of() {
-    return {O::name, O::slots};
+    if constexpr (TensorwiseOptimizer<O>)
+      return {O::name, O::slots, O::tensor_sums};
+    else
+      return {O::name, O::slots, 0};
   }
 };
 
@@ -109,6 +115,9 @@ struct plan_report {
   // rank (8 x 4 x N bytes); twice the sums for a rank's pieces of a tensor-parallel mesh (the split and
   // the replicated tensors' apart), whose engine computes the norm at every step
   std::uint64_t norm_bytes = 0;
+  // step()'s buffer of a tensor-wise optimizer's sums (stages 1-3 at N > 1): the larger of its two
+  // all-reduces, binned::words + 1 int64 words per sum of every tensor (optim::lamb: two sums)
+  std::uint64_t tensor_sums_bytes = 0;
   // = memory().peak_bytes(transient) after steps of the loop above: under options.memory_limit_bytes
   // where set (with overlap the engine then completes reduces and drops prefetches to make room).
   std::uint64_t step_transient_peak = 0;
@@ -169,6 +178,7 @@ class loop_replay {
     bool overlapping = false, repro = false, uses_bucket = false;
     std::uint64_t model_states = 0;  // what the account holds besides transients (memory_limit_bytes counts it)
     std::uint64_t norm_bytes = 0;
+    std::uint64_t tensor_sums_bytes = 0;  // a tensor-wise optimizer's larger wire (its words), after the norm's
     const engine_options* options = nullptr;
   };
 
@@ -481,8 +491,8 @@ class loop_replay {
     for (std::size_t i = gather_order_.size(); i-- > 0;) first_position_[gather_order_[i]] = i;
     next_prefetch_ = 0;
     order_holds_ = true;
-    if (s_.norm_bytes > 0) {
-      std::uint64_t b = s_.norm_bytes;
+    for (std::uint64_t b : {s_.norm_bytes, s_.tensor_sums_bytes}) {
+      if (b == 0) continue;
       alloc(b);
       release(b);
     }
@@ -580,6 +590,11 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   ZERO_CHECK(replicas == 1 || spec.tensor_parallel_parts() == 1, invalid_argument,
              "plan: shard_group_size inside a tensor-parallel mesh is not supported yet");
 
+  ZERO_CHECK(optimizer.tensor_sums == 0 || spec.tensor_parallel_parts() == 1, invalid_argument,
+             "plan: optim::", optimizer.name,
+             " needs each tensor's norms, which the engine does not combine over a tensor-parallel group yet");
+  ZERO_CHECK(optimizer.tensor_sums >= 0 && optimizer.tensor_sums <= 4, invalid_argument, "plan: optimizer '",
+             optimizer.name, "' has ", optimizer.tensor_sums, " sums per tensor (0 to 4)");
   ZERO_CHECK(options.offload.tier == offload_tier::none ||
                  (options.offload.slice_elements > 0 && options.offload.slice_elements % 1024 == 0),
              invalid_argument, "plan: offload.slice_elements must be a positive multiple of 1024 (4 KiB of fp32), got ",
@@ -686,6 +701,16 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   } else if (ranks > 1 && replicas == 1) {
     detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, ranks, 1, node_size);
   }
+  // A tensor-wise optimizer's sums (engine/tensor_sums.hpp) where the states are sharded: per sum of
+  // each tensor, one packed summary (an all-reduce with max), then binned::words + 1 words (with sum).
+  if (optimizer.tensor_sums > 0 && shards_states && ranks > 1) {
+    std::uint64_t tensors = 0;
+    for (const unit_spec& u : spec.units()) tensors += u.tensors.size();
+    const std::uint64_t entries = tensors * static_cast<std::uint64_t>(optimizer.tensor_sums) * sizeof(std::int64_t);
+    r.tensor_sums_bytes = entries * (binned::words + 1);
+    detail::plan_count(r.control_comm, comm::collective::all_reduce, entries, ranks, 1, node_size);
+    detail::plan_count(r.control_comm, comm::collective::all_reduce, r.tensor_sums_bytes, ranks, 1, node_size);
+  }
   // Replicas: the fingerprint's own all-reduce over every data-parallel rank, at each step.
   if (replicas > 1) detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, world, 1, world);
   // The totals the report and zero_plan add up, checked once here so that none of them wraps.
@@ -705,6 +730,7 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   setup.uses_bucket = bucket;
   setup.model_states = states;
   setup.norm_bytes = r.norm_bytes;
+  setup.tensor_sums_bytes = r.tensor_sums_bytes;
   setup.options = &options;
   detail::loop_replay replay(setup, std::move(replay_units));
   r.step_transient_peak = replay.run(2);
@@ -786,14 +812,14 @@ inline activation_plan plan_activations(std::uint64_t layers, std::uint64_t elem
 
 // The same for an engine's policy types: plan_for<stage2, optim::adamw, precision::bf16>(spec, N).
 // On a backend that does not overlap (comm::threads): every collective completes in its call.
-template <class P, OptimizerState Opt, PrecisionPolicy Prec>
+template <class P, Optimizer Opt, PrecisionPolicy Prec>
 plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
   return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options);
 }
 // The same for engine<P, Comm, Opt, Prec>: whether it overlaps is the backend type's
 // (comm::counted<Comm>::can_overlap). A backend that decides at run time (comm::any_backend) is
 // refused: pass its overlaps() to plan().
-template <class P, class Comm, OptimizerState Opt, PrecisionPolicy Prec>
+template <class P, class Comm, Optimizer Opt, PrecisionPolicy Prec>
 plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
   static_assert(!comm::overlap_decided_at_run_time<Comm>,
                 "zero::plan_for: this backend decides at run time whether it overlaps (comm::any_backend): call "

@@ -17,6 +17,7 @@
 #include "zero/engine/context.hpp"
 #include "zero/engine/param_groups.hpp"
 #include "zero/engine/parameters.hpp"
+#include "zero/engine/tensor_sums.hpp"
 #include "zero/offload/state_store.hpp"
 
 namespace zero {
@@ -121,20 +122,140 @@ class optimizer_sweep {
   void update(parameter_placement<Ctx>& params, const param_group_map& groups,
               const std::vector<typename Opt::step_constants>& c, float divisor, float coef, const Gradients& gradients,
               Done done) {
+    if constexpr (TensorwiseOptimizer<Opt>) {
+      update_tensorwise(params, groups, c, divisor, coef, gradients, done);
+    } else {
+      store_.begin_step();
+      for_each_held_segment(
+          [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+            // The segment cut where its elements' group changes (one piece where the unit has one group).
+            for (const group_run& run : groups.runs(u)) {
+              const range piece = intersect(run.elements, range{i, i + n});
+              if (piece.empty()) continue;
+              float* at[offload::state_store<system>::max_arrays] = {};
+              for (int a = 0; a < state_arrays; ++a) at[a] = arrays[a] + (piece.begin - i);
+              update_segment(params, u, piece.begin, piece.size(), at, c[run.group], divisor, coef, gradients);
+            }
+          },
+          true, done);
+      store_.end_step();
+    }
+  }
+
+  // A tensor-wise optimizer's step (concepts/optimizer_state.hpp), in three passes over the held
+  // elements, each tensor's piece at a time: the slots advance from the gradient, and the norm terms'
+  // largest magnitudes are noted; the ranks agree on the sums' top bins; the terms' squares go into
+  // binned words, which the ranks add up (engine/tensor_sums.hpp: two all-reduces on the control
+  // link, where the states are sharded over more than one rank); each tensor's factor, then the
+  // weights. The sums are exact, so every stage and N gives the same bits. The host runs it (a
+  // device system's binned sums are not built), in memory or from the offload tier (whose disk file
+  // the three passes read three times and write twice).
+  template <class Gradients, class Done>
+  void update_tensorwise(parameter_placement<Ctx>& params, const param_group_map& groups,
+                         const std::vector<typename Opt::step_constants>& c, float divisor, float coef,
+                         const Gradients& gradients, Done done) {
+    static_assert(Ctx::host_memory,
+                  "a tensor-wise optimizer (optim::lamb) runs on a host system; its device passes are not built");
+    constexpr std::size_t K = static_cast<std::size_t>(Opt::tensor_sums);
+    const std::size_t units = ctx_.layout.num_units();
+    std::vector<std::size_t> first_tensor(units + 1, 0);  // the global index of each unit's first tensor
+    for (std::size_t u = 0; u < units; ++u)
+      first_tensor[u + 1] = first_tensor[u] + ctx_.layout.unit(unit_id{u}).tensors.size();
+    tensor_sums sums(first_tensor[units], static_cast<int>(K));
+    // Calls f(t, piece, group, w, p, slots) for every held piece of a tensor in the segment.
+    const auto pieces = [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays, auto&& f) {
+      const unit_layout& ul = ctx_.layout.unit(u);
+      for (std::size_t t = 0; t < ul.tensors.size(); ++t) {
+        const range piece = intersect(ul.tensors[t], range{i, i + n});
+        if (piece.empty()) continue;
+        std::size_t g = 0;
+        for (const group_run& run : groups.runs(u))
+          if (run.elements.begin <= piece.begin && piece.begin < run.elements.end) g = run.group;
+        const std::size_t off = piece.begin - i;
+        param_type* p = params.element(ul, piece.begin);
+        float* w = Prec::separate_master ? arrays[0] + off : reinterpret_cast<float*>(p);
+        float* st[Opt::slots > 0 ? Opt::slots : 1] = {};
+        for (int k = 0; k < Opt::slots; ++k) st[k] = arrays[slot_array(k)] + off;
+        f(first_tensor[u.index] + t, piece, g, w, Prec::separate_master ? p : nullptr, st);
+      }
+    };
+    // The terms of element j, handed to `see(k, x)`.
+    const auto terms = [&](const typename Opt::step_constants& cg, const float* w, float* const* st, std::size_t j,
+                           auto&& see) {
+      float s[Opt::slots > 0 ? Opt::slots : 1] = {};
+      for (int k = 0; k < Opt::slots; ++k) s[k] = st[k][j];
+      float x[K];
+      Opt::norm_terms(cg, w[j], static_cast<const float*>(s), x);
+      for (std::size_t k = 0; k < K; ++k) see(k, x[k]);
+    };
     store_.begin_step();
+    // 1. The slots, and the terms' largest magnitudes.
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
-          // The segment cut where its elements' group changes (one piece where the unit has one group).
-          for (const group_run& run : groups.runs(u)) {
-            const range piece = intersect(run.elements, range{i, i + n});
-            if (piece.empty()) continue;
-            float* at[offload::state_store<system>::max_arrays] = {};
-            for (int a = 0; a < state_arrays; ++a) at[a] = arrays[a] + (piece.begin - i);
-            update_segment(params, u, piece.begin, piece.size(), at, c[run.group], divisor, coef, gradients);
-          }
+          pieces(u, i, n, arrays,
+                 [&](std::size_t t, range piece, std::size_t g, float* w, param_type*, float* const* st) {
+                   const unit_layout& ul = ctx_.layout.unit(u);
+                   gradients([&]<class T>(T* store, bool sharded) {
+                     T* gp = store + element_index(ul, piece.begin, sharded, ctx_.rank);
+                     pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
+                       float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
+                       for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
+                       if constexpr (update_zeroes_gradients)
+                         elementwise::advance<Opt>(ctx_.sys, c[g], gp + b, divisor, coef, w + b, s, e - b);
+                       else
+                         elementwise::advance<Opt>(ctx_.sys, c[g], static_cast<const T*>(gp + b), divisor, coef, w + b,
+                                                   s, e - b);
+                     });
+                   });
+                   for (std::size_t j = 0; j < piece.size(); ++j)
+                     terms(c[g], w, st, j, [&](std::size_t k, float x) { sums.see(t, k, x); });
+                 });
+        },
+        true, [](unit_id) {});
+    // 2. The top bins, agreed; the words, added up.
+    sums.agree(reduce_over_ranks(sums.packed_summaries(), reduce_op::max, "tensor norms' summary"));
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          pieces(u, i, n, arrays,
+                 [&](std::size_t t, range piece, std::size_t g, float* w, param_type*, float* const* st) {
+                   for (std::size_t j = 0; j < piece.size(); ++j)
+                     terms(c[g], w, st, j, [&](std::size_t k, float x) { sums.add(t, k, x); });
+                 });
+        },
+        false, [](unit_id) {});
+    std::vector<std::int64_t>& words = sums.words_to_reduce();
+    words = reduce_over_ranks(words, reduce_op::sum, "tensor norms");
+    // 3. Each tensor's factor, and the weights.
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          pieces(u, i, n, arrays,
+                 [&](std::size_t t, range piece, std::size_t g, float* w, param_type* p, float* const* st) {
+                   double sq[K];
+                   for (std::size_t k = 0; k < K; ++k) sq[k] = sums.sum(t, k);
+                   const float f = Opt::tensor_factor(c[g], sq);
+                   pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
+                     const float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
+                     for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
+                     elementwise::apply_factor<Opt>(ctx_.sys, c[g], f, w + b, s, p ? p + b : p, e - b);
+                   });
+                 });
         },
         true, done);
     store_.end_step();
+  }
+  // The element-wise sum or max of `mine` over the ranks that share the optimizer states (the control
+  // link), through the system's memory; `mine` itself where the states are not sharded or N = 1.
+  std::vector<std::int64_t> reduce_over_ranks(std::vector<std::int64_t> mine, reduce_op op, const char* what) {
+    if (!P::shards_optimizer_states || ctx_.ranks() == 1 || mine.empty()) return mine;
+    ctx_.make_room(mine.size() * sizeof(std::int64_t));
+    buffer<std::int64_t, system> wire(mine.size(), mem_category::transient, ctx_.acct);
+    ctx_.sys.copy_from_host(wire.data(), mine.data(), mine.size() * sizeof(std::int64_t));
+    {
+      const comm::scoped_label<typename Ctx::comm_backend> l(ctx_.protocol.inner(), what);
+      ctx_.control.all_reduce(wire.data(), wire.data(), mine.size(), op);
+    }
+    ctx_.sys.copy_to_host(mine.data(), wire.data(), mine.size() * sizeof(std::int64_t));
+    return mine;
   }
 
   // The master weights into the parameters after a load: in the system's memory, or slice by slice

@@ -1,0 +1,47 @@
+// One optimizer step over a tensor's elements in host memory, for either kind of optimizer: what the suites' references
+// and rule checks call.
+#pragma once
+
+#include <cstddef>
+
+#include "zero/concepts/optimizer_state.hpp"
+#include "zero/core/elementwise.hpp"
+#include "zero/engine/tensor_sums.hpp"
+#include "zero/sys/host.hpp"
+
+namespace testing {
+
+// n elements that make one whole tensor, the averaged gradient g already divided: an element-wise
+// optimizer's rule on each (elementwise::update), or a tensor-wise optimizer's three parts with the
+// tensor's exact sums (zero::tensor_sums, a world of one), as a 1-rank engine runs them. p: the
+// parameter copy, or nullptr.
+template <class Opt, class G, class P>
+void tensor_step(const typename Opt::step_constants& c, const G* g, float* w, float* const* slots, P* p,
+                 std::size_t n) {
+  const zero::sys::host host;
+  if constexpr (zero::OptimizerState<Opt>) {
+    zero::elementwise::update<Opt>(host, c, g, 1.0f, 1.0f, w, slots, p, n);
+  } else {
+    constexpr std::size_t K = static_cast<std::size_t>(Opt::tensor_sums);
+    zero::elementwise::advance<Opt>(host, c, g, 1.0f, 1.0f, w, slots, n);
+    const auto terms = [&](std::size_t j, auto&& see) {
+      float s[Opt::slots > 0 ? Opt::slots : 1] = {};
+      for (int k = 0; k < Opt::slots; ++k) s[k] = slots[k][j];
+      float x[K];
+      Opt::norm_terms(c, w[j], static_cast<const float*>(s), x);
+      for (std::size_t k = 0; k < K; ++k) see(k, x[k]);
+    };
+    zero::tensor_sums sums(1, static_cast<int>(K));
+    for (std::size_t j = 0; j < n; ++j) terms(j, [&](std::size_t k, float x) { sums.see(0, k, x); });
+    sums.agree(sums.packed_summaries());
+    for (std::size_t j = 0; j < n; ++j) terms(j, [&](std::size_t k, float x) { sums.add(0, k, x); });
+    (void)sums.words_to_reduce();
+    double sq[K];
+    for (std::size_t k = 0; k < K; ++k) sq[k] = sums.sum(0, k);
+    const float* read[Opt::slots > 0 ? Opt::slots : 1] = {};
+    for (int k = 0; k < Opt::slots; ++k) read[k] = slots[k];
+    zero::elementwise::apply_factor<Opt>(host, c, Opt::tensor_factor(c, sq), w, read, p, n);
+  }
+}
+
+}  // namespace testing
