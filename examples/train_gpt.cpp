@@ -1,13 +1,12 @@
 // train_gpt: trains a small character-level GPT on this repository's docs with ZeRO stage 0-3 on N ranks, then evaluates and samples it.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -16,6 +15,7 @@
 
 #include "char_corpus.hpp"
 #include "gpt.hpp"
+#include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
 #include "zero/comm/any_backend.hpp"
@@ -117,8 +117,20 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
                                      .warmup = static_cast<std::uint64_t>(g.warmup),
                                      .total = std::max<std::uint64_t>(t0 + static_cast<std::uint64_t>(o.steps), 1)};
   if (g.warmup > 0) schedule.validate();
+  // --log FILE: the run's settings, then one JSON line per step (run_log.hpp), from world rank 0.
+  std::optional<trainer::run_log> log;
+  if (comm.rank() == 0 && !o.log.empty()) {
+    log.emplace(o.log, trainer::log_mode_of(o), "tokens");
+    log->run("train_gpt", o, e, t0,
+             {{"batch", c.batch},
+              {"warmup", g.warmup},
+              {"lr", opt.lr},
+              {"model", {{"layers", c.layers}, {"embd", c.embd}, {"heads", c.heads}, {"context", c.context}}},
+              {"tp", g.tp}});
+  }
   for (int i = 0; i < o.steps; ++i) {
     if (g.warmup > 0) e.set_learning_rate(schedule.at(e.steps()));
+    const auto step_start = std::chrono::steady_clock::now();
     // tutorial:begin loop
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
     const auto r = gpt::train_step(e, c, tp, data, t, rank, ranks, o.accum);
@@ -135,6 +147,16 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     step_bytes.add(r.report);
     s.last_step = t + 1;
     const auto now = std::chrono::steady_clock::now();
+    if (log) {
+      trainer::step_record rec = trainer::engine_record(e, r.report);
+      rec.step = t + 1;
+      rec.loss = loss;
+      rec.accuracy = s.accuracy_last;
+      rec.elapsed_s = std::chrono::duration<double>(now - start).count();
+      rec.step_ms = std::chrono::duration<double>(now - step_start).count() * 1e3;
+      rec.items_per_s = rec.step_ms > 0 ? tokens_per_step / (rec.step_ms * 1e-3) : 0.0;
+      log->step(rec);
+    }
     if (rank == 0 && (now - last_print > std::chrono::milliseconds(500) || i + 1 == o.steps || i == 0)) {
       const double secs = std::chrono::duration<double>(now - start).count();
       std::fprintf(stderr, "step %5llu/%llu  loss %.4f  acc %.3f  %.0f tokens/s%s\n",
@@ -349,9 +371,7 @@ int main(int argc, char** argv) {
                       "the call and the ranks that did not arrive");
   trainer::add_common_flags(app, o);
   // The MLP's shape flags do not apply; --layers and --batch mean the GPT's blocks and sequences.
-  // This trainer writes no per-step log (its progress goes to stderr): --log would do nothing.
-  for (const char* name : {"--hidden", "--in", "--classes", "--log-overwrite", "--log"})
-    app.remove_option(app.get_option(name));
+  for (const char* name : {"--hidden", "--in", "--classes"}) app.remove_option(app.get_option(name));
   app.get_option("--layers")->description("transformer blocks");
   app.get_option("--batch")->description("global batch in sequences of --context bytes, a multiple of the ranks "
                                          "times --accum");
@@ -410,6 +430,9 @@ int main(int argc, char** argv) {
     return usage_error("--tp " + std::to_string(g.tp) + " must divide --heads " + std::to_string(g.model.heads) +
                        ": each tensor-parallel rank computes whole attention heads");
   if (g.prompt.empty()) return usage_error("--prompt must not be empty");
+  if (o.resume.empty() && g.warmup > o.steps)
+    return usage_error("--warmup " + std::to_string(g.warmup) + " is longer than the run (--steps " +
+                       std::to_string(o.steps) + "): the schedule warms up, then decays to its last step");
   if (g.sample == 0 && (temperature_flag->count() > 0 || prompt_flag->count() > 0))
     return usage_error(std::string(temperature_flag->count() > 0 ? "--temperature" : "--prompt") +
                        " sets the sample; --sample 0 generates none");

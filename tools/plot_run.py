@@ -4,7 +4,7 @@ step's time split), several runs on one figure.
 
 Usage: plot_run.py [-o FIGURE.png] [--title TEXT] LOG.jsonl...
 
-Each log is the JSON lines train_mlp or train_mlp_cuda writes with --log FILE: a "run" line with the
+Each log is the JSON lines train_mlp, train_mlp_cuda or train_gpt writes with --log FILE: a "run" line with the
 settings, then one "step" line per step. The runs are told apart by what differs between them
 (stage, ranks, precision, optimizer, ...), so stages 0-3 of one model appear as "stage 0" .. "stage 3"."""
 import argparse

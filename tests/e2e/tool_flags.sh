@@ -103,7 +103,7 @@ refused -- '--qwz-bits.*not 8 or 4' "$train_mlp" --qwz-bits 6
 refused -- '--log-overwrite' "$train_mlp" --log-overwrite
 refused -- '--qwz.*gathers no parameters' "$train_gpt" --qwz --stage 2
 refused -- '--node-size 3 does not divide' "$train_gpt" --node-size 3 --ranks 4
-refused -- '--log' "$train_gpt" --log "$tmp/gpt.jsonl"
+refused -- '--warmup 50 is longer than the run' "$train_gpt" --warmup 50 --steps 20
 refused -- '--temperature.*--sample 0' "$train_gpt" --sample 0 --temperature 0.5
 refused -- '--prompt.*--sample 0' "$train_gpt" --sample 0 --prompt 'The'
 refused -- '--steps 4.*warms up over its first 5 steps' "$train_loop" --steps 4

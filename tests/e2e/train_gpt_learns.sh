@@ -3,7 +3,8 @@
 # part and on the held-out part fall well below the unigram entropy of the same part, the best a
 # model without context can do (by a quarter: the training part's own bigram entropy, the best a
 # model that sees one byte back can do, is about 0.78 of its unigram entropy); it prints a sample of
-# the requested length.
+# the requested length. Then a short LAMB run with a warm-up and --log: the log holds the run's line
+# and one line per step, and the loss falls by a fifth in 100 steps (about 0.74 of it here).
 # Usage: train_gpt_learns.sh TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
@@ -25,4 +26,17 @@ for part in ["train", "held_out"]:
     assert loss < 0.75 * h, (part, loss, h)
 assert len(j["sample"]) >= 200, j["sample"]
 PY
-echo "1 passed, 0 failed"
+log=$e2e_work/lamb.jsonl
+e2e_run "$train_gpt" --optimizer lamb --warmup 20 --steps 100 --sample 0 --log "$log"
+python3 - "$log" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+run, steps = lines[0], lines[1:]
+assert run["kind"] == "run" and run["trainer"] == "train_gpt" and run["optimizer"] == "lamb", run
+assert run["warmup"] == 20 and run["steps"] == 100, run
+assert [s["step"] for s in steps] == list(range(1, 101)), [s["step"] for s in steps]
+first, last = steps[0]["loss"], sum(s["loss"] for s in steps[-5:]) / 5
+print("lamb, warm-up 20: loss %.4f -> %.4f over 100 steps" % (first, last))
+assert last < 0.8 * first, (first, last)
+PY
+echo "2 passed, 0 failed"

@@ -63,14 +63,23 @@ struct adamw {
   template <class V>
   ZERO_HD static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
     using namespace zero::fp;
-    const V m = add(mul(c.beta1, s[0]), mul(c.one_minus_beta1, g));
-    const V v = add(mul(c.beta2, s[1]), mul(c.one_minus_beta2, mul(g, g)));
-    s[0] = m;
-    s[1] = v;
-    const V m_hat = div(m, c.bias_correction1);
-    const V v_hat = div(v, c.bias_correction2);
-    const V step = add(div(m_hat, add(sqrt(v_hat), c.eps)), mul(c.weight_decay, w));
-    w = sub(w, mul(c.lr, step));
+    advance_moments<V>(c, g, s);
+    w = sub(w, mul(c.lr, direction<V>(c, w, s)));
+  }
+  // The two halves of the update, which optim::lamb shares: the moments from the gradient, and the
+  // step's direction m_hat / (sqrt(v_hat) + eps) + wd * w from the advanced moments.
+  template <class V>
+  ZERO_HD static void advance_moments(const step_constants& c, std::type_identity_t<V> g, V* s) {
+    using namespace zero::fp;
+    s[0] = add(mul(c.beta1, s[0]), mul(c.one_minus_beta1, g));
+    s[1] = add(mul(c.beta2, s[1]), mul(c.one_minus_beta2, mul(g, g)));
+  }
+  template <class V>
+  ZERO_HD static V direction(const step_constants& c, const V& w, const V* s) {
+    using namespace zero::fp;
+    const V m_hat = div(s[0], c.bias_correction1);
+    const V v_hat = div(s[1], c.bias_correction2);
+    return add(div(m_hat, add(sqrt(v_hat), c.eps)), mul(c.weight_decay, w));
   }
 };
 static_assert(OptimizerState<adamw>);

@@ -16,6 +16,7 @@
 #include "zero/core/hyper_parameter.hpp"
 #include "zero/core/value_checks.hpp"
 #include "zero/error.hpp"
+#include "zero/optim/adamw.hpp"
 
 namespace zero::optim {
 
@@ -45,25 +46,15 @@ struct lamb {
                       field("phi_max", &lamb::phi_max)};
   }
 
+  // AdamW's constants (its moments and direction are LAMB's), and the clamp.
   struct step_constants {
-    float lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
-    float bias_correction1, bias_correction2;  // 1 - beta^t, computed in double once per step
+    adamw::step_constants adam;
     float phi_min, phi_max;
   };
 
   step_constants constants(std::uint64_t t) const {
-    const double td = static_cast<double>(t);
-    return {lr,
-            beta1,
-            1.0f - beta1,
-            beta2,
-            1.0f - beta2,
-            eps,
-            weight_decay,
-            static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), td)),
-            static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), td)),
-            phi_min,
-            phi_max};
+    return {adamw{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay}.constants(t),
+            phi_min, phi_max};
   }
 
   // AdamW's ranges, and a clamp whose upper end is positive and not below its lower one.
@@ -79,20 +70,15 @@ struct lamb {
                " is above phi_max ", detail::show(phi_max), " (the trust ratio's clamp of ||w||)");
   }
 
-  // The moments from the gradient (the weight is not needed, nor changed).
+  // The moments from the gradient (the weight is not needed, nor changed), as AdamW's.
   template <class V>
   ZERO_HD static void advance(const step_constants& c, const V&, std::type_identity_t<V> g, V* s) {
-    using namespace zero::fp;
-    s[0] = add(mul(c.beta1, s[0]), mul(c.one_minus_beta1, g));
-    s[1] = add(mul(c.beta2, s[1]), mul(c.one_minus_beta2, mul(g, g)));
+    adamw::advance_moments<V>(c.adam, g, s);
   }
-  // r = m^ / (sqrt(v^) + eps) + wd w: Adam's step with the decay, before the trust ratio.
+  // r = m^ / (sqrt(v^) + eps) + wd w: AdamW's direction, before the trust ratio.
   template <class V>
   ZERO_HD static V direction(const step_constants& c, const V& w, const V* s) {
-    using namespace zero::fp;
-    const V m_hat = div(s[0], c.bias_correction1);
-    const V v_hat = div(s[1], c.bias_correction2);
-    return add(div(m_hat, add(sqrt(v_hat), c.eps)), mul(c.weight_decay, w));
+    return adamw::direction<V>(c.adam, w, s);
   }
   template <class V>
   ZERO_HD static void norm_terms(const step_constants& c, const V& w, const V* s, V* x) {
@@ -113,7 +99,7 @@ struct lamb {
   template <class V>
   ZERO_HD static void apply(const step_constants& c, float f, V& w, const V* s) {
     using namespace zero::fp;
-    w = sub(w, mul(fp::mul(c.lr, f), direction(c, w, s)));
+    w = sub(w, mul(fp::mul(c.adam.lr, f), direction(c, w, s)));
   }
 };
 static_assert(TensorwiseOptimizer<lamb>);
