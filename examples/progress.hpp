@@ -65,6 +65,14 @@ class progress {
     return step == first_ + 1 || step == last_ || clock::now() - mark_ >= interval_;
   }
 
+  // A line of its own between the progress lines (a checkpoint's report, say).
+  void message(const std::string& text) {
+    if (tty_ && drawn_) std::fprintf(out_, "\r\x1b[K");
+    std::fprintf(out_, "%s\n", text.c_str());
+    std::fflush(out_);
+    drawn_ = false;
+  }
+
   // Ends the line drawn in place (the next output starts on a line of its own).
   void finish() {
     if (tty_ && drawn_) std::fputc('\n', out_);

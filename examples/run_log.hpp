@@ -1,7 +1,7 @@
-// The trainers' --log file: JSON lines, the run's settings first (and any resume point), then one line per step.
+// The trainers' --log file: JSON lines, the run's settings first (and any resume point), then one line per step and per
+// checkpoint save.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 
 #include "tool_cli.hpp"
+#include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
 #include "zero/zero.hpp"
 
@@ -148,6 +150,20 @@ class run_log {
     for (const auto& [name, v] : parts)
       if (v >= 0) j[name] = v;
     line(j);
+  }
+
+  // A checkpoint save, once complete (an asynchronous one when the next save or the end completed it).
+  void save(const save_record& r) {
+    if (!f_) return;
+    line({{"kind", "save"},
+          {"step", r.step},
+          {"version", r.version},
+          {"async", r.async},
+          {"stall_s", r.stall_s},
+          {"waited_s", r.waited_s},
+          {"write_s", r.write_s},
+          {"bytes", r.bytes},
+          {"write_bytes_per_s", r.write_bytes_per_s()}});
   }
 
  private:

@@ -119,6 +119,8 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   if (g.warmup > 0) schedule.validate();
   // --log FILE: the run's settings, then one JSON line per step (run_log.hpp), from world rank 0.
   std::optional<trainer::run_log> log;
+  trainer::checkpoints saves;           // --save-every and the last --save, blocking or --save-async
+  trainer::line_printer notes{stderr};  // the saves' reports, from world rank 0
   if (comm.rank() == 0 && !o.log.empty()) {
     log.emplace(o.log, trainer::log_mode_of(o), "tokens");
     log->run("train_gpt", o, e, t0,
@@ -134,8 +136,9 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     // tutorial:begin loop
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
     const auto r = gpt::train_step(e, c, tp, data, t, rank, ranks, o.accum);
-    trainer::after_step(e, comm, o, i);  // --save-every K: a checkpoint every K steps
+    saves.after_step(e, comm, o, i);  // --save-every K: a checkpoint every K steps (--save-async: in the background)
     // tutorial:end
+    trainer::report(saves, comm.rank() == 0 ? &notes : nullptr, log ? &*log : nullptr);
     const double loss = global_sum(dp, r.loss) / ranks;
     const double correct = global_sum(dp, r.correct);
     if (i == 0) s.loss_first = loss;
@@ -216,8 +219,10 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   s.numel = spec.numel();
   s.param_groups = trainer::describe_param_groups(spec, eo.param_groups);
   // tutorial:begin finish
-  trainer::finish(e, comm, o);  // --save DIR: a checkpoint of the end; --export FILE: its weights as safetensors
+  trainer::finish(e, comm, o, saves);  // --save DIR: a checkpoint of the end; --export FILE: its weights as safetensors
   // tutorial:end
+  trainer::report(saves, comm.rank() == 0 ? &notes : nullptr, log ? &*log : nullptr);
+  s.checkpoints = saves.summary();
 }
 
 // tutorial:begin dispatch

@@ -27,6 +27,7 @@ struct options {
   int ranks = 4, stage = 3, steps = 40, eval_every = 10, save_every = 0;
   int schedule_steps = 0;  // the schedule's length: the run as planned, which may stop earlier (0: --steps)
   std::string backend = "threads", save, resume;
+  bool save_async = false;  // --save-async: checkpoints written in the background
   std::uint64_t seed = 1;
 };
 
@@ -124,6 +125,7 @@ void train(Comm& comm, const options& o) {
   const zero::engine_options eo{.clip_norm = 0.5f};
   zero::engine<Stage, Comm, zero::optim::adamw> e(comm, spec, zero::optim::adamw{.lr = peak_lr}, eo);
   // tutorial:end
+  zero::checkpoint::async_saver saver;  // --save-async; declared after the engine, so destroyed first
 
   // tutorial:begin resume
   std::uint64_t t0 = 0;  // the first step of this run: 0, or where the checkpoint left off
@@ -232,11 +234,26 @@ void train(Comm& comm, const options& o) {
     // tutorial:end
     // tutorial:begin save
     if (!o.save.empty() && o.save_every > 0 && done % static_cast<std::uint64_t>(o.save_every) == 0 &&
-        done < static_cast<std::uint64_t>(o.steps))  // the last step's save follows the loop
-      zero::checkpoint::save(e, comm, o.save);  // a collective: every rank writes its slice
+        done < static_cast<std::uint64_t>(o.steps)) {  // the last step's save follows the loop
+      if (!o.save_async) {
+        zero::checkpoint::save(e, comm, o.save);  // a collective: every rank writes its slice
+      } else {
+        // Also a collective; it returns once each rank's state is copied, and its writer thread
+        // writes the slice while training goes on. It first completes the previous save.
+        const auto r = saver.save(e, comm, o.save);
+        if (rank == 0)
+          std::printf("save at step %llu: training held %.1f ms (%.1f of them waiting for the previous write)\n",
+                      static_cast<unsigned long long>(done), 1e3 * (r.waited_seconds + r.snapshot_seconds),
+                      1e3 * r.waited_seconds);
+      }
+    }
     // tutorial:end
   }
-  if (!o.save.empty()) zero::checkpoint::save(e, comm, o.save);
+  if (!o.save.empty() && !o.save_async) zero::checkpoint::save(e, comm, o.save);
+  if (!o.save.empty() && o.save_async) {
+    saver.save(e, comm, o.save);
+    saver.wait(e, comm);  // commits the last version: a run ends with its checkpoint complete
+  }
 
   // tutorial:begin hash
   // The fingerprint of the trained model: the consolidated fp32 parameters, unit by unit (a
@@ -298,6 +315,9 @@ int main(int argc, char** argv) {
                        "evaluate on the held-out split every K steps (0: never)");
   toolcli::add_integer(app, "--save-every", o.save_every, 1, 1000000, "save to --save every K steps (needs --save)")
       ->default_str("")
+      ->needs(save_flag);
+  app.add_flag("--save-async", o.save_async,
+               "write the checkpoints in the background while training goes on (zero::checkpoint::async_saver)")
       ->needs(save_flag);
   app.add_option_function<std::string>(
          "--seed", [&o](const std::string& v) { o.seed = toolcli::uint64_flag("--seed", v); },

@@ -65,6 +65,7 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
   // Rank 0 reports: the progress line on stderr, and the --log file.
   std::optional<trainer::progress> bar;
   std::optional<trainer::run_log> log;
+  trainer::checkpoints saves;  // --save-every and the last --save, blocking or --save-async
   if (rank == 0) {
     bar.emplace(stderr, t0, t0 + static_cast<std::uint64_t>(o.steps), static_cast<double>(o.model.batch));
     if (!o.log.empty()) {
@@ -138,7 +139,8 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
       }
       bar->update(t + 1, loss, r.report.skipped ? "  (skipped: non-finite gradients)" : "");
     }
-    trainer::after_step(e, comm, o, i);
+    saves.after_step(e, comm, o, i);
+    trainer::report(saves, bar ? &*bar : nullptr, log ? &*log : nullptr);
   }
   if (bar) bar->finish();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -172,7 +174,9 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
   trainer::offload_summary(e, out, [&](double v) { return global_max(report, v); });
   out.comm_inter_bytes = global_max(report, static_cast<double>(step_bytes.inter));
   out.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
-  trainer::finish(e, comm, o);
+  trainer::finish(e, comm, o, saves);
+  trainer::report(saves, bar ? &*bar : nullptr, log ? &*log : nullptr);
+  out.checkpoints = saves.summary();
 }
 
 // The backend (threads or MPI behind one type, so that each engine is compiled once for both) under

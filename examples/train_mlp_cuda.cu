@@ -452,6 +452,7 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   std::optional<trainer::progress> bar;
   std::optional<trainer::run_log> log;
   std::vector<trainer::step_record> records;
+  trainer::checkpoints saves;  // --save-every and the last --save, blocking or --save-async
   if (rank == 0) {
     bar.emplace(stderr, t0, t0 + static_cast<std::uint64_t>(o.steps), static_cast<double>(o.model.batch));
     if (!o.log.empty()) {
@@ -496,7 +497,8 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
     if (bar && bar->due(t + 1))
       bar->update(t + 1, m.loss_of(static_cast<std::size_t>(i)),
                   r.skipped ? "  (rank 0's rows; skipped: non-finite gradients)" : "  (rank 0's rows)");
-    trainer::after_step(e, comm, o, i);
+    saves.after_step(e, comm, o, i);
+    trainer::report(saves, bar ? &*bar : nullptr, static_cast<trainer::run_log*>(nullptr));  // saves: logged below
   }
   if (bar) bar->finish();
   device.wait_all();
@@ -545,7 +547,11 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
   trainer::offload_summary(e, out, [&](double v) { return reduce_over_ranks(comm, {v}, zero::reduce_op::max)[0]; });
   out.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
   out.device = device_name(device.device());
-  trainer::finish(e, comm, o);
+  trainer::finish(e, comm, o, saves);
+  trainer::report(saves, bar ? &*bar : nullptr, static_cast<trainer::run_log*>(nullptr));
+  if (log)
+    for (const auto& r : saves.records()) log->save(r);
+  out.checkpoints = saves.summary();
   if (rl.wanted && rank == 0) measure_floor(device, m, e, o.model, rl);
   comm.barrier();
 }

@@ -1,11 +1,15 @@
-// The checkpoint flags of the example trainers (--resume, --save, --save-every, --export), shared by the CPU and GPU trainers.
+// The checkpoint flags of the example trainers (--resume, --save, --save-every, --save-async, --export), shared by the
+// CPU and GPU trainers.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainer_cli.hpp"
@@ -26,10 +30,131 @@ std::uint64_t resume_or_initialize(Engine& e, Comm& comm, const options& o, cons
   return e.state().step + e.state().skipped_steps;
 }
 
-// After step i + 1 of the run: a periodic --save-every checkpoint (the final one is finish()'s).
-template <class Engine, class Comm>
-void after_step(Engine& e, Comm& comm, const options& o, int i) {
-  if (o.save_every > 0 && (i + 1) % o.save_every == 0 && i + 1 < o.steps) zero::checkpoint::save(e, comm, o.save);
+// One checkpoint save of the run, as this rank's step loop saw it.
+struct save_record {
+  std::uint64_t step = 0;     // steps done when it was taken
+  std::uint64_t version = 0;  // its version number in --save
+  bool async = false;
+  double stall_s = 0;       // the step loop held: a blocking save's whole time; an asynchronous one's wait
+                            // for the previous save's writer and its snapshot copy
+  double waited_s = 0;      // asynchronous: of the stall, the wait for the previous save's writer
+  double write_s = 0;       // writing the rank's data file (asynchronous: in the background)
+  std::uint64_t bytes = 0;  // the rank's data file (blocking: the mean over the ranks' files)
+  double write_bytes_per_s() const { return write_s > 0 ? static_cast<double>(bytes) / write_s : 0.0; }
+};
+
+// The run's checkpoints: --save-every's, blocking or (--save-async) asynchronous, and the last one.
+// Each save is recorded once complete (an asynchronous one by the next save or the end); the
+// trainers print them and write them to --log.
+class checkpoints {
+ public:
+  // After step i + 1 of the run: a periodic --save-every checkpoint (the final one is finish()'s).
+  template <class Engine, class Comm>
+  void after_step(Engine& e, Comm& comm, const options& o, int i) {
+    if (o.save_every > 0 && (i + 1) % o.save_every == 0 && i + 1 < o.steps) save(e, comm, o);
+  }
+  // The last save (--save), completed before it returns.
+  template <class Engine, class Comm>
+  void last(Engine& e, Comm& comm, const options& o) {
+    save(e, comm, o);
+    if (!o.save_async) return;
+    saver_.wait(e, comm);
+    complete(true);
+  }
+  // Lines to show since the last call: each save completed, and each wait for a previous writer.
+  std::vector<std::string> take_notes() { return std::exchange(notes_, {}); }
+  // Saves completed since the last call, for the log.
+  std::vector<save_record> take_completed() {
+    std::vector<save_record> out(records_.begin() + static_cast<std::ptrdiff_t>(logged_),
+                                 records_.begin() + static_cast<std::ptrdiff_t>(completed_));
+    logged_ = completed_;
+    return out;
+  }
+  const std::vector<save_record>& records() const { return records_; }
+  // "checkpoints: 4 saves (asynchronous), step loop held 2.1 ms mean (...), 3.0 ms max; rank 0 wrote ..."
+  std::string summary() const {
+    if (completed_ == 0) return {};
+    double stall = 0, stall_max = 0, write = 0, bytes = 0, waited = 0;
+    for (std::size_t k = 0; k < completed_; ++k) {
+      const auto& r = records_[k];
+      stall += r.stall_s, stall_max = std::max(stall_max, r.stall_s), write += r.write_s, waited += r.waited_s;
+      bytes += static_cast<double>(r.bytes);
+    }
+    const double n = static_cast<double>(completed_);
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "checkpoints: %zu save%s (%s), step loop held %.1f ms mean (%.1f of them waiting for the previous "
+                  "write), %.1f ms max; rank 0 wrote %.1f MB each in %.3f s mean, %.0f MB/s",
+                  completed_, completed_ == 1 ? "" : "s", records_.front().async ? "asynchronous" : "blocking",
+                  1e3 * stall / n, 1e3 * waited / n, 1e3 * stall_max, bytes / n / 1e6, write / n,
+                  write > 0 ? bytes / write / 1e6 : 0.0);
+    return line;
+  }
+
+ private:
+  template <class Engine, class Comm>
+  void save(Engine& e, Comm& comm, const options& o) {
+    using clock = std::chrono::steady_clock;
+    save_record r;
+    r.step = e.steps();
+    r.async = o.save_async;
+    if (o.save_async) {
+      const bool previous = saver_.in_flight();
+      const auto started = saver_.save(e, comm, o.save);
+      if (previous) complete(true);
+      r.version = started.version;
+      r.bytes = started.bytes;
+      r.waited_s = started.waited_seconds;
+      r.stall_s = started.waited_seconds + started.snapshot_seconds;
+      if (r.waited_s >= 0.001) {
+        char line[160];
+        std::snprintf(line, sizeof line, "checkpoint of step %llu waited %.3f s for the previous save's writer",
+                      static_cast<unsigned long long>(r.step), r.waited_s);
+        notes_.push_back(line);
+      }
+      records_.push_back(r);
+      return;
+    }
+    const auto t0 = clock::now();
+    const auto saved = zero::checkpoint::save(e, comm, o.save);
+    r.stall_s = r.write_s = std::chrono::duration<double>(clock::now() - t0).count();
+    r.version = saved.version;
+    r.bytes = saved.bytes / static_cast<std::uint64_t>(comm.size());  // the mean data file
+    records_.push_back(r);
+    complete(false);
+  }
+  // The oldest incomplete save is complete; an asynchronous one's write time is the saver's report.
+  void complete(bool async) {
+    save_record& r = records_[completed_++];
+    if (async) r.write_s = saver_.last().write_seconds;
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "checkpoint v%llu of step %llu: %.1f MB, step loop held %.1f ms, written in %.3f s%s",
+                  static_cast<unsigned long long>(r.version), static_cast<unsigned long long>(r.step),
+                  static_cast<double>(r.bytes) / 1e6, 1e3 * r.stall_s, r.write_s, async ? " in the background" : "");
+    notes_.push_back(line);
+  }
+
+  zero::checkpoint::async_saver saver_;
+  std::vector<save_record> records_;
+  std::size_t completed_ = 0, logged_ = 0;
+  std::vector<std::string> notes_;
+};
+
+// Lines on a stream, for a trainer without a progress line.
+struct line_printer {
+  std::FILE* out;
+  void message(const std::string& text) const { std::fprintf(out, "%s\n", text.c_str()); }
+};
+
+// Shows the saves' notes on the progress line's output and writes the completed saves to the log
+// (either may be null: the ranks that report neither just drain them).
+template <class Bar, class Log>
+void report(checkpoints& saves, Bar* bar, Log* log) {
+  for (const auto& line : saves.take_notes())
+    if (bar) bar->message(line);
+  for (const auto& r : saves.take_completed())
+    if (log) log->save(r);
 }
 
 // The end of the run: --save, then --export. The export reads a checkpoint: the one just saved, or
@@ -37,9 +162,9 @@ void after_step(Engine& e, Comm& comm, const options& o, int i) {
 // it), created afresh so that no existing directory is ever used or removed, and removed afterwards
 // without following links. Collective: every rank calls it.
 template <class Engine, class Comm>
-void finish(Engine& e, Comm& comm, const options& o) {
+void finish(Engine& e, Comm& comm, const options& o, checkpoints& saves) {
   namespace ckpt = zero::checkpoint;
-  if (!o.save.empty()) ckpt::save(e, comm, o.save);
+  if (!o.save.empty()) saves.last(e, comm, o);
   if (o.export_file.empty()) return;
   std::string dir = o.save;
   const bool temporary = dir.empty();

@@ -71,6 +71,7 @@ struct options {
   bool reproducible = false;  // engine_options::reproducible (needs --micro-batch)
   std::string save, resume, export_file;
   int save_every = 0;  // 0: save only at the end
+  bool save_async = false;    // --save-async: the saves' writing runs in the background
   double comm_timeout = 300;  // seconds a rank waits in a collective before the run fails
   std::uint64_t memory_limit = 0;  // engine_options::memory_limit_bytes: bytes per rank, 0: no budget
   std::string log;  // --log FILE: JSON lines, one per step (run_log.hpp)
@@ -106,6 +107,7 @@ struct summary {
   double setup_cpu_seconds = 0;  // the same in CPU time of the rank's thread: the work, whatever else runs
   std::uint64_t param_hash = 0, padded = 0, numel = 0;
   double model_state_bytes = 0, model_state_formula = 0, comm_bytes = 0, comm_formula = 0;
+  std::string checkpoints;  // the checkpoints' summary line (trainer::checkpoints::summary), when any were saved
   double by_category[zero::mem_category_count] = {}, transient_peak = 0;
   double grad_norm = 0, loss_scale = 1;
   std::uint64_t overflow_steps = 0, first_step = 0, last_step = 0;
@@ -356,6 +358,10 @@ inline void add_common_flags(CLI::App& app, options& o) {
   toolcli::add_integer(app, "--save-every", o.save_every, 1, 1 << 30, "also save every K steps (needs --save)")
       ->default_str("")
       ->needs(save_flag);
+  app.add_flag("--save-async", o.save_async,
+               "write the checkpoints in the background: training goes on once each rank's state is copied "
+               "(each save completes the previous one; the last is completed at the end)")
+      ->needs(save_flag);
   app.add_option("--resume", o.resume, "continue from the checkpoint in this directory (any world size or stage)")
       ->check(toolcli::checked([](const std::string& t) { return toolcli::input_problem(t, S_IFDIR); }, "DIR"));
   app.add_option("--export", o.export_file, "write the final fp32 weights as a .safetensors file")
@@ -574,6 +580,7 @@ inline void print_summary(const options& o, const summary& s) {
   std::printf(", loss scale %g, %llu overflow step(s) skipped\n", s.loss_scale,
               static_cast<unsigned long long>(s.overflow_steps));
   if (!s.param_groups.empty()) std::printf("  parameter groups: %s\n", s.param_groups.c_str());
+  if (!s.checkpoints.empty()) std::printf("  %s\n", s.checkpoints.c_str());
   if (s.time_step_s >= 0)
     std::printf("  step %.3f ms = compute %.3f + exposed communication %.3f + optimizer %.3f + other %.3f ms%s%s%s\n",
                 1e3 * s.time_step_s, 1e3 * s.time_compute_s, 1e3 * s.time_comm_exposed_s, 1e3 * s.time_optimizer_s,

@@ -38,6 +38,8 @@ HEADERS = {
     "include/zero/engine/memory_check.hpp": ["model_state_plan"],
     "include/zero/partition/stages.hpp": None,
     "include/zero/checkpoint/save.hpp": None,
+    "include/zero/checkpoint/save_async.hpp": None,
+    "include/zero/engine/memory_release.hpp": None,
     "include/zero/checkpoint/load.hpp": None,
     "include/zero/core/reduce_op.hpp": ["reduce_op"],
     "include/zero/comm/backends/threads.hpp": None,

@@ -39,7 +39,7 @@ for kind in "${kinds[@]}"; do
       # holds the ZeRO++ suite), checkpoints and their parsers, the offload tier. Left to the main
       # build, for the CI's time: plan and hyper_parameters, whose engine paths these cover.
       tests=(layout collectives equivalence formulas half_types state_access precision optimizers gpt_model host_loops
-             options tied_weights errors checkpoint checkpoint_corruption checkpoint_kill checkpoint_export offload
+             options tied_weights errors checkpoint checkpoint_corruption checkpoint_kill checkpoint_async checkpoint_export offload
              checkpoint_python_reader safetensors_python_reader)
       targets=(tests/checkpoint_fixture tools/zero_export)
       ;;
@@ -52,7 +52,7 @@ for kind in "${kinds[@]}"; do
       # offload tier's I/O thread. The engine's other suites (options, state_access, precision,
       # tied_weights) run the same collectives and are under ASan above. Not checkpoint_export: it
       # replaces the global operator new to measure memory, which TSan's runtime defines itself.
-      tests=(collectives equivalence errors checkpoint checkpoint_corruption checkpoint_kill offload)
+      tests=(collectives equivalence errors checkpoint checkpoint_corruption checkpoint_kill checkpoint_async offload)
       targets=()
       ;;
     *)

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -171,6 +172,34 @@ TEST_CASE_TEMPLATE("GPU: the device allocator holds exactly the engine's bytes, 
   check(device_toy::run<zero::stage1, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 1);
   check(device_toy::run<zero::stage2, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 2);
   check(device_toy::run<zero::stage3, adamw, Prec>(n, 2, toy_adamw(), toy_options()), 3);
+}
+
+TEST_CASE_TEMPLATE("GPU: release_memory frees the device's model states and restore_memory brings the same bits back",
+                   Stage, zero::stage1, zero::stage3) {
+  const auto straight = device_toy::run<Stage, adamw, zero::precision::bf16>(2, 4, toy_adamw(), toy_options()).params;
+  const auto dir = std::filesystem::temp_directory_path();
+  std::vector<float> got;
+  zero::comm::cuda_threads::launch(2, [&](zero::comm::cuda_threads& comm) {
+    zero::engine<Stage, zero::comm::cuda_threads, adamw, zero::precision::bf16> e(comm, toy::spec(), toy_adamw(),
+                                                                                  toy_options());
+    e.initialize(toy::initializer());
+    for (int t = 0; t < 4; ++t) {
+      if (t == 1 || t == 3) {
+        const std::size_t live = comm.context().memory().live;
+        const std::size_t states = e.memory().model_state_bytes();
+        e.release_memory(
+            {.to = t == 1 ? zero::release_target::host : zero::release_target::disk, .directory = dir.string()});
+        CHECK(e.memory().model_state_bytes() == 0);
+        CHECK(comm.context().memory().live == live - states);  // the device allocator gave them back
+        e.restore_memory();
+        CHECK(comm.context().memory().live == live);
+      }
+      device_toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    }
+    auto p = e.full_params();
+    if (comm.rank() == 0) got = std::move(p);
+  });
+  CHECK(bit_equal(got, straight));
 }
 
 TEST_CASE("GPU: ranks sharing the device are counted, and model states N ranks cannot hold are refused up front") {

@@ -110,6 +110,9 @@ refused -- '--steps 4.*warms up over its first 5 steps' "$train_loop" --steps 4
 refused -- '--schedule-steps 3.*warms up' "$train_loop" --steps 3 --schedule-steps 3
 refused -- '--schedule-steps 10 ends before --steps 20' "$train_loop" --steps 20 --schedule-steps 10
 refused -- 'save-every.*--save' "$train_loop" --save-every 5
+refused -- 'save-async.*--save' "$train_loop" --save-async
+refused -- 'save-async.*--save' "$train_mlp" --save-async
+refused -- 'save-async.*--save' "$train_gpt" --save-async
 refused -- '--verify.*output|output.*--verify' "$zero_export" --verify "$tmp/dir" "$tmp/out.safetensors"
 refused -- '--force.*output|output.*--force' "$zero_export" --force --verify "$tmp/dir"
 refused -- 'OUTPUT is required' "$zero_export" "$tmp/dir"

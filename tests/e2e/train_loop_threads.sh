@@ -46,6 +46,14 @@ first_eval=$(sed -n 's/^step \([0-9]*\) .*/\1/p' "$work/resumed.txt" | sed -n 1p
 line40=$(grep '^step 40 ' "$work/straight.txt") || e2e_fail "no eval line for step 40 in the uninterrupted run"
 e2e_same "$(grep '^step 40 ' "$work/resumed.txt" || true)" "$line40" "step 40's eval line of the resumed run"
 
+# The same with --save-async (the writing in the background): the same resumed end.
+e2e_run "$exe" --ranks 4 --stage 3 --steps 20 --schedule-steps 40 --eval-every 0 --save "$work/ck-async" --save-every 7 \
+  --save-async
+grep -q '^save at step 14: training held' <<<"$e2e_out" || e2e_fail "no report of the asynchronous save at step 14"
+e2e_run "$exe" --ranks 2 --stage 1 "${steps[@]}" --resume "$work/ck-async"
+e2e_sed resumed_async "$final_hash" hex
+e2e_same "$resumed_async" "$want" "the run resumed from asynchronous saves against the uninterrupted one"
+
 # Usage errors: exit 2, nothing trained.
 e2e_run_rc "$exe" --ranks 3
 [ "$e2e_rc" -ne 0 ] || e2e_fail "--ranks 3 (does not divide the batch 16 as a power of two) was accepted"

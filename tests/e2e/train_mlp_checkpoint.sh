@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_mlp checkpoints end to end: save at N=4 stage 3, resume at N=2 stage 1 without a loss jump,
-# resume at N=4 stage 3 equal to an uninterrupted run, periodic saves, and a safetensors export that
+# resume at N=4 stage 3 equal to an uninterrupted run, periodic saves (blocking and asynchronous), and a safetensors export that
 # an independent reader accepts.
 # Usage: train_mlp_checkpoint.sh TRAIN_MLP
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
@@ -52,6 +52,30 @@ close "$after" "$at21" "lion's loss after resharding"
 e2e_run "$train_mlp" "${common[@]}" --ranks 3 --batch 63 --stage 2 --steps 30 --save "$work/periodic" --save-every 10
 train step first_step int --ranks 3 --batch 63 --stage 2 --steps 1 --resume "$work/periodic"
 e2e_same "$step" 30 "the step of the last periodic save"
+
+# --save-async: the same checkpoint files and the same end as blocking saves; each save is logged
+# with its stall and write time; the checkpoint resumes at another N and stage.
+train blocking param_hash hex --ranks 3 --batch 63 --stage 2 --steps 30 --save "$work/blocking" --save-every 10
+train async param_hash hex --ranks 3 --batch 63 --stage 2 --steps 30 --save "$work/async" --save-every 10 \
+  --save-async --log "$work/async.jsonl"
+e2e_same "$async" "$blocking" "param_hash with asynchronous saves against blocking ones"
+for f in "$work"/blocking/v-*/*; do
+  cmp -s "$f" "$work/async/$(basename "$(dirname "$f")")/$(basename "$f")" ||
+    e2e_fail "$(basename "$f") of the asynchronous save differs from the blocking save's"
+done
+python3 - "$work/async.jsonl" <<'PY'
+import json, sys
+saves = [j for j in map(json.loads, open(sys.argv[1])) if j["kind"] == "save"]
+assert [s["step"] for s in saves] == [10, 20, 30], saves
+assert [s["version"] for s in saves] == [1, 2, 3], saves
+for s in saves:
+    assert s["async"] is True and s["bytes"] > 0 and s["write_s"] > 0 and s["write_bytes_per_s"] > 0, s
+    assert 0 <= s["waited_s"] <= s["stall_s"], s
+print("asynchronous saves:", [(s["step"], round(s["stall_s"] * 1e3, 2), round(s["write_s"] * 1e3, 2)) for s in saves],
+      "(step, ms held, ms writing)")
+PY
+train step first_step int --ranks 2 --batch 64 --stage 1 --steps 1 --resume "$work/async"
+e2e_same "$step" 30 "the step of the last asynchronous save, resumed at N=2 stage 1"
 
 # --export: a safetensors file with every tensor, checked by a reader written independently.
 e2e_run "$train_mlp" "${common[@]}" --ranks 2 --stage 3 --steps 5 --precision bf16 --export "$work/model.safetensors"

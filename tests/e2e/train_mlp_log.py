@@ -47,7 +47,10 @@ with tempfile.TemporaryDirectory() as tmp:
     check(head["kind"] == "run" and head["trainer"] == "train_mlp" and head["stage"] == 2 and head["ranks"] == 3
           and head["precision"] == "bf16" and head["first_step"] == 0 and head["steps"] == 12, f"run line: {head}")
     check([s["step"] for s in steps] == list(range(1, 13)), f"steps {[s['step'] for s in steps]}")
-    check([x["kind"] for x in map(json.loads, open(log))] == ["run"] + ["step"] * 12, "a new run's lines")
+    check([x["kind"] for x in map(json.loads, open(log))] == ["run"] + ["step"] * 12 + ["save"], "a new run's lines")
+    saved = [x for x in map(json.loads, open(log)) if x["kind"] == "save"][0]
+    check(saved["step"] == 12 and saved["version"] == 1 and saved["async"] is False and saved["bytes"] > 0
+          and saved["stall_s"] == saved["write_s"] > 0, f"the save line: {saved}")
     # The same numbers as the summary: the log is written from the values the trainer reports.
     check(steps[0]["loss"] == summary["loss_first"] and steps[-1]["loss"] == summary["loss_last"],
           f"losses {steps[0]['loss']}, {steps[-1]['loss']} vs summary {summary['loss_first']}, {summary['loss_last']}")
@@ -113,7 +116,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(after.startswith(before), "the resumed run did not append to the log")
     lines = [json.loads(x) for x in after.splitlines()]
     kinds = [x["kind"] for x in lines]
-    check(kinds == ["run"] + ["step"] * 12 + ["run", "resume"] + ["step"] * 4, f"appended log kinds: {kinds}")
+    check(kinds == ["run"] + ["step"] * 12 + ["save", "run", "resume"] + ["step"] * 4, f"appended log kinds: {kinds}")
     if len(lines) == 19:
         check(lines[13]["first_step"] == 12 and lines[14] == {"kind": "resume", "checkpoint": ckpt, "step": 12},
               f"resume record: {lines[13:15]}")

@@ -267,7 +267,7 @@ TEST_CASE("a system whose allocation fails: transient buffers name rank, categor
   const std::string held_text = "held now: " + std::to_string(held.total()) + " bytes (params " +
                                 std::to_string(held.params) + ", grads " + std::to_string(held.grads) +
                                 ", master 0, optimizer_states " + std::to_string(held.optimizer_states) +
-                                ", transient 0, offload 0)";
+                                ", transient 0, offload 0, snapshot 0)";
   for (int r = 0; r < n; ++r) {
     for (const std::string& w : {gather_error[static_cast<std::size_t>(r)], grads_error[static_cast<std::size_t>(r)]}) {
       CAPTURE(w);
@@ -305,7 +305,7 @@ TEST_CASE("a model-state allocation that fails names its category and what was a
     CHECK(has(w, "rank " + std::to_string(r) + ": out of memory: allocating " + std::to_string(shard) +
                      " bytes of optimizer_states failed (std::bad_alloc); held now: " + std::to_string(2 * shard) +
                      " bytes (params " + std::to_string(shard) + ", grads " + std::to_string(shard) +
-                     ", master 0, optimizer_states 0, transient 0, offload 0)"));
+                     ", master 0, optimizer_states 0, transient 0, offload 0, snapshot 0)"));
   }
 }
 

@@ -1,5 +1,5 @@
-// The checkpoint headers in one include: save, load (any world size and stage), safetensors export.
-// Needs nlohmann/json and xxHash (header-only) besides the core library.
+// The checkpoint headers in one include: save (blocking or asynchronous), load (any world size and stage), safetensors
+// export. Needs nlohmann/json and xxHash (header-only) besides the core library.
 #pragma once
 
 #include "zero/checkpoint/bounded_json.hpp"
@@ -12,5 +12,6 @@
 #include "zero/checkpoint/printable.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/checkpoint/save.hpp"
+#include "zero/checkpoint/save_async.hpp"
 #include "zero/checkpoint/shared_manifest.hpp"
 #include "zero/checkpoint/versions.hpp"

@@ -31,11 +31,12 @@ namespace zero::checkpoint {
 // The points of a save, in order, reported to save_options::on_phase: a progress hook, and the
 // places a test stops a save to check that every intermediate state on disk is safe.
 enum class save_phase {
-  version_created,  // every rank: rank 0 has created the new, empty version directory
-  data_written,     // every rank: its data file is complete, synced and under its final name
-  manifest_staged,  // rank 0: the manifest is written under a temporary name, not yet renamed
-  committed,        // rank 0: the manifest is in place and synced: the new checkpoint is the current one
-  cleaned,          // rank 0: older versions beyond `keep` are removed
+  version_created,      // every rank: rank 0 has created the new, empty version directory
+  data_partly_written,  // every rank: about half of its data file is written (the file is still a temporary)
+  data_written,         // every rank: its data file is complete, synced and under its final name
+  manifest_staged,      // rank 0: the manifest is written under a temporary name, not yet renamed
+  committed,            // rank 0: the manifest is in place and synced: the new checkpoint is the current one
+  cleaned,              // rank 0: older versions beyond `keep` are removed
 };
 
 struct save_options {
@@ -88,6 +89,23 @@ inline std::vector<planned_piece> plan_data_file(const model_spec& spec, const s
   }
   return plan;
 }
+
+// Calls `reached` once, when a file of `total` bytes is half written (at once for an empty file).
+class half_way {
+ public:
+  template <class F>
+  half_way(std::uint64_t total, F&& reached) : total_(total), reached_(std::forward<F>(reached)) {}
+  void wrote(std::uint64_t bytes) {
+    if (done_ || 2 * bytes < total_) return;
+    done_ = true;
+    reached_();
+  }
+
+ private:
+  std::uint64_t total_;
+  std::function<void()> reached_;
+  bool done_ = false;
+};
 
 inline void sync_directory_quietly(const fs::path& dir) noexcept {
   try {
@@ -176,150 +194,149 @@ inline void remove_old_versions(const fs::path& dir, std::uint64_t current, std:
 
 }  // namespace detail
 
-// Saves the engine's master weights, optimizer slots and training state into a new version under
-// `dir`. A collective: every rank of comm (the communicator the engine was built with; for an
-// engine in a tensor-parallel mesh, the mesh's world) calls it. In a mesh the checkpoint holds the
-// whole model, each split tensor as its pieces, each replicated tensor once (written by the ranks of
-// tensor-parallel index 0); it loads into any mesh, stage and world size.
-// Each rank writes the slice canonical_range() names, concurrently; rank 0 then writes the manifest,
-// the commit record, and removes older versions. A process killed at any point leaves the previous
-// checkpoint loadable. Every rank returns the same result or throws (see docs/checkpoint-format.md).
-template <class Engine, CommBackend Comm>
-save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options& options = {}) {
+namespace detail {
+
+// Step 1 of a save, a collective: rank 0 creates the new version directory; its number reaches
+// the others with the verdict, and every rank returns it or throws.
+template <CommBackend Comm>
+std::uint64_t open_version(Comm& comm, const fs::path& dir, const save_options& options) {
+  constexpr std::size_t sd = status_doubles;
+  std::vector<double> head(sd + 2, 0.0);
+  std::uint64_t version = 0;
+  outcome prepared;
+  if (comm.rank() == 0) prepared = attempt([&] { version = create_version(dir, options.new_directory); });
+  encode(prepared, head.data());
+  put_u64(head, sd, version);
+  broadcast(comm, head, 0);
+  settle(prepared, head, head.size(), "save (creating the version directory)");
+  return get_u64(head, sd);
+}
+
+// The ranges a rank writes (canonical_range() of every unit) and its data file's plan.
+struct data_file_plan {
+  std::vector<range> ranges;
+  std::vector<planned_piece> pieces;
+  std::uint64_t bytes = 0;
+};
+template <class Engine>
+data_file_plan plan_own_file(const Engine& e, const mesh_place& mesh, std::size_t nslots) {
+  data_file_plan d;
+  d.ranges.resize(e.spec().num_units());
+  for (std::size_t u = 0; u < d.ranges.size(); ++u) d.ranges[u] = e.canonical_range(unit_id{u});
+  d.pieces = plan_data_file(e.spec(), d.ranges, nslots, d.bytes, mesh.tp_rank == 0);
+  return d;
+}
+
+// The unit-local offset of every planned piece's first element, in the plan's order.
+inline std::vector<std::size_t> piece_starts(const model_spec& spec, const std::vector<planned_piece>& pieces) {
+  std::vector<std::size_t> out;
+  out.reserve(pieces.size());
+  for (const auto& piece : pieces) {
+    std::size_t base = 0;
+    for (std::size_t t = 0; t < piece.tensor; ++t) base += spec.units()[piece.unit].tensors[t].numel;
+    out.push_back(base + piece.begin);
+  }
+  return out;
+}
+
+// What a version's manifest says besides its files and segments, as the engine stands now: taken
+// when the state is read (an asynchronous save's snapshot), written at the commit.
+template <class Engine>
+manifest manifest_head(const Engine& e, const mesh_place& mesh, int world) {
   using Opt = typename Engine::optimizer;
-  constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
+  manifest m;
+  m.library = library_name();
+  m.world_size = world;
+  m.tensor_parallel = mesh.tp_size;
+  m.stage = Engine::partitioner::stage;
+  m.precision = std::string(Engine::precision::name);
+  m.optimizer = std::string(Opt::name);
+  m.hyper_parameters = hyper_parameters(e.optimizer_settings());
+  m.param_groups = e.options().param_groups;
+  m.state = e.state();
+  ZERO_CHECK(std::isfinite(m.state.loss_scale) && m.state.loss_scale > 0.0f, invalid_argument,
+             "checkpoint save: the loss scale ", m.state.loss_scale, " is not a positive finite number");
+  m.slots.push_back(std::string(master_slot));
+  for (auto& s : slot_names<Opt>()) m.slots.push_back(s);
+  // The whole model; in a mesh each split tensor in its pieces, each replicated tensor once.
+  for (const auto& u : mesh.model->units()) {
+    unit_entry ue{u.name, {}};
+    for (const auto& t : u.tensors) {
+      tensor_entry te{t.name, t.shape, t.numel, std::string(stored_dtype), {}};
+      if (mesh.tp_size > 1 && t.tp.split()) te.split_dim = t.tp.split_dim, te.parts = mesh.tp_size;
+      ue.tensors.push_back(std::move(te));
+    }
+    m.units.push_back(std::move(ue));
+  }
+  return m;
+}
+
+// A rank's data file as written: the outcome of writing it, and what the manifest needs of it.
+struct written_file {
+  outcome result;
+  std::uint64_t checksum = 0, bytes = 0;
+};
+
+// Steps 2-3 of a save, a collective, after every rank has written (or failed to write) its data
+// file: the files' records reach rank 0, which writes the manifest last (until it is in place the
+// new version does not exist) and removes older versions. `spec` is this rank's (in a mesh its
+// pieces), `head` what manifest_head() took. A failure throws on every rank and, until the clean-up
+// began, removes the new version: each rank its own data file, rank 0 the whole directory.
+template <CommBackend Comm>
+save_result commit_version(Comm& comm, const model_spec& spec, int tp_size, std::size_t nslots, manifest head,
+                           const fs::path& dir, std::uint64_t version, const std::vector<range>& ranges,
+                           const written_file& mine_written, const save_options& options) {
+  constexpr std::size_t sd = status_doubles;
   const int rank = comm.rank(), world = comm.size();
-  const detail::mesh_place mesh = detail::mesh_place_of(e);
-  detail::check_communicator(e, comm, mesh, "save");
-  ZERO_CHECK(options.keep >= 1, invalid_argument, "checkpoint save: keep must be at least 1");
-  const model_spec& spec = e.spec();
   const std::size_t units = spec.num_units();
+  const fs::path vdir = dir / version_name(version);
+  const fs::path my_file = vdir / data_file_name(rank, world);
   auto phase = [&](save_phase p) {
     if (options.on_phase) options.on_phase(p, rank);
   };
-
-  // 1. Rank 0 creates the version directory; its number reaches the others with the verdict.
-  constexpr std::size_t sd = detail::status_doubles;
-  std::vector<double> head(sd + 2, 0.0);
-  std::uint64_t version = 0;
-  detail::outcome prepared;
-  if (rank == 0) prepared = detail::attempt([&] { version = detail::create_version(dir, options.new_directory); });
-  detail::encode(prepared, head.data());
-  detail::put_u64(head, sd, version);
-  detail::broadcast(comm, head, 0);
-  detail::settle(prepared, head, head.size(), "save (creating the version directory)");
-  version = detail::get_u64(head, sd);
-  const fs::path vdir = dir / version_name(version);
-  const fs::path my_file = vdir / data_file_name(rank, world);
-
-  // A save that fails removes what it wrote: each rank its own data file (on a file system that
-  // is not shared, nobody else can), rank 0 the whole version directory. Called only after an
-  // agreement, when every rank has stopped writing.
-  bool wrote_mine = false;
+  const bool wrote_mine = !mine_written.result.error;
   auto abandon = [&] {
     if (wrote_mine) ::unlink(my_file.c_str());
-    if (rank == 0) detail::remove_version(dir, version_name(version));
+    if (rank == 0) remove_version(dir, version_name(version));
   };
 
-  // 2. Every rank writes its ranges, one unit at a time so the staging buffer stays one unit's slice.
   const std::size_t stride = sd + 4 + 2 * units;  // status, checksum, bytes, ranges
   std::vector<double> mine(stride, 0.0);
-  std::vector<range> ranges(units);
-  const detail::outcome wrote = detail::attempt([&] {
-    phase(save_phase::version_created);
-    for (std::size_t u = 0; u < units; ++u) ranges[u] = e.canonical_range(unit_id{u});
-    std::uint64_t bytes = 0;
-    const auto plan = detail::plan_data_file(spec, ranges, nslots, bytes, mesh.tp_rank == 0);
-    durable_writer w(my_file, existing_file::refuse);
-    // One array of one piece at a time, in chunks: the staging is one chunk whatever the units' sizes
-    // (an offloaded engine streams its states from the tier, never holding a unit's in memory).
-    std::vector<float> buf;
-    std::size_t p = 0;
-    for (std::size_t u = 0; u < units; ++u) {
-      const range r = ranges[u];
-      if (r.empty()) continue;
-      std::size_t tensor_base = 0;  // unit-local offset of the current tensor
-      std::size_t t_seen = 0;
-      for (; p < plan.size() && plan[p].unit == u; ++p) {
-        const auto& piece = plan[p];
-        for (; t_seen < piece.tensor; ++t_seen) tensor_base += spec.units()[u].tensors[t_seen].numel;
-        const std::size_t from = tensor_base + piece.begin, len = piece.end - piece.begin;
-        for (std::size_t k = 0; k < nslots; ++k) {
-          for (std::size_t c = 0; c < len; c += detail::state_chunk_elements) {
-            const std::size_t n = std::min(detail::state_chunk_elements, len - c);
-            buf.resize(n);
-            float* slots[nslots] = {};  // only array k is read
-            slots[k] = buf.data();
-            e.read_state(unit_id{u}, range{from + c, from + c + n}, slots[0], slots + 1);
-            w.write(buf.data(), n * sizeof(float));
-          }
-        }
-      }
-    }
-    ZERO_CHECK(w.bytes() == bytes, invalid_argument, "checkpoint save: rank ", rank, " wrote ", w.bytes(),
-               " bytes, its plan has ", bytes);
-    w.commit();
-    wrote_mine = true;
-    detail::put_u64(mine, sd, w.checksum());
-    detail::put_u64(mine, sd + 2, w.bytes());
-    for (std::size_t u = 0; u < units; ++u) {
-      mine[sd + 4 + 2 * u] = static_cast<double>(ranges[u].begin);
-      mine[sd + 5 + 2 * u] = static_cast<double>(ranges[u].end);
-    }
-    phase(save_phase::data_written);
-  });
-  detail::encode(wrote, mine.data());
-  const std::vector<double> all = detail::all_gather(comm, mine);
+  encode(mine_written.result, mine.data());
+  put_u64(mine, sd, mine_written.checksum);
+  put_u64(mine, sd + 2, mine_written.bytes);
+  for (std::size_t u = 0; u < units; ++u) {
+    mine[sd + 4 + 2 * u] = static_cast<double>(ranges[u].begin);
+    mine[sd + 5 + 2 * u] = static_cast<double>(ranges[u].end);
+  }
+  const std::vector<double> all = all_gather(comm, mine);
   try {
-    detail::settle(wrote, all, stride, "save (writing the data files)");
+    settle(mine_written.result, all, stride, "save (writing the data files)");
   } catch (...) {
     abandon();
     throw;
   }
 
-  // 3. Rank 0 writes the manifest, last: until it is in place the new version does not exist.
   std::uint64_t total_bytes = 0;
   bool cleanup_began = false;  // the older versions may be going: the new one must then stay
-  const detail::outcome committed = rank != 0 ? detail::outcome{} : detail::attempt([&] {
-    manifest m;
-    m.library = detail::library_name();
-    m.world_size = world;
-    m.tensor_parallel = mesh.tp_size;
-    m.stage = Engine::partitioner::stage;
-    m.precision = std::string(Engine::precision::name);
-    m.optimizer = std::string(Opt::name);
-    m.hyper_parameters = hyper_parameters(e.optimizer_settings());
-    m.param_groups = e.options().param_groups;
-    m.state = e.state();
-    ZERO_CHECK(std::isfinite(m.state.loss_scale) && m.state.loss_scale > 0.0f, invalid_argument,
-               "checkpoint save: the loss scale ", m.state.loss_scale, " is not a positive finite number");
-    m.slots.push_back(std::string(master_slot));
-    for (auto& s : slot_names<Opt>()) m.slots.push_back(s);
-    // The whole model; in a mesh each split tensor in its pieces, each replicated tensor once.
-    for (const auto& u : mesh.model->units()) {
-      unit_entry ue{u.name, {}};
-      for (const auto& t : u.tensors) {
-        tensor_entry te{t.name, t.shape, t.numel, std::string(stored_dtype), {}};
-        if (mesh.tp_size > 1 && t.tp.split()) te.split_dim = t.tp.split_dim, te.parts = mesh.tp_size;
-        ue.tensors.push_back(std::move(te));
-      }
-      m.units.push_back(std::move(ue));
-    }
+  const outcome committed = rank != 0 ? outcome{} : attempt([&] {
+    manifest m = std::move(head);
     for (int r = 0; r < world; ++r) {
       const std::size_t at = static_cast<std::size_t>(r) * stride;
       std::vector<range> rr(units);
       for (std::size_t u = 0; u < units; ++u)
-        rr[u] = range{static_cast<std::size_t>(all[at + sd + 4 + 2 * u]), static_cast<std::size_t>(all[at + sd + 5 + 2 * u])};
+        rr[u] = range{static_cast<std::size_t>(all[at + sd + 4 + 2 * u]),
+                      static_cast<std::size_t>(all[at + sd + 5 + 2 * u])};
       std::uint64_t planned = 0;
-      const int tp_index = r % mesh.tp_size;  // comm::mesh's order: tensor-parallel ranks adjacent
-      for (const auto& piece : detail::plan_data_file(spec, rr, nslots, planned, tp_index == 0)) {
+      const int tp_index = r % tp_size;  // comm::mesh's order: tensor-parallel ranks adjacent
+      for (const auto& piece : plan_data_file(spec, rr, nslots, planned, tp_index == 0)) {
         const bool split = m.units[piece.unit].tensors[piece.tensor].parts > 1;
         segment s{
             piece.begin, piece.end, static_cast<std::size_t>(r), {}, split ? static_cast<std::uint32_t>(tp_index) : 0u};
         for (std::size_t k = 0; k < nslots; ++k) s.offsets.push_back(piece.offset + k * (piece.end - piece.begin) * 4);
         m.units[piece.unit].tensors[piece.tensor].segments.push_back(std::move(s));
       }
-      file_entry f{data_file_name(r, world), detail::get_u64(all, at + sd + 2), detail::get_u64(all, at + sd)};
+      file_entry f{data_file_name(r, world), get_u64(all, at + sd + 2), get_u64(all, at + sd)};
       ZERO_CHECK(f.bytes == planned, invalid_argument, "checkpoint save: rank ", r, " reports ", f.bytes,
                  " bytes, its ranges need ", planned);
       // Every file must be visible here: on a file system that is not shared by all ranks it is not.
@@ -328,9 +345,10 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
       const int e = errno;
       ZERO_CHECK(seen && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == f.bytes, io,
                  "checkpoint save: rank 0 sees '", (vdir / f.name).string(), "' ",
-                 !seen ? "missing (" + detail::errno_text(e) + "): is the directory on a file system all ranks share?"
-                 : !S_ISREG(st.st_mode) ? std::string("as ") + detail::type_name(st.st_mode)
-                                        : "with " + std::to_string(st.st_size) + " bytes, not " + std::to_string(f.bytes));
+                 !seen ? "missing (" + errno_text(e) + "): is the directory on a file system all ranks share?"
+                 : !S_ISREG(st.st_mode)
+                     ? std::string("as ") + type_name(st.st_mode)
+                     : "with " + std::to_string(st.st_size) + " bytes, not " + std::to_string(f.bytes));
       total_bytes += f.bytes;
       m.files.push_back(std::move(f));
     }
@@ -348,23 +366,98 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
     w.commit();
     phase(save_phase::committed);
     cleanup_began = true;
-    detail::remove_old_versions(dir, version, options.keep);
+    remove_old_versions(dir, version, options.keep);
     phase(save_phase::cleaned);
   });
   std::vector<double> verdict(sd + 3, 0.0);
-  detail::encode(committed, verdict.data());
-  detail::put_u64(verdict, sd, total_bytes);
+  encode(committed, verdict.data());
+  put_u64(verdict, sd, total_bytes);
   verdict[sd + 2] = cleanup_began ? 1.0 : 0.0;
-  detail::broadcast(comm, verdict, 0);
+  broadcast(comm, verdict, 0);
   try {
-    detail::settle(committed, verdict, verdict.size(), "save (committing the manifest)");
+    settle(committed, verdict, verdict.size(), "save (committing the manifest)");
   } catch (...) {
     // Until the clean-up began, the previous checkpoint is intact: the new version goes, so that
     // a failed save leaves the directory as it found it.
     if (verdict[sd + 2] == 0.0) abandon();
     throw;
   }
-  return save_result{vdir, version, detail::get_u64(verdict, sd)};
+  return save_result{vdir, version, get_u64(verdict, sd)};
+}
+
+}  // namespace detail
+
+// Saves the engine's master weights, optimizer slots and training state into a new version under
+// `dir`. A collective: every rank of comm (the communicator the engine was built with; for an
+// engine in a tensor-parallel mesh, the mesh's world) calls it. In a mesh the checkpoint holds the
+// whole model, each split tensor as its pieces, each replicated tensor once (written by the ranks of
+// tensor-parallel index 0); it loads into any mesh, stage and world size.
+// Each rank writes the slice canonical_range() names, concurrently; rank 0 then writes the manifest,
+// the commit record, and removes older versions. A process killed at any point leaves the previous
+// checkpoint loadable. Every rank returns the same result or throws (see docs/checkpoint-format.md).
+// checkpoint::async_saver (save_async.hpp) does the same with the writing in the background.
+template <class Engine, CommBackend Comm>
+save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options& options = {}) {
+  using Opt = typename Engine::optimizer;
+  constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
+  const int rank = comm.rank(), world = comm.size();
+  const detail::mesh_place mesh = detail::mesh_place_of(e);
+  detail::check_communicator(e, comm, mesh, "save");
+  ZERO_CHECK(options.keep >= 1, invalid_argument, "checkpoint save: keep must be at least 1");
+  const model_spec& spec = e.spec();
+  auto phase = [&](save_phase p) {
+    if (options.on_phase) options.on_phase(p, rank);
+  };
+
+  // 1. Rank 0 creates the version directory.
+  const std::uint64_t version = detail::open_version(comm, dir, options);
+  const fs::path my_file = dir / version_name(version) / data_file_name(rank, world);
+
+  // 2. Every rank writes its ranges: one array of one piece at a time, in chunks, so the staging is
+  // one chunk whatever the units' sizes (an offloaded engine streams its states from the tier, never
+  // holding a unit's in memory).
+  detail::data_file_plan plan;
+  detail::written_file written;
+  written.result = detail::attempt([&] {
+    phase(save_phase::version_created);
+    plan = detail::plan_own_file(e, mesh, nslots);
+    const auto starts = detail::piece_starts(spec, plan.pieces);
+    durable_writer w(my_file, existing_file::refuse);
+    detail::half_way half(plan.bytes, [&] { phase(save_phase::data_partly_written); });
+    std::vector<float> buf;
+    for (std::size_t p = 0; p < plan.pieces.size(); ++p) {
+      const auto& piece = plan.pieces[p];
+      const std::size_t from = starts[p], len = piece.end - piece.begin;
+      for (std::size_t k = 0; k < nslots; ++k) {
+        for (std::size_t c = 0; c < len; c += detail::state_chunk_elements) {
+          const std::size_t n = std::min(detail::state_chunk_elements, len - c);
+          buf.resize(n);
+          float* slots[nslots] = {};  // only array k is read
+          slots[k] = buf.data();
+          e.read_state(unit_id{piece.unit}, range{from + c, from + c + n}, slots[0], slots + 1);
+          w.write(buf.data(), n * sizeof(float));
+          half.wrote(w.bytes());
+        }
+      }
+    }
+    half.wrote(w.bytes());
+    ZERO_CHECK(w.bytes() == plan.bytes, invalid_argument, "checkpoint save: rank ", rank, " wrote ", w.bytes(),
+               " bytes, its plan has ", plan.bytes);
+    w.commit();
+    written.checksum = w.checksum();
+    written.bytes = w.bytes();
+    phase(save_phase::data_written);
+  });
+  if (plan.ranges.empty()) plan.ranges.resize(spec.num_units());
+
+  // 3. Rank 0 writes the manifest, last.
+  manifest head;
+  if (rank == 0 && !written.result.error) {
+    const detail::outcome took = detail::attempt([&] { head = detail::manifest_head(e, mesh, world); });
+    if (took.error) written.result = took;
+  }
+  return detail::commit_version(comm, spec, mesh.tp_size, nslots, std::move(head), dir, version, plan.ranges, written,
+                                options);
 }
 
 // Removes a checkpoint directory this program made (a temporary one, say): its version

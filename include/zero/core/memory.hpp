@@ -14,8 +14,10 @@ namespace zero {
 
 // offload: host memory an offload tier holds where host memory is the system's own (the CPU
 // systems): the host tier's arrays, the disk tier's slice buffers and checksums (offload/state_store.hpp).
-enum class mem_category : int { params, grads, master, optimizer_states, transient, offload };
-inline constexpr int mem_category_count = 6;
+// snapshot: host memory holding a copy of the state for an asynchronous checkpoint save while its
+// writer runs (checkpoint/save_async.hpp), where host memory is the system's own.
+enum class mem_category : int { params, grads, master, optimizer_states, transient, offload, snapshot };
+inline constexpr int mem_category_count = 7;
 
 inline const char* to_string(mem_category c) {
   switch (c) {
@@ -25,6 +27,8 @@ inline const char* to_string(mem_category c) {
     case mem_category::optimizer_states: return "optimizer_states";
     case mem_category::transient: return "transient";
     case mem_category::offload: return "offload";
+    case mem_category::snapshot:
+      return "snapshot";
   }
   return "?";
 }
@@ -156,6 +160,7 @@ class buffer {
   T* data() const { return data_; }
   std::size_t size() const { return n_; }
   bool empty() const { return data_ == nullptr; }
+  mem_category category() const { return cat_; }
 
  private:
   buffer(std::size_t n, mem_category c, memory_accounting& acct, bool zero) : n_(n), cat_(c), acct_(&acct) {

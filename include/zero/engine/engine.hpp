@@ -45,6 +45,7 @@
 #include "zero/engine/init.hpp"
 #include "zero/engine/initializer.hpp"
 #include "zero/engine/memory_check.hpp"
+#include "zero/engine/memory_release.hpp"
 #include "zero/engine/node_links.hpp"
 #include "zero/engine/option_checks.hpp"
 #include "zero/engine/options.hpp"
@@ -177,6 +178,7 @@ class engine {
   // the engine then checks that they agree (check_init_agreement: one hash per tensor, all-gathered;
   // engine_options::verify_init) and throws on every rank, naming the first tensor that differs.
   void initialize(const init_fn& fn, init_source source = init_source::every_rank) {
+    check_held("initialize");
     complete_parameter_gathers();
     initializer_.whole(fn, source);
   }
@@ -193,6 +195,7 @@ class engine {
   // the whole-tensor form does. In stages 1-3 each element is produced by exactly one rank (its
   // owner) and reaches the others, if at all, by the all-gather: nothing can disagree, nothing is checked.
   void initialize(const init_range_fn& fn, init_source source = init_source::every_rank) {
+    check_held("initialize");
     complete_parameter_gathers();
     initializer_.by_range(fn, source);
   }
@@ -306,6 +309,7 @@ class engine {
   // reduced (M times under reduce_each_micro_batch) and released. When the global gradient norm is
   // not finite on any rank, every rank skips the update and the loss scale adjusts identically.
   step_report step() {
+    check_held("step");
     ZERO_CHECK(!evaluating_, protocol, "rank ", rank_, ": step() inside an evaluation() scope; end the scope first");
     for (std::size_t u = 0; u < units_.size(); ++u) {
       ZERO_CHECK(units_[u].reduced(reduces_per_step()), protocol, where(unit_id{u}),
@@ -360,6 +364,7 @@ class engine {
   // steps (not after a gather, grads or reduce of a step that has not reached step()), and scopes do
   // not nest. Neither its start nor its end is a collective; its end releases the units still gathered.
   [[nodiscard]] evaluation_scope evaluation() {
+    check_held("evaluation");
     ZERO_CHECK(!evaluating_, protocol, "rank ", rank_, ": evaluation() inside another evaluation() scope");
     if (step_started_) {
       std::size_t u = 0;  // the first unit the step has touched, to name in the message
@@ -407,11 +412,57 @@ class engine {
   float loss_scale() const { return scaler_.scale(); }
   const engine_options& options() const { return options_; }
 
+  // ---- memory released between phases ------------------------------------------------------
+
+  // Moves this rank's model states out of the system's memory and frees them: the parameters and,
+  // where they are in the system's memory (no offload tier), the master weights and optimizer slots
+  // are copied to host memory or to a file without a name (release_options), and the gradient store,
+  // all zeros between steps, is freed. memory() then holds none of them; what stays is an offload
+  // tier's host memory and, for a host target on a CPU system, the released bytes themselves (both
+  // under mem_category::offload). Every protocol call is refused until restore_memory(), which
+  // allocates them again and copies them back: training then continues bit for bit as if nothing had
+  // happened. Between steps only (not inside a step or an evaluation() scope); not a collective. With
+  // the error-feedback reducer (qgZ), whose carried error is state too, it is refused.
+  void release_memory(const release_options& o = {}) {
+    ZERO_CHECK(!parked_, protocol, "rank ", rank_, ": release_memory() while the memory is released already");
+    ZERO_CHECK(
+        !evaluating_ && !step_started_, protocol, "rank ", rank_, ": release_memory() ",
+        evaluating_ ? "inside an evaluation() scope" : "in the middle of a step (after a gather, grads or reduce)",
+        "; call it between steps");
+    ZERO_CHECK(reduce::chosen_extra_state_bytes<context>(options_, layout_.padded()) == 0, invalid_argument, "rank ",
+               rank_,
+               ": release_memory(): the error-feedback gradient reducer (zeropp qgZ with error feedback) carries each "
+               "rank's quantization error between steps, which release_memory does not move");
+    complete_parameter_gathers();
+    std::uint64_t total = 0;
+    for_each_released_buffer([&](const auto& b) { total += b.size() * sizeof(*b.data()); });
+    memory_accounting* host_acct = offload::state_store<system>::counts_host_memory ? &acct_ : nullptr;
+    auto parked = std::make_unique<detail::parked_buffers<system>>(ctx_.sys, o, rank_, total, host_acct);
+    for_each_released_buffer([&](auto& b) { parked->park(b); });
+    reducer_.reset();  // the gradient store: zeros between steps, made afresh by restore_memory()
+    parked_ = std::move(parked);
+    released_to_ = o.to;
+  }
+  // Brings back what release_memory() moved out (allocating it again, so the system needs the room).
+  // One that fails for memory leaves the engine released and can be called again once there is room;
+  // one that finds the released file changed (an io error) leaves it unusable: load a checkpoint.
+  void restore_memory() {
+    ZERO_CHECK(parked_, protocol, "rank ", rank_, ": restore_memory() without a release_memory() before it");
+    parked_->rewind();
+    for_each_released_buffer([&](auto& b) { parked_->unpark(b, acct_); });
+    reducer_ = reduce::make_chosen(ctx_);
+    parked_.reset();
+  }
+  release_report released() const {
+    return parked_ ? release_report{true, released_to_, parked_->bytes()} : release_report{};
+  }
+
   // ---- results and reports -------------------------------------------------------------------
 
   // The fp32 (master) parameters of the whole model, unpadded, tensors in declaration order. A
   // collective in stages that shard the master weights.
   std::vector<float> full_params() {
+    check_held("full_params");
     complete_parameter_gathers();
     std::vector<float> out(layout_.numel());
     std::size_t at = 0;
@@ -424,6 +475,7 @@ class engine {
   // The same for one unit: host memory for one unit at a time (a streaming hash, an export).
   std::vector<float> full_params(unit_id u) {
     state_check(u);
+    check_held("full_params");
     complete_parameter_gathers();
     std::vector<float> out(layout_.unit(u).numel);
     sweep_.consolidate(placement_, u, out.data());
@@ -482,6 +534,7 @@ class engine {
   // After write_state() on every held range: restores the step counter and training state and
   // refreshes the parameters from the master weights (a collective in stages 1 and 2).
   void finish_load(const training_state& ts) {
+    check_held("finish_load");
     for (std::size_t u = 0; u < units_.size(); ++u)
       ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
                  "finish_load() in the middle of a step");
@@ -506,6 +559,14 @@ class engine {
   }
 
   const memory_report& memory() const { return acct_.report(); }
+  // Host memory for a copy of this rank's state (checkpoint::async_saver's snapshot), zero-filled,
+  // pinned where the system pins host memory. Counted under mem_category::snapshot, and held to
+  // memory_limit_bytes, where host memory is the system's own; it may outlive the engine.
+  snapshot_block snapshot_memory(std::size_t bytes) {
+    memory_accounting* acct = offload::state_store<system>::counts_host_memory ? &acct_ : nullptr;
+    return snapshot_block(offload::host_block<system>(
+        bytes, [&] { return offload::accounted(acct, bytes, mem_category::snapshot, lifetime_); }));
+  }
   // What overlapping communication with computation did so far (engine_options::overlap).
   overlap_report overlap() const {
     overlap_report r = overlap_;
@@ -754,7 +815,19 @@ class engine {
   unit_state& state(unit_id u, const char* call) {
     ZERO_CHECK(u.index < units_.size(), invalid_argument, "rank ", rank_, ": ", call, " of unit index ", u.index,
                ", but the model has ", units_.size(), " units");
+    check_held(call);
     return units_[u.index];
+  }
+  // Refuses a call that needs the model states while they are released.
+  void check_held(const char* call) const {
+    ZERO_CHECK(!parked_, protocol, "rank ", rank_, ": ", call, "() while the engine's memory is released (",
+               released_to_ == release_target::host ? "to host memory" : "to disk", "); call restore_memory() first");
+  }
+  // The buffers release_memory() moves, in one order: the parameters, then the state arrays.
+  template <class F>
+  void for_each_released_buffer(F&& f) {
+    placement_.for_each_buffer(f);
+    sweep_.store().for_each_system_buffer(f);
   }
 
   param_type* full_params_of(unit_id u) {
@@ -802,6 +875,7 @@ class engine {
                " is out of range (the model has ", units_.size(), " units)");
   }
   const unit_layout& checked_state_range(unit_id u, range r, const char* call) const {
+    check_held(call);
     const range held = held_range(u);
     ZERO_CHECK(r.empty() || (r.begin >= held.begin && r.end <= held.end), invalid_argument, where(u), call,
                " of elements [", r.begin, ", ", r.end, ") outside the held range [", held.begin, ", ", held.end, ")");
@@ -860,6 +934,10 @@ class engine {
   // The parts (engine/context.hpp): where the parameters live and how gathers travel, the optimizer
   // sweep over the state arrays, the ranks' agreement, the gradient reducer the options chose.
   context ctx_{sys_, acct_, layout_, spec_, options_, rank_, comm_, other_comm_, control_comm_, eval_comm_, overlap_};
+  std::unique_ptr<detail::parked_buffers<system>> parked_;  // while released (release_memory)
+  release_target released_to_ = release_target::host;
+  // Expires with the engine: memory it handed out (snapshot_memory) then leaves acct_ alone.
+  std::shared_ptr<const int> lifetime_ = std::make_shared<const int>(0);
   parameter_placement<context> placement_{ctx_};
   optimizer_sweep<context, Opt> sweep_{ctx_};
   formula_report<context, Opt> formulas_{ctx_, placement_, sweep_};

@@ -61,6 +61,14 @@ class parameter_placement {
       secondary_ = buffer<param_type, system>(secondary_elements(), mem_category::params, ctx_.acct);
   }
 
+  // Visits every buffer allocate() made, in one order (engine::release_memory parks them).
+  template <class F>
+  void for_each_buffer(F&& f) {
+    f(params_);
+    f(persistent_);
+    f(secondary_);
+  }
+
   // Stage 3: whether unit u keeps its gathered parameters between steps, and Psi_p of the formulas.
   bool persistent(unit_id u) const { return persistent_at_[u.index] != not_persistent; }
   std::uint64_t persistent_elements() const { return persistent_elems_; }

@@ -123,6 +123,11 @@ struct plan_report {
   std::uint64_t step_transient_peak = 0;
   std::uint64_t peak_bytes = 0;            // model states + step_transient_peak: = memory().peak_total
   std::uint64_t consolidation_bytes = 0;   // full_params() in stages 1-3: the largest unit in fp32
+  // An asynchronous checkpoint's snapshot (checkpoint::async_saver), held from its save() until its
+  // writer is joined: the largest rank's data file, the master weights and every slot (fp32) of its
+  // canonical slice of each unit. mem_category::snapshot on a CPU system (in memory_limit_bytes, not
+  // in peak_bytes); pinned host memory beside a device's budget.
+  std::uint64_t checkpoint_snapshot_bytes = 0;
   std::uint64_t init_broadcast_bytes = 0;  // initialize(range fn, broadcast_from_rank0): its one chunk buffer
 
   // Bytes (nccl-tests bus volume) and calls per step, by collective: = comm().last_step.
@@ -710,6 +715,13 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
     r.tensor_sums_bytes = entries * (binned::words + 1);
     detail::plan_count(r.control_comm, comm::collective::all_reduce, entries, ranks, 1, node_size);
     detail::plan_count(r.control_comm, comm::collective::all_reduce, r.tensor_sums_bytes, ranks, 1, node_size);
+  }
+  // An asynchronous checkpoint's snapshot: the largest data file of the (first) shard group's ranks.
+  for (int q = 0; q < ranks; ++q) {
+    std::uint64_t elements = 0;
+    for (std::size_t u = 0; u < spec.num_units(); ++u) elements += l.owned_real(unit_id{u}, q).size();
+    r.checkpoint_snapshot_bytes = std::max<std::uint64_t>(
+        r.checkpoint_snapshot_bytes, elements * (1 + static_cast<std::uint64_t>(optimizer.slots)) * sizeof(float));
   }
   // Replicas: the fingerprint's own all-reduce over every data-parallel rank, at each step.
   if (replicas > 1) detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, world, 1, world);

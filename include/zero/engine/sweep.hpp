@@ -56,6 +56,7 @@ class optimizer_sweep {
                                           ctx_.acct);
   }
   const offload::state_store<system>& store() const { return store_; }
+  offload::state_store<system>& store() { return store_; }
   // n values of state array `array` from element `at` of its index space into host memory.
   void read_array(int array, std::size_t at, std::size_t n, float* out) const {
     store_.read(ctx_.sys, array, at, n, out);

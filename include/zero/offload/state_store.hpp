@@ -16,6 +16,7 @@
 #include "zero/core/memory.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/checksum.hpp"
+#include "zero/offload/host_block.hpp"
 #include "zero/offload/io_worker.hpp"
 #include "zero/offload/options.hpp"
 #include "zero/offload/state_file.hpp"
@@ -63,86 +64,6 @@ namespace offload {
 // Offloaded state is updated on the host, by the host system (sys::host: its vectorized loop gives
 // the device kernels' bits).
 using host_system = sys::host;
-
-// Bytes held in the engine's memory accounting under mem_category::offload while it lives (none
-// without an accounting): the offload tier's host memory, where host memory is the system's own.
-class accounted {
- public:
-  accounted() = default;
-  accounted(memory_accounting* acct, std::size_t bytes) : acct_(acct), bytes_(bytes) {
-    if (!acct_) return;
-    acct_->admit(mem_category::offload, bytes_);
-    acct_->add(mem_category::offload, bytes_);
-  }
-  accounted(accounted&& o) noexcept : acct_(std::exchange(o.acct_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  accounted& operator=(accounted&& o) noexcept {
-    accounted t(std::move(o));
-    std::swap(acct_, t.acct_);
-    std::swap(bytes_, t.bytes_);
-    return *this;
-  }
-  accounted(const accounted&) = delete;
-  accounted& operator=(const accounted&) = delete;
-  ~accounted() {
-    if (acct_) acct_->remove(mem_category::offload, bytes_);
-  }
-
- private:
-  memory_accounting* acct_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-// Host memory aligned for direct I/O, zero-filled, and pinned (page-locked) where the system can
-// pin it (System::allocate_pinned: sys::cuda), so that device copies run at full speed. Counted in
-// `acct` (mem_category::offload) when one is given, before it is allocated.
-template <class System>
-class host_block {
- public:
-  host_block() = default;
-  explicit host_block(std::size_t bytes, memory_accounting* acct = nullptr) : bytes_(bytes) {
-    if (bytes == 0) return;
-    held_ = accounted(acct, bytes);
-    if constexpr (requires { System::allocate_pinned(bytes); }) {
-      p_ = System::allocate_pinned(bytes);
-      pinned_ = true;
-    } else {
-      p_ = ::operator new(bytes, std::align_val_t{io_alignment});
-    }
-    std::memset(p_, 0, bytes);
-  }
-  host_block(host_block&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), pinned_(o.pinned_),
-        held_(std::move(o.held_)) {}
-  host_block& operator=(host_block&& o) noexcept {
-    host_block t(std::move(o));
-    std::swap(p_, t.p_);
-    std::swap(bytes_, t.bytes_);
-    std::swap(pinned_, t.pinned_);
-    std::swap(held_, t.held_);
-    return *this;
-  }
-  host_block(const host_block&) = delete;
-  host_block& operator=(const host_block&) = delete;
-  ~host_block() {
-    if (!p_) return;
-    if constexpr (requires { System::deallocate_pinned(p_); }) {
-      if (pinned_) {
-        System::deallocate_pinned(p_);
-        return;
-      }
-    }
-    ::operator delete(p_, std::align_val_t{io_alignment});
-  }
-  float* floats() const { return static_cast<float*>(p_); }
-  void* data() const { return p_; }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
-  bool pinned_ = false;
-  accounted held_;
-};
 
 // `arrays` fp32 arrays of `elements` each, in one tier:
 //   none: buffer<float, System> in the system's memory, counted in the engine's memory() under each
@@ -334,6 +255,13 @@ class state_store {
   const offload_report& report() const { return report_; }
   // The disk tier's bytes per region (each array's elements rounded up to 4 KiB), 0 elsewhere.
   std::size_t region_bytes() const { return region_bytes_; }
+
+  // Visits the arrays kept in the system's memory (offload_tier::none; empty buffers otherwise), in
+  // one order (engine::release_memory parks them).
+  template <class F>
+  void for_each_system_buffer(F&& f) {
+    for (auto& b : system_) f(b);
+  }
 
  private:
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
