@@ -73,7 +73,7 @@ TEST_CASE("an engine whose states are offloaded to disk snapshots them from its 
 }
 
 TEST_CASE("the snapshot holds the state of its moment while training goes on, and costs one data file of memory") {
-  temp_dir d("async");
+  temp_dir d("async"), more("async-more");
   const state_arrays at3 = train<zero::stage3>(4, 3);
   const state_arrays at6 = train<zero::stage3>(4, 6);
   state_arrays now = sized_arrays<adamw>(toy::spec());  // each rank fills its slices
@@ -93,12 +93,25 @@ TEST_CASE("the snapshot holds the state of its moment while training goes on, an
     CHECK(saver.in_flight());  // written, not yet committed
     CHECK(saver.wait(e, comm).has_value());
     CHECK(!saver.writing());
+    // Kept for the next save (async_saver_options::keep_memory), which reuses it; trim() frees it.
+    CHECK(e.memory().bytes(zero::mem_category::snapshot) == r.bytes);
+    CHECK(saver.kept_bytes() == r.bytes);
+    saver.save(e, comm, more.path);
+    CHECK(e.memory().peak_bytes(zero::mem_category::snapshot) == r.bytes);  // the same memory, not a second copy
+    saver.wait(e, comm);
+    saver.trim();
     CHECK(e.memory().bytes(zero::mem_category::snapshot) == 0);
-    CHECK(e.memory().peak_bytes(zero::mem_category::snapshot) == r.bytes);
+    // Without keep_memory the memory goes with each save's completion.
+    ckpt::async_saver lean({.keep_memory = false});
+    lean.save(e, comm, more.path);
+    lean.wait(e, comm);
+    CHECK(e.memory().bytes(zero::mem_category::snapshot) == 0);
+    CHECK(lean.kept_bytes() == 0);
     read_state(e, now);
   });
   CHECK(bit_equal(now, at6));                                  // the save changed nothing
   CHECK(bit_equal(load_state<zero::stage1>(2, d.path), at3));  // the checkpoint is step 3's
+  CHECK(bit_equal(load_state<zero::stage2>(3, more.path), at6));
 }
 
 TEST_CASE("saving asynchronously every step ends as saving blocking does, and every version loads elsewhere") {
@@ -162,6 +175,7 @@ TEST_CASE("an error of the background writer is thrown on every rank by wait(), 
         ++thrown;
       }
       CHECK(!saver.in_flight());
+      saver.trim();
       CHECK(e.memory().bytes(zero::mem_category::snapshot) == 0);
     });
     CHECK(thrown == 3);

@@ -1,6 +1,10 @@
 // checkpoint::async_saver: a save whose writing runs in the background while training goes on.
 #pragma once
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -51,12 +55,24 @@ struct async_save_report {
 // removed under it) is thrown on every rank by that next save() or wait(), and the new version is
 // removed, as a failed save() removes it.
 // The snapshot is counted in the engine's memory() under mem_category::snapshot, where host memory
-// is the system's own (held to memory_limit_bytes there), from save() until the writer is joined.
+// is the system's own (held to memory_limit_bytes there), from save() until the writer is joined, and
+// by default kept for the next save after that (async_saver_options::keep_memory; trim() frees it).
 // A saver destroyed with a save in flight joins its writer and leaves that version uncommitted (the
 // next save into the directory removes it): call wait() before the end of a run.
+struct async_saver_options {
+  // Keep the snapshot's memory once a save completes, for the next save of the same engine: a fresh
+  // allocation costs the kernel's page faults and zeroing, several times the copy itself. It stays
+  // counted under mem_category::snapshot until trim() or the saver's end.
+  bool keep_memory = true;
+  // The writer thread's nice value (Linux sets it per thread): where every core is busy training, the
+  // steps keep their time and the writer takes what is left. 0 leaves it as the process's.
+  int writer_nice = 10;
+};
+
 class async_saver {
  public:
   async_saver() = default;
+  explicit async_saver(const async_saver_options& o) : o_(o) {}
   async_saver(const async_saver&) = delete;
   async_saver& operator=(const async_saver&) = delete;
   ~async_saver() { join(); }
@@ -89,7 +105,7 @@ class async_saver {
       if (options.on_phase) options.on_phase(save_phase::version_created, rank);
       detail::data_file_plan plan = detail::plan_own_file(e, mesh, nslots);
       job->ranges = std::move(plan.ranges);
-      job->snapshot = e.snapshot_memory(plan.bytes);
+      job->snapshot = e.snapshot_memory(plan.bytes, std::move(kept_));
       auto* base = static_cast<unsigned char*>(job->snapshot.data());
       const auto starts = detail::piece_starts(e.spec(), plan.pieces);
       for (std::size_t p = 0; p < plan.pieces.size(); ++p) {
@@ -116,7 +132,10 @@ class async_saver {
     job->report.snapshot_seconds = std::chrono::duration<double>(t2 - t1).count();
 
     pending_save* j = job.get();
-    j->writer = std::thread([j, rank] { j->write(rank); });
+    j->writer = std::thread([j, rank, nice = o_.writer_nice] {
+      if (nice != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice);
+      j->write(rank);
+    });
     job_ = std::move(job);
     return job_->report;
   }
@@ -137,6 +156,10 @@ class async_saver {
   bool writing() const { return job_ && !job_->finished.load(std::memory_order_acquire); }
   // The last save's report; after its completion, with its write time.
   const async_save_report& last() const { return last_; }
+  // Frees the snapshot memory kept for the next save (async_saver_options::keep_memory).
+  void trim() { kept_ = snapshot_block(); }
+  // The bytes kept for the next save.
+  std::size_t kept_bytes() const { return kept_.bytes(); }
 
  private:
   struct pending_save {
@@ -186,7 +209,9 @@ class async_saver {
   save_result complete(Comm& comm) {
     std::unique_ptr<pending_save> job = std::move(job_);
     job->writer.join();
-    job->snapshot = snapshot_block();  // the state is on disk (or the write failed): the memory goes now
+    // The state is on disk (or the write failed): the memory goes now, or is kept for the next save.
+    if (o_.keep_memory) kept_ = std::move(job->snapshot);
+    job->snapshot = snapshot_block();
     last_ = job->report;
     ZERO_CHECK(comm.size() == job->world, invalid_argument, "checkpoint wait: the communicator has ", comm.size(),
                " ranks, the save in flight was taken over ", job->world);
@@ -201,8 +226,10 @@ class async_saver {
     job_.reset();
   }
 
+  async_saver_options o_;
   std::unique_ptr<pending_save> job_;
   async_save_report last_;
+  snapshot_block kept_;  // the last snapshot's memory, for the next save (keep_memory)
 };
 
 }  // namespace zero::checkpoint

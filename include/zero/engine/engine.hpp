@@ -559,13 +559,19 @@ class engine {
   }
 
   const memory_report& memory() const { return acct_.report(); }
-  // Host memory for a copy of this rank's state (checkpoint::async_saver's snapshot), zero-filled,
-  // pinned where the system pins host memory. Counted under mem_category::snapshot, and held to
-  // memory_limit_bytes, where host memory is the system's own; it may outlive the engine.
-  snapshot_block snapshot_memory(std::size_t bytes) {
+  // Host memory for a copy of this rank's state (checkpoint::async_saver's snapshot), not filled
+  // (the copy writes all of it), pinned where the system pins host memory. Counted under
+  // mem_category::snapshot, and held to memory_limit_bytes, where host memory is the system's own; it
+  // may outlive the engine. `reuse`, a block this engine gave before, is handed back as it is when it
+  // has `bytes` (its pages already mapped: no page faults, no zeroing by the kernel), else freed first.
+  snapshot_block snapshot_memory(std::size_t bytes, snapshot_block reuse = {}) {
+    if (reuse.belongs_to(lifetime_) && reuse.bytes() == bytes) return reuse;
+    reuse = snapshot_block();
     memory_accounting* acct = offload::state_store<system>::counts_host_memory ? &acct_ : nullptr;
-    return snapshot_block(offload::host_block<system>(
-        bytes, [&] { return offload::accounted(acct, bytes, mem_category::snapshot, lifetime_); }));
+    return snapshot_block(
+        offload::host_block<system>(
+            bytes, [&] { return offload::accounted(acct, bytes, mem_category::snapshot, lifetime_); }, false),
+        lifetime_);
   }
   // What overlapping communication with computation did so far (engine_options::overlap).
   overlap_report overlap() const {

@@ -49,7 +49,8 @@ class parked_buffers {
                  memory_accounting* host_acct)
       : sys_(sys), to_(o.to), total_(total) {
     if (o.to == release_target::host) {
-      host_ = offload::host_block<System>(total, host_acct);
+      host_ = offload::host_block<System>(
+          total, [&] { return offload::accounted(host_acct, total); }, false);
       return;
     }
     ZERO_CHECK(!o.directory.empty(), invalid_argument, "rank ", rank,

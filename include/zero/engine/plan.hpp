@@ -124,9 +124,9 @@ struct plan_report {
   std::uint64_t peak_bytes = 0;            // model states + step_transient_peak: = memory().peak_total
   std::uint64_t consolidation_bytes = 0;   // full_params() in stages 1-3: the largest unit in fp32
   // An asynchronous checkpoint's snapshot (checkpoint::async_saver), held from its save() until its
-  // writer is joined: the largest rank's data file, the master weights and every slot (fp32) of its
-  // canonical slice of each unit. mem_category::snapshot on a CPU system (in memory_limit_bytes, not
-  // in peak_bytes); pinned host memory beside a device's budget.
+  // writer is joined (and by default kept for the next save): the largest rank's data file, the master weights and
+  // every slot (fp32) of its canonical slice of each unit. mem_category::snapshot on a CPU system (in
+  // memory_limit_bytes, not in peak_bytes); pinned host memory beside a device's budget.
   std::uint64_t checkpoint_snapshot_bytes = 0;
   std::uint64_t init_broadcast_bytes = 0;  // initialize(range fn, broadcast_from_rank0): its one chunk buffer
 

@@ -57,9 +57,9 @@ class accounted {
   bool watched_ = false;
 };
 
-// Host memory aligned for direct I/O, zero-filled, and pinned (page-locked) where the system can
-// pin it (System::allocate_pinned: sys::cuda), so that device copies run at full speed. Counted in
-// `held` (an accounted built for it) before it is allocated.
+// Host memory aligned for direct I/O, zero-filled (unless the caller writes all of it first), and
+// pinned (page-locked) where the system can pin it (System::allocate_pinned: sys::cuda), so that
+// device copies run at full speed. Counted in the accounted `account()` returns before it is allocated.
 template <class System>
 class host_block {
  public:
@@ -67,7 +67,9 @@ class host_block {
   explicit host_block(std::size_t bytes, memory_accounting* acct = nullptr)
       : host_block(bytes, [&] { return accounted(acct, bytes); }) {}
   template <class Account>
-  requires std::is_invocable_r_v<accounted, Account> host_block(std::size_t bytes, Account&& account) : bytes_(bytes) {
+  requires std::is_invocable_r_v<accounted, Account> host_block(std::size_t bytes, Account&& account,
+                                                                bool zero_filled = true)
+      : bytes_(bytes) {
     if (bytes == 0) return;
     held_ = account();
     if constexpr (requires { System::allocate_pinned(bytes); }) {
@@ -76,7 +78,7 @@ class host_block {
     } else {
       p_ = ::operator new (bytes, std::align_val_t{io_alignment});
     }
-    std::memset(p_, 0, bytes);
+    if (zero_filled) std::memset(p_, 0, bytes);
   }
   host_block(host_block&& o) noexcept
       : p_(std::exchange(o.p_, nullptr)),
@@ -123,16 +125,26 @@ namespace zero {
 class snapshot_block {
  public:
   snapshot_block() = default;
+  // `engine`: the lifetime token of the engine whose accounting counts it (none: not counted).
   template <class System>
-  explicit snapshot_block(offload::host_block<System>&& b)
-      : data_(b.data()), bytes_(b.bytes()), owner_(std::make_shared<offload::host_block<System>>(std::move(b))) {}
+  explicit snapshot_block(offload::host_block<System>&& b, std::weak_ptr<const void> engine = {})
+      : data_(b.data()),
+        bytes_(b.bytes()),
+        owner_(std::make_shared<offload::host_block<System>>(std::move(b))),
+        engine_(std::move(engine)) {}
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  // Whether it was taken from this engine's lifetime token, which is still alive.
+  template <class T>
+  bool belongs_to(const std::shared_ptr<T>& engine) const {
+    return engine && !engine_.owner_before(engine) && !engine.owner_before(engine_);
+  }
 
  private:
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   std::shared_ptr<void> owner_;
+  std::weak_ptr<const void> engine_;
 };
 
 }  // namespace zero
