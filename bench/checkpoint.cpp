@@ -1,6 +1,6 @@
 // Checkpoint saves and memory release against the step loop, in one run over ranks on threads: a step's time
 // alone, a blocking save, an asynchronous save's stall against a memcpy of its snapshot, the steps that run while
-// its writer writes, and release/restore (host and disk) against a memcpy of the same bytes. One JSON line.
+// its writer writes (and the stall of a second save, into the first one's memory), and release/restore (host and disk) against a memcpy of the same bytes. One JSON line.
 //
 // Usage: bench_checkpoint --dir DIR [--ranks N] [--mib M] [--steps S]
 //   DIR: where the checkpoints and the released file go (the disk being measured); M: MiB of checkpoint per rank
@@ -124,6 +124,12 @@ int main(int argc, char** argv) {
     }
     saver.wait(e, comm);
     const double write_s = saver.last().write_seconds;
+    // The second save copies into the first one's memory (async_saver_options::keep_memory).
+    comm.barrier();
+    t0 = clock_type::now();
+    saver.save(e, comm, root / "async");
+    const double stall_again_s = seconds_since(t0);
+    saver.wait(e, comm);
 
     comm.barrier();
     t0 = clock_type::now();
@@ -157,6 +163,7 @@ int main(int argc, char** argv) {
            {"blocking_save_s", blocking_s},
            {"async_stall_s", stall_s},
            {"async_snapshot_s", started.snapshot_seconds},
+           {"async_stall_again_s", stall_again_s},
            {"async_write_s", write_s},
            {"write_bytes_per_s", static_cast<double>(started.bytes) / write_s},
            {"steps_during_write", during.size()},
@@ -172,6 +179,7 @@ int main(int argc, char** argv) {
   const double copy_released_s = concurrent_memcpy(ranks, out["released_bytes"].get<std::size_t>());
   out["memcpy_snapshot_s"] = copy_s;
   out["stall_over_memcpy"] = out["async_stall_s"].get<double>() / copy_s;
+  out["stall_again_over_memcpy"] = out["async_stall_again_s"].get<double>() / copy_s;
   out["memcpy_released_s"] = copy_released_s;
   out["release_host_over_memcpy"] = out["release_host_s"].get<double>() / copy_released_s;
   out["restore_host_over_memcpy"] = out["restore_host_s"].get<double>() / copy_released_s;
