@@ -131,13 +131,15 @@ class async_saver {
     job->report.waited_seconds = std::chrono::duration<double>(t1 - t0).count();
     job->report.snapshot_seconds = std::chrono::duration<double>(t2 - t1).count();
 
+    // Copied before the writer starts: the writer fills in the report's write time.
+    const async_save_report taken = job->report;
     pending_save* j = job.get();
     j->writer = std::thread([j, rank, nice = o_.writer_nice] {
       if (nice != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice);
       j->write(rank);
     });
     job_ = std::move(job);
-    return job_->report;
+    return taken;
   }
 
   // Completes the save in flight, a collective: waits for every rank's writer, then commits the
