@@ -11,7 +11,8 @@
 // blocks of 256) is reported as a fraction of memcpy's bytes/s; the reproducible mode's passes (cut
 // into words, merge, rounding, summary; on an eighth of the elements, their int64 planes being 24
 // bytes each) as their time per element over the fp32 AdamW update's at the same size ("of_update"). Last, a
-// 1-rank engine's reduce() + step() over the same update's loop ("of_loop").
+// 1-rank engine's reduce() + step() over the same update's loop ("of_loop"), and Muon's orthogonalization with the
+// host's products against the same order one element at a time ("over_ordered").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -320,6 +321,50 @@ void engine_step_case(std::size_t n, int reps) {
   std::fflush(stdout);
 }
 
+// A matrix optimizer's orthogonalization (optim::muon's Newton-Schulz, five iterations) with the host's products
+// (sys/host_products.hpp: blocks of rows in registers, on packs) against the same order one element at a time
+// (newton_schulz::ordered_products) in the same run: the speed-up, the multiply-adds per second, and that the
+// bits are the same. Shapes: train_gpt's default matrices (64 x 64, 256 x 64) and, with `large`, GPT-2 small's
+// (768 x 768: seconds at one element at a time, left out of the smoke run).
+void products_cases(int reps, bool levels, bool large) {
+  struct shape {
+    std::size_t rows, cols;
+  };
+  std::vector<hl::isa> isas{hl::active()};
+  if (levels)
+    for (int l = static_cast<int>(hl::isa::sse2); l < static_cast<int>(hl::active()); ++l)
+      isas.push_back(static_cast<hl::isa>(l));
+  for (const shape s : {shape{64, 64}, shape{256, 64}, shape{768, 768}}) {
+    if (s.rows == 768 && !large) continue;
+    std::vector<float> g(s.rows * s.cols), x, y;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
+    optim::newton_schulz::workspace w;
+    const int r = s.rows * s.cols > 100000 ? std::max(1, reps / 3) : reps;
+    const stats ordered = time_reps(r, [&] {
+      x = g;
+      optim::newton_schulz::orthogonalize(x.data(), s.rows, s.cols, w);
+    });
+    for (const hl::isa level : isas) {
+      const hl::isa before = hl::set_cap(level);
+      const auto products = sys::host::products([](std::size_t n, auto&& f) { f(std::size_t{0}, n); });
+      const stats fast = time_reps(r, [&] {
+        y = g;
+        optim::newton_schulz::orthogonalize(y.data(), s.rows, s.cols, w, products);
+      });
+      hl::set_cap(before);
+      const double n = static_cast<double>(std::min(s.rows, s.cols)), m = static_cast<double>(std::max(s.rows, s.cols));
+      const double madds = optim::newton_schulz::steps * (2.0 * n * n * m + n * n * n);
+      std::printf(
+          "{\"case\": \"newton_schulz\", \"rows\": %zu, \"cols\": %zu, \"time_s\": {\"median\": %.6f, \"min\": %.6f, "
+          "\"max\": %.6f}, \"gmadds_per_s\": %.2f, \"over_ordered\": %.2f, \"same_bits\": %s, \"isa\": \"%s\"}\n",
+          s.rows, s.cols, fast.median, fast.min, fast.max, madds / fast.median / 1e9, ordered.median / fast.median,
+          std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0 ? "true" : "false", hl::name(level));
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -352,6 +397,7 @@ int main(int argc, char** argv) {
   quantizer_cases(n, reps, levels);
   binned_cases(n / 8, reps, levels);
   engine_step_case(n / 4, reps);
+  products_cases(reps, levels, mib >= 64);
   if (levels && hl::detected() > hl::isa::avx2) {  // what a CPU without AVX-512 runs
     const hl::isa before = hl::set_cap(hl::isa::avx2);
     engine_step_case(n / 4, reps);

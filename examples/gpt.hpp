@@ -56,8 +56,9 @@ inline zero::model_spec make_spec(const config& c) {
              C = static_cast<std::size_t>(c.embd);
   const auto by_heads = zero::tp_split(1), column_parallel = zero::tp_split(0), row_parallel = zero::tp_split(1);
   zero::model_spec spec;
-  spec.unit("wte").tensor("weight", {V, C}).gathers(2);
-  spec.unit("wpe").tensor("weight", {T, C});
+  const std::string embedding = "embedding";  // both embeddings, wte the output layer too (param_groups below)
+  spec.unit("wte").tensor("weight", {V, C}).group(embedding).gathers(2);
+  spec.unit("wpe").tensor("weight", {T, C}).group(embedding);
   const std::string no_decay = "no_decay";  // biases and layer-norm gains (param_groups below)
   for (int l = 0; l < c.layers; ++l)
     spec.unit("h." + std::to_string(l))
@@ -74,8 +75,14 @@ inline zero::model_spec make_spec(const config& c) {
 }
 
 // The GPT recipe's parameter groups (nanoGPT's and llm.c's): the matrices and both embeddings decay,
-// the biases and the layer norms' gains and biases take no weight decay.
-inline std::vector<zero::param_group> param_groups() { return {{.name = "no_decay", .weight_decay = 0.0f}}; }
+// the biases and the layer norms' gains and biases take no weight decay. With a matrix optimizer
+// (optim::muon) the embeddings, the output layer among them, stay on its element-wise rule, as Muon's
+// recipe keeps them on AdamW.
+inline std::vector<zero::param_group> param_groups(bool matrix_optimizer = false) {
+  std::vector<zero::param_group> groups{{.name = "no_decay", .weight_decay = 0.0f}};
+  if (matrix_optimizer) groups.push_back({.name = "embedding", .element_wise = true});
+  return groups;
+}
 // tutorial:end
 
 // tutorial:begin init

@@ -45,6 +45,9 @@ struct gpt_options {
   // LAMB's (with AdamW's --beta2): its steps are each tensor's ||w|| times lr over the tensor's
   // update norm, about lr x the weights' RMS per element, so its rates are larger than AdamW's.
   float lamb_lr = 1e-2f;
+  // Muon's: the library's 0.02 for the matrices, and AdamW's rate above for every other tensor
+  // (adamw_lr_scale = adamw_lr / muon_lr), with AdamW's --beta2.
+  float muon_lr = 2e-2f;
   // --warmup K: the rate rises linearly over K steps, then decays along a cosine to a tenth of it at
   // the run's last step (zero::warmup_cosine); 0: a constant rate.
   int warmup = 0;
@@ -88,7 +91,8 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   // --clip (the global gradient norm's limit), --accum (reduce() calls per unit per step),
   // --memory-limit (bytes a rank may hold: model states are checked before they are allocated)
   zero::engine_options eo = trainer::engine_options_of(o);
-  eo.param_groups = gpt::param_groups();  // no weight decay for biases and norms (gpt.hpp)
+  // No weight decay for biases and norms; Muon's embeddings on its AdamW (gpt.hpp).
+  eo.param_groups = gpt::param_groups(zero::MatrixOptimizer<Opt>);
   // --tp T > 1: the ranks as an (N / T) x T mesh (comm::mesh). The engine runs ZeRO over this rank's
   // data-parallel group, on its pieces of the model; the blocks sum their partial activations over
   // its tensor-parallel group. T = 1: the engine over all ranks, every rank data-parallel.
@@ -179,6 +183,8 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   s.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   s.comm_bytes = global_max(comm, static_cast<double>(step_bytes.bytes));
   s.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  s.exchange_bytes = global_max(comm, static_cast<double>(step_bytes.exchange));
+  s.exchange_formula = static_cast<double>(e.optimizer_exchange_formula_bytes());
   trainer::offload_summary(e, s, [&](double v) { return global_max(comm, v); });
   s.comm_inter_bytes = global_max(comm, static_cast<double>(step_bytes.inter));
   s.comm_inter_formula = static_cast<double>(e.comm_formula_by_level().inter);
@@ -226,7 +232,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
 }
 
 // tutorial:begin dispatch
-// This trainer's changes to the optimizers trainer_cli makes from the flags: AdamW's and LAMB's
+// This trainer's changes to the optimizers trainer_cli makes from the flags: AdamW's, LAMB's and Muon's
 // --beta2 and, without --lr, their own rates.
 template <class O>
 void tune(O& opt, const gpt_options& g, const options& o) {
@@ -237,6 +243,11 @@ void tune(O& opt, const gpt_options& g, const options& o) {
   if constexpr (std::is_same_v<O, zero::optim::lamb>) {
     opt.beta2 = g.beta2;
     if (o.lr == 0) opt.lr = g.lamb_lr;
+  }
+  if constexpr (std::is_same_v<O, zero::optim::muon>) {
+    opt.beta2 = g.beta2;
+    if (o.lr == 0) opt.lr = g.muon_lr;
+    opt.adamw_lr_scale = g.adamw_lr / g.muon_lr;
   }
 }
 

@@ -168,6 +168,8 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
       global_max(report, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   out.comm_bytes = global_max(report, static_cast<double>(step_bytes.bytes));
   out.comm_formula = static_cast<double>(e.comm_formula_bytes());
+  out.exchange_bytes = global_max(report, static_cast<double>(step_bytes.exchange));
+  out.exchange_formula = static_cast<double>(e.optimizer_exchange_formula_bytes());
   if (o.steps > 0)
     out.control_bytes =
         global_max(report, static_cast<double>(e.comm().control.total_bytes()) / static_cast<double>(o.steps));

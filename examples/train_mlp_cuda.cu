@@ -560,7 +560,8 @@ void train(Comm& comm, const options& o, const Opt& opt, summary& out, roofline&
 void dispatch(zero::comm::any_backend<zero::sys::cuda>& comm, const options& o, summary& out, roofline& rl) {
   trainer::with_printable_errors([&] {
     trainer::dispatch(o, [&]<class S, class O, class P>(const O& opt) {
-      if constexpr (zero::OptimizerState<O>) train<S, O, P>(comm, o, opt, out, rl);  // (--optimizer refuses the others)
+      if constexpr (zero::ElementwiseOptimizer<O>)
+        train<S, O, P>(comm, o, opt, out, rl);  // (--optimizer refuses the others)
     });
   });
 }
@@ -580,13 +581,14 @@ int main(int argc, char** argv) {
       ->check(toolcli::one_of({"cuda_threads", "nccl"}))
       ->capture_default_str();
   trainer::add_common_flags(app, o);
-  // A tensor-wise optimizer (optim::lamb) needs each tensor's norms, which the device system does not compute yet.
+  // A tensor-wise optimizer (optim::lamb) needs each tensor's norms and a matrix optimizer (optim::muon) each matrix
+  // whole, which the device system does not compute yet.
   app.get_option("--optimizer")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             bool tensorwise = false;
             zero::optimizers::for_each(
-                [&]<class O>() { tensorwise = tensorwise || (O::name == v && !zero::OptimizerState<O>); });
+                [&]<class O>() { tensorwise = tensorwise || (O::name == v && !zero::ElementwiseOptimizer<O>); });
             return tensorwise ? "--optimizer " + v + " runs on host systems only (train_mlp, train_gpt)" : "";
           },
           "", "on the device"));

@@ -122,6 +122,8 @@ struct summary {
   std::string offload_file;  // rank 0's, disk tier
   bool offload_direct = false;
   double control_bytes = 0;  // the step's control collectives (the norm, the settings fingerprint), per step
+  // A matrix optimizer's exchange of the last updating step (optim::muon) and its formula; 0: none.
+  double exchange_bytes = 0, exchange_formula = 0;
   double comm_inter_bytes = 0, comm_inter_formula = 0;  // the part of comm_bytes sent between nodes, and its formula
   // engine_options::param_groups and what the model puts in each (describe_param_groups); empty: none.
   std::string param_groups;
@@ -142,8 +144,8 @@ inline std::string describe_param_groups(const zero::model_spec& spec, const std
                     static_cast<double>(*g.weight_decay));
     else
       std::snprintf(values, sizeof values, "lr x %g, the optimizer's weight_decay", static_cast<double>(g.lr_scale));
-    out += (out.empty() ? "" : "; ") + ("'" + g.name + "' (") + values + "): " + std::to_string(tensors) +
-           " tensors, " + std::to_string(elements) + " elements";
+    out += (out.empty() ? "" : "; ") + ("'" + g.name + "' (") + values + (g.element_wise ? ", element-wise rule" : "") +
+           "): " + std::to_string(tensors) + " tensors, " + std::to_string(elements) + " elements";
   }
   return out;
 }
@@ -193,11 +195,13 @@ O trainer_optimizer(const options& o) {
 // overflowed would otherwise report a mismatch that is not one.
 struct step_traffic {
   std::uint64_t bytes = 0, inter = 0;
+  std::uint64_t exchange = 0;  // the optimizer's exchange on the control link (step_report::optimizer_exchange)
   bool applied = false;
   void add(const zero::step_report& r) {
     if (r.skipped && applied) return;
     bytes = r.comm.total_bytes();
     inter = r.comm.inter_node_bytes();
+    exchange = r.optimizer_exchange.total_bytes();
     applied = !r.skipped;
   }
 };
@@ -573,6 +577,9 @@ inline void print_summary(const options& o, const summary& s) {
   std::printf("  communicated per rank per step: %.0f bytes, formula %.0f (%s); %.3f x Psi elements\n", s.comm_bytes,
               s.comm_formula, s.comm_bytes == s.comm_formula ? "equal" : "DIFFERS",
               o.ranks > 1 ? s.comm_bytes / (elem * static_cast<double>(s.padded)) : 0.0);
+  if (s.exchange_formula > 0)
+    std::printf("  the optimizer's matrix exchange per rank per step: %.0f bytes, formula %.0f (%s)\n",
+                s.exchange_bytes, s.exchange_formula, s.exchange_bytes == s.exchange_formula ? "equal" : "DIFFERS");
   if (std::isnan(s.grad_norm))
     std::printf("  gradient norm not computed (fp32 without --clip)");
   else
@@ -629,6 +636,8 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
       {"transient_peak_bytes_per_rank", static_cast<std::uint64_t>(s.transient_peak)},
       {"comm_bytes_per_rank_per_step", static_cast<std::uint64_t>(s.comm_bytes)},
       {"comm_formula_bytes", static_cast<std::uint64_t>(s.comm_formula)},
+      {"optimizer_exchange_bytes_per_step", static_cast<std::uint64_t>(s.exchange_bytes)},
+      {"optimizer_exchange_formula_bytes", static_cast<std::uint64_t>(s.exchange_formula)},
       {"comm_control_bytes_per_rank_per_step", static_cast<std::uint64_t>(s.control_bytes)},
   };
   if (!s.device.empty()) j["device"] = s.device;

@@ -3,22 +3,42 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/engine/tensor_sums.hpp"
 #include "zero/sys/host.hpp"
+#include "zero/sys/host_products.hpp"
 
 namespace testing {
 
 // n elements that make one whole tensor, the averaged gradient g already divided: an element-wise
-// optimizer's rule on each (elementwise::update), or a tensor-wise optimizer's three parts with the
-// tensor's exact sums (zero::tensor_sums, a world of one), as a 1-rank engine runs them. p: the
-// parameter copy, or nullptr.
+// optimizer's rule on each (elementwise::update), a tensor-wise optimizer's three parts with the
+// tensor's exact sums (zero::tensor_sums, a world of one), or, for a matrix optimizer and a tensor of
+// shape (..., rows, cols), its three parts on each rows x cols matrix, as a 1-rank engine runs them
+// (a shape of one dimension, or none, takes its element-wise rule). p: the parameter copy, or nullptr.
 template <class Opt, class G, class P>
-void tensor_step(const typename Opt::step_constants& c, const G* g, float* w, float* const* slots, P* p,
-                 std::size_t n) {
+void tensor_step(const typename Opt::step_constants& c, const G* g, float* w, float* const* slots, P* p, std::size_t n,
+                 const std::vector<std::size_t>* shape = nullptr) {
   const zero::sys::host host;
+  if constexpr (zero::MatrixOptimizer<Opt>) {
+    if (shape && shape->size() >= 2) {
+      const std::size_t rows = (*shape)[shape->size() - 2], cols = shape->back();
+      constexpr int ms = Opt::matrix_slot;
+      zero::elementwise::advance<Opt>(host, c, g, 1.0f, 1.0f, w, slots, n);
+      std::vector<float> o(slots[ms], slots[ms] + n);
+      typename Opt::workspace ws;
+      for (std::size_t at = 0; at < n; at += rows * cols)
+        Opt::orthogonalize(o.data() + at, rows, cols, ws,
+                           zero::sys::host_products{[](std::size_t k, auto&& f) { f(std::size_t{0}, k); }});
+      const float* read[Opt::slots] = {};
+      for (int k = 0; k < Opt::slots; ++k) read[k] = slots[k];
+      read[ms] = o.data();
+      zero::elementwise::apply_factor<Opt>(host, c, Opt::matrix_factor(c, rows, cols), w, read, p, n);
+      return;
+    }
+  }
   if constexpr (zero::OptimizerState<Opt>) {
     zero::elementwise::update<Opt>(host, c, g, 1.0f, 1.0f, w, slots, p, n);
   } else {

@@ -194,13 +194,14 @@ reference_state reference_with_state(int n, int steps, Opt opt, reduction_order 
       }
       averaged[i] = acc / static_cast<float>(n);
     }
-    // Each tensor whole (a tensor-wise optimizer's norms are the tensor's).
+    // Each tensor whole (a tensor-wise optimizer's norms are the tensor's, a matrix optimizer's matrices its own).
     std::size_t at = 0;
     for (const zero::unit_spec& u : s.units())
       for (const zero::tensor_spec& t : u.tensors) {
         float* slots[Opt::slots > 0 ? Opt::slots : 1] = {};
         for (int k = 0; k < Opt::slots; ++k) slots[k] = out.slots.data() + static_cast<std::size_t>(k) * w.size() + at;
-        testing::tensor_step<Opt>(c, averaged.data() + at, w.data() + at, slots, static_cast<float*>(nullptr), t.numel);
+        testing::tensor_step<Opt>(c, averaged.data() + at, w.data() + at, slots, static_cast<float*>(nullptr), t.numel,
+                                  &t.shape);
         at += t.numel;
       }
   }

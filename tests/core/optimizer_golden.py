@@ -17,6 +17,14 @@ produces (a meson test runs it so). Standard library only.
       m, v, m^, v^ as AdamW;  r = m^ / (sqrt(v^) + eps) + wd w, per tensor:
       w = w - lr phi(||w||) / ||r|| r,  phi(z) = min(max(z, phi_min), phi_max), the ratio 1 where phi or ||r|| is 0
       The elements are cut into tensors (TENSORS), each with its own norms.
+  Muon (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks", the reference implementation),
+  per 2-D tensor of shape (rows, cols):
+      m = mu m + (1 - mu) g;  u = (1 - mu) g + mu m if nesterov else m;  O = NS5(u)
+      w = (1 - lr wd) w - lr sqrt(max(1, rows / cols)) O
+      NS5: X = u / (||u||_F + 1e-7), transposed where rows > cols; five times A = X X^T, B = b A + c A A,
+      X = a X + B X, (a, b, c) = (3.4445, -4.7750, 2.0315); transposed back.
+      Every other tensor: AdamW with lr x adamw_lr_scale and the same weight decay. The elements are cut
+      into tensors of the case's SHAPES.
 """
 import math
 import pathlib
@@ -127,7 +135,57 @@ def lamb(hp, w, grads):
     return out
 
 
-RULES = {"adamw": adamw, "sgd": sgd, "lion": lion, "lamb": lamb}
+def newton_schulz5(u, rows, cols):
+    tall = rows > cols
+    n, m = (cols, rows) if tall else (rows, cols)
+    x = [[u[j * cols + i] if tall else u[i * cols + j] for j in range(m)] for i in range(n)]
+    norm = math.sqrt(sum(v * v for row in x for v in row)) + 1e-7
+    x = [[v / norm for v in row] for row in x]
+    a, b, c = 3.4445, -4.7750, 2.0315
+    for _ in range(5):
+        A = [[sum(x[i][k] * x[j][k] for k in range(m)) for j in range(n)] for i in range(n)]
+        B = [[b * A[i][j] + c * sum(A[i][k] * A[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+        x = [[a * x[i][j] + sum(B[i][k] * x[k][j] for k in range(n)) for j in range(m)] for i in range(n)]
+    return [x[j][i] if tall else x[i][j] for i in range(rows) for j in range(cols)]
+
+
+# Muon's cases: a matrix (wide in one case, tall in the other) and a 1-D tensor, which takes AdamW.
+SHAPES = {"muon, Nesterov, wide": [(2, 3), (2,)], "muon, plain momentum, tall": [(3, 2), (2,)]}
+
+
+def muon(hp, w, grads, shapes):
+    lr, mu, wd, nesterov = hp["lr"], hp["momentum"], hp["weight_decay"], hp["nesterov"]
+    adam = dict(lr=lr * hp["adamw_lr_scale"], beta1=hp["beta1"], beta2=hp["beta2"], eps=hp["eps"], weight_decay=wd)
+    m = [0.0] * len(w)
+    v = [0.0] * len(w)
+    out = []
+    for t, g in enumerate(grads, start=1):
+        begin = 0
+        for shape in shapes:
+            size = math.prod(shape)
+            part = range(begin, begin + size)
+            if len(shape) == 2:
+                for i in part:
+                    m[i] = mu * m[i] + (1 - mu) * g[i]
+                u = [(1 - mu) * g[i] + mu * m[i] if nesterov else m[i] for i in part]
+                o = newton_schulz5(u, shape[0], shape[1])
+                scale = math.sqrt(max(1.0, shape[0] / shape[1]))
+                for k, i in enumerate(part):
+                    w[i] = (1 - lr * wd) * w[i] - lr * scale * o[k]
+            else:
+                b1, b2 = adam["beta1"], adam["beta2"]
+                for i in part:
+                    m[i] = b1 * m[i] + (1 - b1) * g[i]
+                    v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i]
+                    m_hat = m[i] / (1 - b1 ** t)
+                    v_hat = v[i] / (1 - b2 ** t)
+                    w[i] = w[i] - adam["lr"] * (m_hat / (math.sqrt(v_hat) + adam["eps"]) + wd * w[i])
+            begin += size
+        out.append(list(w))
+    return out
+
+
+RULES = {"adamw": adamw, "sgd": sgd, "lion": lion, "lamb": lamb, "muon": muon}
 
 # (optimizer, label, hyper-parameters): every setting of the optimizer, by the names its
 # hyper_parameters() lists. Large rates and decays, so that a formula that drifts (coupled instead of
@@ -145,6 +203,12 @@ CASES = [
      dict(lr=0.05, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.1, phi_min=0.0, phi_max=10.0)),
     ("lamb", "small betas, ||w|| clamped from below and above",
      dict(lr=0.02, beta1=0.5, beta2=0.75, eps=0.1, weight_decay=0.0, phi_min=1.5, phi_max=2.0)),
+    ("muon", "muon, Nesterov, wide",
+     dict(lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=True, adamw_lr_scale=0.5, beta1=0.9, beta2=0.95,
+          eps=1e-8)),
+    ("muon", "muon, plain momentum, tall",
+     dict(lr=0.1, momentum=0.5, weight_decay=0.0, nesterov=False, adamw_lr_scale=0.2, beta1=0.5, beta2=0.75,
+          eps=0.1)),
 ]
 
 
@@ -190,6 +254,7 @@ def generate():
         "  std::vector<std::vector<float>> grads;     // [step][element], the averaged gradient",
         "  std::vector<std::vector<double>> weights;  // [step][element], after that step",
         "  std::vector<int> tensors;                  // a tensor-wise optimizer's tensors (sizes, in order)",
+        "  std::vector<std::vector<int>> shapes;      // a matrix optimizer's tensors (shapes, in order)",
         "};",
         "",
         "inline const std::vector<optimizer_case>& cases() {",
@@ -199,13 +264,18 @@ def generate():
         # The C++ side holds each float setting as a float: compute with exactly that value.
         used = {k: (v if isinstance(v, bool) else f32(v)) for k, v in hp.items()}
         w0, grads = inputs(1000 + n)
-        weights = RULES[opt](used, list(w0), grads)
+        if opt == "muon":
+            weights = muon(used, list(w0), grads, SHAPES[label])
+        else:
+            weights = RULES[opt](used, list(w0), grads)
         settings = ", ".join(f'{{"{k}", {cpp_double(float(v))}}}' for k, v in used.items())
         lines.append(f'      {{"{opt}", "{label}", {{{settings}}},')
         lines.append("       {" + ", ".join(cpp_float(x) for x in w0) + "},")
         lines.append("       {" + ", ".join("{" + ", ".join(cpp_float(x) for x in g) + "}" for g in grads) + "},")
         lines.append("       {" + ", ".join("{" + ", ".join(cpp_double(x) for x in s) + "}" for s in weights) + "},")
-        lines.append("       {" + (", ".join(str(x) for x in TENSORS) if opt == "lamb" else "") + "}},")
+        lines.append("       {" + (", ".join(str(x) for x in TENSORS) if opt == "lamb" else "") + "},")
+        shapes = SHAPES.get(label, []) if opt == "muon" else []
+        lines.append("       {" + ", ".join("{" + ", ".join(str(d) for d in sh) + "}" for sh in shapes) + "}},")
     lines += ["  };", "  return all;", "}", "", "}  // namespace golden", ""]
     return "\n".join(lines)
 

@@ -42,8 +42,9 @@ Opt configured(const golden::optimizer_case& gc) {
   return o;
 }
 
-// A tensor-wise optimizer's case through a 1-rank engine (stage 0, fp32) over a model whose one unit
-// holds the case's tensors (or, with `one_tensor`, all of its elements as one tensor): each step hands
+// A tensor-wise or matrix optimizer's case through a 1-rank engine (stage 0, fp32) over a model whose one
+// unit holds the case's tensors, of its sizes or shapes (or, with `one_tensor`, all of its elements as one
+// tensor): each step hands
 // the case's gradient to grads() and steps. Returns the largest distance from the golden weights.
 template <class Opt>
 double tensorwise_distance(const golden::optimizer_case& gc, const Opt& opt, bool one_tensor) {
@@ -51,6 +52,9 @@ double tensorwise_distance(const golden::optimizer_case& gc, const Opt& opt, boo
   auto unit = spec.unit("u");
   if (one_tensor) {
     unit.tensor("all", {gc.w0.size()});
+  } else if (!gc.shapes.empty()) {
+    for (std::size_t t = 0; t < gc.shapes.size(); ++t)
+      unit.tensor("t" + std::to_string(t), std::vector<std::size_t>(gc.shapes[t].begin(), gc.shapes[t].end()));
   } else {
     for (std::size_t t = 0; t < gc.tensors.size(); ++t)
       unit.tensor("t" + std::to_string(t), {static_cast<std::size_t>(gc.tensors[t])});
@@ -88,6 +92,9 @@ void check_case(const golden::optimizer_case& gc) {
   const Opt opt = configured<Opt>(gc);
   if constexpr (zero::TensorwiseOptimizer<Opt>) {
     REQUIRE_MESSAGE(!gc.tensors.empty(), "a tensor-wise optimizer's golden case names its tensors");
+    CHECK(tensorwise_distance(gc, opt, false) <= tolerance);
+  } else if constexpr (zero::MatrixOptimizer<Opt>) {
+    REQUIRE_MESSAGE(!gc.shapes.empty(), "a matrix optimizer's golden case gives its tensors' shapes");
     CHECK(tensorwise_distance(gc, opt, false) <= tolerance);
   } else {
     std::vector<float> w = gc.w0;

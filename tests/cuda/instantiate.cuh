@@ -81,8 +81,9 @@ template <class Comm, class Prec>
 void engines(Comm& comm, const zero::model_spec& spec) {
   zero::stages::for_each([&]<class S>() { every_member<zero::engine<S, Comm, zero::optim::adamw, Prec>>(comm, spec); });
   zero::optimizers::for_each([&]<class O>() {
-    // (a tensor-wise optimizer, optim::lamb, runs on host systems only: concepts/optimizer_state.hpp)
-    if constexpr (!std::is_same_v<O, zero::optim::adamw> && zero::OptimizerState<O>)
+    // (a tensor-wise or matrix optimizer, optim::lamb or optim::muon, runs on host systems only:
+    // concepts/optimizer_state.hpp)
+    if constexpr (!std::is_same_v<O, zero::optim::adamw> && zero::ElementwiseOptimizer<O>)
       every_member<zero::engine<zero::stage3, Comm, O, Prec>>(comm, spec);
   });
 }

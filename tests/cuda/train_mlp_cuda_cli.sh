@@ -13,6 +13,7 @@ expect 2 'stage.*(not in range|0 - 3|outside \[0, 3\])' --stage 4
 expect 2 'backend' --backend threads
 expect 2 'optimizer' --optimizer adafactor
 expect 2 'runs on host systems only' --optimizer lamb
+expect 2 'runs on host systems only' --optimizer muon
 expect 2 'multiple of --ranks' --ranks 3 --batch 64
 expect 2 'ranks' --ranks 0
 expect 2 'ranks' --ranks 65

@@ -4,7 +4,9 @@
 # model without context can do (by a quarter: the training part's own bigram entropy, the best a
 # model that sees one byte back can do, is about 0.78 of its unigram entropy); it prints a sample of
 # the requested length. Then a short LAMB run with a warm-up and --log: the log holds the run's line
-# and one line per step, and the loss falls by a fifth in 100 steps (about 0.74 of it here).
+# and one line per step, and the loss falls by a fifth in 100 steps (about 0.74 of it here). Then the
+# same with Muon in stage 2 (its matrices exchanged between owners: the bytes its formula gives), the
+# embeddings on its AdamW.
 # Usage: train_gpt_learns.sh TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
@@ -39,4 +41,17 @@ first, last = steps[0]["loss"], sum(s["loss"] for s in steps[-5:]) / 5
 print("lamb, warm-up 20: loss %.4f -> %.4f over 100 steps" % (first, last))
 assert last < 0.8 * first, (first, last)
 PY
-echo "2 passed, 0 failed"
+log=$e2e_work/muon.jsonl
+e2e_run "$train_gpt" --optimizer muon --warmup 20 --steps 100 --sample 0 --stage 2 --log "$log"
+printf '%s\n' "$e2e_out" | grep -F "'embedding' (lr x 1, the optimizer's weight_decay, element-wise rule): 2 tensors"
+printf '%s\n' "$e2e_out" | grep -E "the optimizer's matrix exchange per rank per step: [1-9][0-9]* bytes, formula [0-9]+ \(equal\)"
+python3 - "$log" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+run, steps = lines[0], lines[1:]
+assert run["optimizer"] == "muon" and run["stage"] == 2, run
+first, last = steps[0]["loss"], sum(s["loss"] for s in steps[-5:]) / 5
+print("muon, warm-up 20: loss %.4f -> %.4f over 100 steps" % (first, last))
+assert last < 0.8 * first, (first, last)
+PY
+echo "3 passed, 0 failed"

@@ -234,7 +234,8 @@ void check_all_options(int n) {
   o.offload.directory = offload_dir();
   o.offload.slice_elements = 1024;
   check_plan<Stage, Opt, Prec>(n, o, "clipping, states offloaded to disk in slices of 1024");
-  if constexpr (std::is_same_v<Opt, zero::optim::adamw> || std::is_same_v<Opt, zero::optim::lamb>) {
+  if constexpr (std::is_same_v<Opt, zero::optim::adamw> || std::is_same_v<Opt, zero::optim::lamb> ||
+                std::is_same_v<Opt, zero::optim::muon>) {
     o = {};
     o.reproducible = true;
     o.micro_batches = 2;
@@ -270,6 +271,7 @@ void check_stage() {
     check_all_options<Stage, zero::optim::sgd, zero::precision::bf16>(n);
     check_all_options<Stage, zero::optim::sgd, zero::precision::fp16>(n);
     check_all_options<Stage, zero::optim::lamb, zero::precision::bf16>(n);  // its tensor sums' wires and all-reduces
+    check_all_options<Stage, zero::optim::muon, zero::precision::bf16>(n);  // its staging and matrix exchange
   }
 }
 

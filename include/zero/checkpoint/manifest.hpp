@@ -208,6 +208,7 @@ inline std::string serialize_manifest(const manifest& m) {
     for (const param_group& g : m.param_groups) {
       json e{{"name", g.name}, {"lr_scale", static_cast<double>(g.lr_scale)}};
       if (g.weight_decay) e["weight_decay"] = static_cast<double>(*g.weight_decay);
+      if (g.element_wise) e["element_wise"] = true;
       groups.push_back(std::move(e));
     }
     j["optimizer"]["param_groups"] = std::move(groups);
@@ -421,6 +422,11 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
         g.lr_scale = value(rd.member(groups[k], "lr_scale", w), w + ".lr_scale");
         if (groups[k].find("weight_decay") != groups[k].end())
           g.weight_decay = value(rd.member(groups[k], "weight_decay", w), w + ".weight_decay");
+        if (groups[k].find("element_wise") != groups[k].end()) {
+          const parsed_json& v = rd.member(groups[k], "element_wise", w);
+          if (!v.is_boolean()) rd.bad(w + ".element_wise", "expected true or false, found " + rd.brief(v));
+          g.element_wise = v.get<bool>();
+        }
         m.param_groups.push_back(std::move(g));
       }
     }

@@ -1,5 +1,6 @@
 // The optimizer concepts: per-element state slots, hyper-parameters, and an element-wise update rule
-// (OptimizerState) or one that needs sums over whole tensors (TensorwiseOptimizer).
+// (OptimizerState), one that needs sums over whole tensors (TensorwiseOptimizer), or one that needs whole matrices
+// (MatrixOptimizer).
 #pragma once
 
 #include <array>
@@ -78,9 +79,53 @@ concept TensorwiseOptimizer = requires(const O& o, std::uint64_t t, float& w, fl
 }
 &&(O::slots >= 0) && (O::tensor_sums >= 1) && (O::tensor_sums <= 4);
 
-// What an engine takes: either kind.
+namespace detail {
+// What a matrix optimizer's orthogonalize is handed: the system's products (MatrixOptimizer below).
+struct products_archetype {
+  void multiply(const float*, const float*, float*, std::size_t, std::size_t, std::size_t) const {}
+};
+}  // namespace detail
+// An optimizer whose step needs each weight matrix whole (Muon's orthogonalization), which ZeRO cuts
+// across ranks. The metadata of OptimizerState and its element-wise rule, which the tensors that are
+// not matrices take (1-D tensors, and those of a parameter group with param_group::element_wise), and
+// for the matrices (every other tensor of 2 or more dimensions: shape (..., rows, cols), a stack of
+// rows x cols matrices) the update in three parts:
+//   O::matrix_slot              constexpr int, a slot that carries the matrix rule's input: `advance`
+//                               writes it, `orthogonalize` rewrites it on the matrix whole, and
+//                               `apply` reads that result in its place
+//   typename O::workspace       what `orthogonalize` reuses from one matrix to the next
+//   O::advance(c, w, g, s)      ZERO_HD static: the slots from the averaged gradient g (the first pass)
+//   O::orthogonalize(x, rows, cols, ws, products)
+//                               static, host: the rows x cols matrix x (row-major, the matrix slot's
+//                               values of the whole matrix) rewritten in place, with the system's
+//                               products: products.multiply(A, B, C, n, k, m) sets C (n x m) = A (n x k)
+//                               B (k x m), row-major, each C(i, j) summed from +0 over k ascending,
+//                               each operation rounded, every NaN canonical (sys/host_products.hpp)
+//   O::matrix_factor(c, rows, cols) -> float, host: the matrix's step factor
+//   O::apply(c, f, w, s)        ZERO_HD static: the new weight from the factor and the slots, the
+//                               matrix slot holding the orthogonalized value (the last pass)
+// The engine runs the orthogonalization of each matrix on one rank and hands the others their part
+// (engine/matrix_owners.hpp), so it must be a fixed sequence of operations: the same bits wherever it
+// runs.
 template <class O>
-concept Optimizer = OptimizerState<O> || TensorwiseOptimizer<O>;
+concept MatrixOptimizer = OptimizerState<O> &&
+    requires(const O& o, float& w, float g, float* s, const float* cs, float* x, float f, std::size_t n,
+             typename O::workspace& ws, const typename O::step_constants& c) {
+  { O::matrix_slot } -> std::convertible_to<int>;
+  O::advance(c, static_cast<const float&>(w), g, s);
+  O::orthogonalize(x, n, n, ws, detail::products_archetype{});
+  { O::matrix_factor(c, n, n) } -> std::same_as<float>;
+  O::apply(c, f, w, cs);
+} &&(O::matrix_slot >= 0) && (O::matrix_slot < O::slots);
+
+// An optimizer whose whole step is its element-wise rule: what a device system runs (the other kinds'
+// passes are built for host systems only).
+template <class O>
+concept ElementwiseOptimizer = OptimizerState<O> && !MatrixOptimizer<O>;
+
+// What an engine takes: any of the three kinds.
+template <class O>
+concept Optimizer = OptimizerState<O> || TensorwiseOptimizer<O>;  // MatrixOptimizer refines OptimizerState
 
 // Calls o.validate() where the optimizer has one; nothing otherwise.
 template <Optimizer O>

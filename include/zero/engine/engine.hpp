@@ -164,6 +164,10 @@ class engine {
     agreement_.check_settings(opt_);  // every rank's options and optimizer, before the model states are allocated
     param_groups_ = param_group_map::make<Opt>(spec_, layout_, options_.param_groups, rank_);  // agreed on above
     if constexpr (TensorwiseOptimizer<Opt>) check_tensorwise();  // on every rank alike: the options agree
+    if constexpr (MatrixOptimizer<Opt>) {
+      check_tensorwise();
+      sweep_.plan_matrices(param_groups_);
+    }
     if (groups_.count() > 1) connect_replicas();  // the shard groups' split, agreed on above
     placement_.allocate();
     reducer_ = reduce::make_chosen(ctx_);  // its gradient store
@@ -341,7 +345,9 @@ class engine {
     }
     if (!r.skipped) {
       ++step_;
+      const comm::comm_stats control_before = control_comm_.stats();
       update_and_gather_params(group_constants(), divisor, coef);
+      r.optimizer_exchange = control_comm_.stats() - control_before;
     } else {
       ++skipped_;
     }
@@ -595,6 +601,11 @@ class engine {
   // the bytes per step (reproducible, ZeRO++ and the extra gathers of shared units included), per link
   // level, and per forward-only pass inside evaluation().
   formula::state_sizes state_sizes() const { return formulas_.sizes(); }
+  // A matrix optimizer's exchange of each step on the control link (engine/matrix_owners.hpp: each matrix
+  // to its owner and its result back), in bus bytes; 0 for the other kinds.
+  std::uint64_t optimizer_exchange_formula_bytes() const {
+    return sweep_.matrices().exchange_bytes(layout_, P::shards_optimizer_states);
+  }
   std::uint64_t model_state_formula_bytes() const { return formulas_.model_state_bytes(); }
   const offload_report& offload() const { return sweep_.store().report(); }
   std::uint64_t offload_formula_bytes() const { return formulas_.offload_bytes(); }
@@ -846,10 +857,14 @@ class engine {
   }
   grad_type* full_grads_of(unit_id u) { return reducer().unit_gradient(u); }
 
-  // What a tensor-wise optimizer's step (optimizer_sweep::update_tensorwise) does not cover yet.
+  // What a tensor-wise or matrix optimizer's step (optimizer_sweep::update_tensorwise, update_matrixwise)
+  // does not cover yet.
   void check_tensorwise() const {
     ZERO_CHECK(ctx_.tp_size == 1, invalid_argument, "rank ", rank_, ": optim::", Opt::name,
-               " needs each tensor's norms, which the engine does not combine over a tensor-parallel group yet: "
+               MatrixOptimizer<Opt> ? " needs each weight matrix whole, which the engine does not gather over a "
+                                      "tensor-parallel group yet: "
+                                    : " needs each tensor's norms, which the engine does not combine over a "
+                                      "tensor-parallel group yet: ",
                "build the engine over comm::mesh with tp = 1, or over the data-parallel backend");
   }
 

@@ -34,6 +34,10 @@ struct param_group {
   // Replaces the optimizer's weight_decay for the group's tensors (>= 0 and finite), e.g. 0 for
   // biases, norm gains and embeddings; none: the optimizer's. Refused for an optimizer without one.
   std::optional<float> weight_decay{};
+  // For an optimizer with a matrix rule (optim::muon): the group's tensors take its element-wise rule
+  // (AdamW), whatever their shape, as a recipe keeps embeddings and the output head. Refused for an
+  // optimizer without one.
+  bool element_wise = false;
 };
 
 struct engine_options {

@@ -44,7 +44,8 @@ inline std::uint64_t param_groups_hash(const std::vector<param_group>& groups) {
   std::string text;
   for (const param_group& p : groups)
     text += detail::concat(p.name, "=", std::bit_cast<std::uint32_t>(p.lr_scale), ",",
-                           p.weight_decay ? detail::concat(std::bit_cast<std::uint32_t>(*p.weight_decay)) : "-", ";");
+                           p.weight_decay ? detail::concat(std::bit_cast<std::uint32_t>(*p.weight_decay)) : "-",
+                           p.element_wise ? ",element_wise" : "", ";");
   return fnv1a64(text.data(), text.size());
 }
 inline std::uint64_t tensor_groups_hash(const model_spec& spec) {
@@ -59,7 +60,8 @@ inline std::uint64_t tensor_groups_hash(const model_spec& spec) {
 // overrides. Built at construction after the ranks' settings check (so every rank builds the same
 // map, or every rank refuses), where it refuses overrides the model or the optimizer cannot take,
 // naming the group: a name given twice or to no tensor, a scale or decay out of range, a weight decay
-// for an optimizer without one, an lr scale other than 1 for one without an lr.
+// for an optimizer without one, an lr scale other than 1 for one without an lr, element_wise for one
+// without a matrix rule.
 class param_group_map {
  public:
   param_group_map() = default;
@@ -74,10 +76,19 @@ class param_group_map {
   std::size_t count() const { return count_; }
   // Unit u's elements as runs, in order, together the whole unit.
   const std::vector<group_run>& runs(unit_id u) const { return runs_[u.index]; }
+  // Whether group g's tensors take a matrix optimizer's element-wise rule (param_group::element_wise).
+  bool element_wise(std::size_t g) const { return g < element_wise_.size() && element_wise_[g]; }
+  // The group of tensor t of unit u (0: the optimizer's own).
+  std::size_t group_of(const layout& lay, unit_id u, std::size_t t) const {
+    const std::size_t first = lay.unit(u).tensors[t].begin;
+    for (const group_run& run : runs_[u.index])
+      if (run.elements.begin <= first && first < run.elements.end) return run.group;
+    return 0;
+  }
 
  private:
   param_group_map(const model_spec& spec, const layout& lay, const std::vector<param_group>& groups, int rank)
-      : count_(groups.size() + 1) {
+      : count_(groups.size() + 1), element_wise_(groups.size() + 1, false) {
     std::unordered_map<std::string, std::size_t> index;  // override name -> its group number
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const param_group& p = groups[g];
@@ -90,6 +101,7 @@ class param_group_map {
       if (p.weight_decay)
         detail::require_non_negative(detail::concat("engine_options::param_groups['", p.name, "']"), "weight_decay",
                                      *p.weight_decay);
+      element_wise_[g + 1] = p.element_wise;
     }
     std::vector<bool> used(count_, false);
     std::string declared;  // the spec's group names, for the message
@@ -128,6 +140,10 @@ class param_group_map {
       if constexpr (!requires(Opt o) { o.weight_decay = 1.0f; })
         ZERO_CHECK(!p.weight_decay, invalid_argument, "rank ", rank, ": engine_options::param_groups['", p.name,
                    "']: weight_decay is set, but optim::", Opt::name, " has no weight decay");
+      if constexpr (!MatrixOptimizer<Opt>)
+        ZERO_CHECK(!p.element_wise, invalid_argument, "rank ", rank, ": engine_options::param_groups['", p.name,
+                   "']: element_wise is set, but optim::", Opt::name,
+                   " has no matrix rule (every tensor takes its element-wise rule)");
       if constexpr (!requires(Opt o) { o.lr = 1.0f; })
         ZERO_CHECK(p.lr_scale == 1.0f, invalid_argument, "rank ", rank, ": engine_options::param_groups['", p.name,
                    "']: lr_scale is ", detail::show(p.lr_scale), ", but optim::", Opt::name, " has no lr");
@@ -135,6 +151,7 @@ class param_group_map {
   }
 
   std::size_t count_ = 1;
+  std::vector<bool> element_wise_{false};
   std::vector<std::vector<group_run>> runs_;
 };
 

@@ -20,6 +20,7 @@
 #include "zero/core/model_spec.hpp"
 #include "zero/engine/activation_store.hpp"
 #include "zero/engine/agreement.hpp"
+#include "zero/engine/matrix_owners.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/error.hpp"
@@ -40,19 +41,20 @@ struct plan_precision {
   }
 };
 
-// What plan() needs of an optimizer: its fp32 slots per parameter, and a tensor-wise optimizer's sums
-// per tensor (0 for an element-wise one).
+// What plan() needs of an optimizer: its fp32 slots per parameter, a tensor-wise optimizer's sums per
+// tensor (0 for the other kinds), and whether it has a matrix rule (its exchange of whole matrices).
 struct plan_optimizer {
   std::string_view name = "adamw";
   int slots = 2;
   int tensor_sums = 0;
+  bool matrix_rule = false;
 
   template <Optimizer O>
   static constexpr plan_optimizer of() {
     if constexpr (TensorwiseOptimizer<O>)
       return {O::name, O::slots, O::tensor_sums};
     else
-      return {O::name, O::slots, 0};
+      return {O::name, O::slots, 0, MatrixOptimizer<O>};
   }
 };
 
@@ -118,6 +120,11 @@ struct plan_report {
   // step()'s buffer of a tensor-wise optimizer's sums (stages 1-3 at N > 1): the larger of its two
   // all-reduces, binned::words + 1 int64 words per sum of every tensor (optim::lamb: two sums)
   std::uint64_t tensor_sums_bytes = 0;
+  // step()'s buffers of a matrix optimizer (engine/matrix_owners.hpp): the staged values of the matrices'
+  // held elements (the largest rank's), and the largest unit's exchange (its gathered extent where the
+  // states are sharded, and the owners' blocks; 0 at N = 1)
+  std::uint64_t matrix_staged_bytes = 0;
+  std::uint64_t matrix_exchange_bytes = 0;
   // = memory().peak_bytes(transient) after steps of the loop above: under options.memory_limit_bytes
   // where set (with overlap the engine then completes reduces and drops prefetches to make room).
   std::uint64_t step_transient_peak = 0;
@@ -184,6 +191,7 @@ class loop_replay {
     std::uint64_t model_states = 0;  // what the account holds besides transients (memory_limit_bytes counts it)
     std::uint64_t norm_bytes = 0;
     std::uint64_t tensor_sums_bytes = 0;  // a tensor-wise optimizer's larger wire (its words), after the norm's
+    std::uint64_t matrix_staged_bytes = 0, matrix_exchange_bytes = 0;  // a matrix optimizer's, after those
     const engine_options* options = nullptr;
   };
 
@@ -501,6 +509,13 @@ class loop_replay {
       alloc(b);
       release(b);
     }
+    // A matrix optimizer's staged values, held over its exchanges, one unit's at a time.
+    if (std::uint64_t staged = s_.matrix_staged_bytes, exchange = s_.matrix_exchange_bytes; staged + exchange > 0) {
+      alloc(staged);
+      alloc(exchange);
+      release(exchange);
+      release(staged);
+    }
     for (std::size_t u = 0; u < units_.size(); ++u) {
       live_[u].secondary_ready = false;
       // Stages 1-2, and stage 3's persistent units: the updated slices to every rank, in place.
@@ -598,6 +613,10 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   ZERO_CHECK(optimizer.tensor_sums == 0 || spec.tensor_parallel_parts() == 1, invalid_argument,
              "plan: optim::", optimizer.name,
              " needs each tensor's norms, which the engine does not combine over a tensor-parallel group yet");
+  ZERO_CHECK(!optimizer.matrix_rule || spec.tensor_parallel_parts() == 1, invalid_argument,
+             "plan: optim::", optimizer.name,
+             " needs each weight matrix whole, which the engine does not gather over a "
+             "tensor-parallel group yet");
   ZERO_CHECK(optimizer.tensor_sums >= 0 && optimizer.tensor_sums <= 4, invalid_argument, "plan: optimizer '",
              optimizer.name, "' has ", optimizer.tensor_sums, " sums per tensor (0 to 4)");
   ZERO_CHECK(options.offload.tier == offload_tier::none ||
@@ -716,6 +735,28 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
     detail::plan_count(r.control_comm, comm::collective::all_reduce, entries, ranks, 1, node_size);
     detail::plan_count(r.control_comm, comm::collective::all_reduce, r.tensor_sums_bytes, ranks, 1, node_size);
   }
+  // A matrix optimizer's exchange (engine/matrix_owners.hpp): per unit with matrices at N > 1, an
+  // all-gather of the unit (where the states are sharded) and one of the owners' blocks.
+  if (optimizer.matrix_rule) {
+    const matrix_owners owners(spec, l, [&](std::size_t u, std::size_t t) {
+      const std::string& group = spec.units()[u].tensors[t].group;
+      for (const param_group& g : options.param_groups)
+        if (g.name == group && g.element_wise) return false;
+      return true;
+    });
+    r.matrix_staged_bytes = owners.staged_elements(l, shards_states) * sizeof(float);
+    r.matrix_exchange_bytes = owners.exchange_buffer_bytes(l, shards_states);
+    if (ranks > 1)
+      for (std::size_t u = 0; u < spec.num_units(); ++u)
+        if (!owners.matrices(unit_id{u}).empty()) {
+          const std::uint64_t padded = l.unit(unit_id{u}).padded;
+          const std::uint64_t blocks = static_cast<std::uint64_t>(ranks) * owners.block(unit_id{u});
+          if (shards_states)
+            detail::plan_count(r.control_comm, comm::collective::all_gather, padded * sizeof(float), ranks, 1,
+                               node_size);
+          detail::plan_count(r.control_comm, comm::collective::all_gather, blocks * sizeof(float), ranks, 1, node_size);
+        }
+  }
   // An asynchronous checkpoint's snapshot: the largest data file of the (first) shard group's ranks.
   for (int q = 0; q < ranks; ++q) {
     std::uint64_t elements = 0;
@@ -743,6 +784,8 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   setup.model_states = states;
   setup.norm_bytes = r.norm_bytes;
   setup.tensor_sums_bytes = r.tensor_sums_bytes;
+  setup.matrix_staged_bytes = r.matrix_staged_bytes;
+  setup.matrix_exchange_bytes = r.matrix_exchange_bytes;
   setup.options = &options;
   detail::loop_replay replay(setup, std::move(replay_units));
   r.step_transient_peak = replay.run(2);

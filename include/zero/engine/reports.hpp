@@ -14,6 +14,10 @@ struct step_report {
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // global L2 norm, when computed
   float loss_scale = 1.0f;  // the scale this step's gradients carried
   comm::comm_stats comm;    // bytes this rank sent during the step's protocol calls
+  // Bytes this rank sent on the control link during the optimizer's update: a matrix optimizer's
+  // exchange (engine::optimizer_exchange_formula_bytes()), a tensor-wise optimizer's sums; 0 for an
+  // element-wise optimizer and in a skipped step.
+  comm::comm_stats optimizer_exchange;
 };
 
 // The scalar state of training besides the tensors: what a checkpoint stores next to them.

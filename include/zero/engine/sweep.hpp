@@ -15,6 +15,7 @@
 #include "zero/core/memory.hpp"
 #include "zero/core/thread_pool.hpp"
 #include "zero/engine/context.hpp"
+#include "zero/engine/matrix_owners.hpp"
 #include "zero/engine/param_groups.hpp"
 #include "zero/engine/parameters.hpp"
 #include "zero/engine/tensor_sums.hpp"
@@ -30,6 +31,16 @@ namespace zero {
 // The same rule whichever memory runs it, so offloading changes no bit. Where the host runs it, the
 // rank's pool (engine_options::host_threads) updates contiguous ranges of each segment at once: each
 // element's operations are the same, so the thread count changes no bit either.
+// What a matrix optimizer reuses across orthogonalizations (nothing for the other kinds).
+template <class Opt>
+struct matrix_workspace {
+  struct type {};
+};
+template <MatrixOptimizer Opt>
+struct matrix_workspace<Opt> {
+  using type = typename Opt::workspace;
+};
+
 template <class Ctx, class Opt>
 class optimizer_sweep {
  public:
@@ -123,7 +134,9 @@ class optimizer_sweep {
   void update(parameter_placement<Ctx>& params, const param_group_map& groups,
               const std::vector<typename Opt::step_constants>& c, float divisor, float coef, const Gradients& gradients,
               Done done) {
-    if constexpr (TensorwiseOptimizer<Opt>) {
+    if constexpr (MatrixOptimizer<Opt>) {
+      update_matrixwise(params, groups, c, divisor, coef, gradients, done);
+    } else if constexpr (TensorwiseOptimizer<Opt>) {
       update_tensorwise(params, groups, c, divisor, coef, gradients, done);
     } else {
       store_.begin_step();
@@ -244,6 +257,133 @@ class optimizer_sweep {
         true, done);
     store_.end_step();
   }
+  // A matrix optimizer's matrices and their owners (engine/matrix_owners.hpp), from the spec's shapes and
+  // the parameter groups; set once at construction.
+  void plan_matrices(const param_group_map& groups) {
+    owners_ = matrix_owners(ctx_.spec, ctx_.layout, [&](std::size_t u, std::size_t t) {
+      return !groups.element_wise(groups.group_of(ctx_.layout, unit_id{u}, t));
+    });
+  }
+  const matrix_owners& matrices() const { return owners_; }
+
+  // A matrix optimizer's step (concepts/optimizer_state.hpp, optim::muon), over the held elements:
+  //   1. the element-wise tensors take the optimizer's element-wise rule whole; each matrix's held
+  //      elements advance their slots, and their u (the matrix slot) is staged in host memory;
+  //   2. each matrix's u is brought whole to its owner (engine/matrix_owners.hpp: an all-gather per
+  //      unit on the control link where the states are sharded), which orthogonalizes it, and the
+  //      owners' results go to every rank (a second all-gather), which stages them for the elements it
+  //      holds. At N = 1 the rank orthogonalizes every matrix itself, with no traffic;
+  //   3. the matrices' weights from the result and each matrix's factor.
+  // The orthogonalization is a fixed sequence of fp32 operations wherever it runs, so every stage and
+  // N gives the same bits. The host runs it, in memory or from the offload tier (whose disk file the
+  // first and last passes read and write).
+  template <class Gradients, class Done>
+  void update_matrixwise(parameter_placement<Ctx>& params, const param_group_map& groups,
+                         const std::vector<typename Opt::step_constants>& c, float divisor, float coef,
+                         const Gradients& gradients, Done done) {
+    static_assert(Ctx::host_memory,
+                  "a matrix optimizer (optim::muon) runs on a host system; its device passes are not built");
+    constexpr std::size_t ms = static_cast<std::size_t>(Opt::matrix_slot);
+    const std::size_t units = ctx_.layout.num_units();
+    // Where each matrix's held elements are staged: after those of the matrices before it, in a buffer
+    // of the largest rank's size (the same memory on every rank).
+    std::vector<std::vector<std::size_t>> staged_at(units);
+    std::size_t staged_size = 0;
+    for (std::size_t u = 0; u < units; ++u)
+      for (const matrix_entry& m : owners_.matrices(unit_id{u})) {
+        staged_at[u].push_back(staged_size);
+        staged_size += held_part(unit_id{u}, m).size();
+      }
+    const std::size_t staged_elements = owners_.staged_elements(ctx_.layout, P::shards_optimizer_states);
+    ctx_.make_room(staged_elements * sizeof(float));
+    staged_ = buffer<float, system>(staged_elements, mem_category::transient, ctx_.acct, uninitialized);
+    // Calls f(piece, group, matrix or null, arrays at the piece) for the segment cut where a group or a
+    // matrix begins or ends.
+    const auto pieces = [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays, auto&& f) {
+      const auto& mats = owners_.matrices(u);
+      std::vector<std::size_t> cuts{i, i + n};
+      for (const group_run& run : groups.runs(u))
+        for (std::size_t x : {run.elements.begin, run.elements.end})
+          if (x > i && x < i + n) cuts.push_back(x);
+      for (const matrix_entry& m : mats)
+        for (std::size_t x : {m.elements.begin, m.elements.end})
+          if (x > i && x < i + n) cuts.push_back(x);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+        const range piece{cuts[k], cuts[k + 1]};
+        std::size_t g = 0;
+        for (const group_run& run : groups.runs(u))
+          if (run.elements.begin <= piece.begin && piece.begin < run.elements.end) g = run.group;
+        std::size_t mi = mats.size();
+        for (std::size_t q = 0; q < mats.size(); ++q)
+          if (mats[q].elements.begin <= piece.begin && piece.begin < mats[q].elements.end) mi = q;
+        float* at[offload::state_store<system>::max_arrays] = {};
+        for (int a = 0; a < state_arrays; ++a) at[a] = arrays[a] + (piece.begin - i);
+        f(piece, g, mi, static_cast<float* const*>(at));
+      }
+    };
+    // The staged values of matrix q's held elements from unit-local element `from`.
+    const auto staged = [&](unit_id u, std::size_t q, std::size_t from) {
+      const matrix_entry& m = owners_.matrices(u)[q];
+      return staged_.data() + staged_at[u.index][q] + (from - held_part(u, m).begin);
+    };
+    store_.begin_step();
+    // 1. Element-wise tensors updated; matrices advanced, their u staged.
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          pieces(u, i, n, arrays, [&](range piece, std::size_t g, std::size_t q, float* const* at) {
+            if (q == owners_.matrices(u).size()) {
+              update_segment(params, u, piece.begin, piece.size(), at, c[g], divisor, coef, gradients);
+              return;
+            }
+            const unit_layout& ul = ctx_.layout.unit(u);
+            float* w = Prec::separate_master ? at[0] : reinterpret_cast<float*>(params.element(ul, piece.begin));
+            float* st[Opt::slots] = {};
+            for (int k = 0; k < Opt::slots; ++k) st[k] = at[slot_array(k)];
+            gradients([&]<class T>(T* store, bool sharded) {
+              T* gp = store + element_index(ul, piece.begin, sharded, ctx_.rank);
+              pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
+                float* s[Opt::slots] = {};
+                for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
+                if constexpr (update_zeroes_gradients)
+                  elementwise::advance<Opt>(ctx_.sys, c[g], gp + b, divisor, coef, w + b, s, e - b);
+                else
+                  elementwise::advance<Opt>(ctx_.sys, c[g], static_cast<const T*>(gp + b), divisor, coef, w + b, s,
+                                            e - b);
+              });
+            });
+            std::copy(st[ms], st[ms] + piece.size(), staged(u, q, piece.begin));
+          });
+        },
+        true, [](unit_id) {});
+    // 2. Each matrix whole on its owner, orthogonalized, its result staged where it is held.
+    for (std::size_t u = 0; u < units; ++u)
+      if (!owners_.matrices(unit_id{u}).empty()) orthogonalize_unit(unit_id{u}, staged_at[u]);
+    // 3. The matrices' weights.
+    for_each_held_segment(
+        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
+          pieces(u, i, n, arrays, [&](range piece, std::size_t g, std::size_t q, float* const* at) {
+            if (q == owners_.matrices(u).size()) return;
+            const matrix_entry& m = owners_.matrices(u)[q];
+            const unit_layout& ul = ctx_.layout.unit(u);
+            param_type* p = params.element(ul, piece.begin);
+            float* w = Prec::separate_master ? at[0] : reinterpret_cast<float*>(p);
+            const float f = Opt::matrix_factor(c[g], m.rows, m.cols);
+            const float* o = staged(u, q, piece.begin);
+            pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
+              const float* s[Opt::slots] = {};
+              for (int k = 0; k < Opt::slots; ++k) s[k] = at[slot_array(k)] + b;
+              s[ms] = o + b;  // the result in place of u
+              elementwise::apply_factor<Opt>(ctx_.sys, c[g], f, w + b, s,
+                                             Prec::separate_master ? p + b : static_cast<param_type*>(nullptr), e - b);
+            });
+          });
+        },
+        true, done);
+    store_.end_step();
+    staged_ = buffer<float, system>();
+  }
   // The element-wise sum or max of `mine` over the ranks that share the optimizer states (the control
   // link), through the system's memory; `mine` itself where the states are not sharded or N = 1.
   std::vector<std::int64_t> reduce_over_ranks(std::vector<std::int64_t> mine, reduce_op op, const char* what) {
@@ -322,6 +462,59 @@ class optimizer_sweep {
     const range held = P::shards_optimizer_states ? ctx_.layout.owned(u, ctx_.rank) : range{0, ul.padded};
     const std::size_t b = state_index(ul, held.begin);
     return {b, b + held.size()};
+  }
+
+  // Matrix m's elements this rank holds (unit-local): the whole matrix where the states are replicated.
+  range held_part(unit_id u, const matrix_entry& m) const { return intersect(m.elements, update_range(u)); }
+
+  // Step 2 of update_matrixwise for unit u: every matrix's staged u replaced by its orthogonalization
+  // (only the elements this rank holds). `at`: each matrix's offset in staged_.
+  void orthogonalize_unit(unit_id u, const std::vector<std::size_t>& at) {
+    const auto& mats = owners_.matrices(u);
+    // The system's products, their rows over the rank's pool (which does not change a bit).
+    const auto products = ctx_.sys.products([&](std::size_t n, auto&& f) { pool_.run(n, f); });
+    if (ctx_.ranks() == 1) {
+      for (std::size_t q = 0; q < mats.size(); ++q)
+        Opt::orthogonalize(staged_.data() + at[q], mats[q].rows, mats[q].cols, workspace_, products);
+      return;
+    }
+    const unit_layout& ul = ctx_.layout.unit(u);
+    const std::size_t block = owners_.block(u), n = static_cast<std::size_t>(ctx_.ranks());
+    constexpr bool sharded = P::shards_optimizer_states;
+    ctx_.make_room(((sharded ? ul.padded : 0) + n * block) * sizeof(float));
+    buffer<float, system> whole(sharded ? ul.padded : 0, mem_category::transient, ctx_.acct, uninitialized);
+    buffer<float, system> results(n * block, mem_category::transient, ctx_.acct, uninitialized);
+    const comm::scoped_label<typename Ctx::comm_backend> l(ctx_.protocol.inner(), "matrix exchange");
+    // Matrix m's u, whole: staged where every rank holds whole matrices (stage 0); else gathered first.
+    const auto matrix_u = [&](std::size_t q) -> const float* {
+      return sharded ? whole.data() + mats[q].elements.begin : staged_.data() + at[q];
+    };
+    if constexpr (sharded) {
+      // This rank's slice: u where it holds a matrix's elements, 0 elsewhere (no one reads those).
+      const range own = ctx_.layout.owned(u, ctx_.rank);
+      std::fill(whole.data() + own.begin, whole.data() + own.end, 0.0f);
+      for (std::size_t q = 0; q < mats.size(); ++q) {
+        const range held = held_part(u, mats[q]);
+        std::copy(staged_.data() + at[q], staged_.data() + at[q] + held.size(), whole.data() + held.begin);
+      }
+      ctx_.control.all_gather(whole.data() + own.begin, whole.data(), ul.shard);
+    }
+    float* mine = results.data() + static_cast<std::size_t>(ctx_.rank) * block;
+    std::fill(mine, mine + block, 0.0f);
+    for (std::size_t q = 0; q < mats.size(); ++q) {
+      const matrix_entry& m = mats[q];
+      if (m.owner != ctx_.rank) continue;
+      std::copy(matrix_u(q), matrix_u(q) + m.elements.size(), mine + m.at);
+      Opt::orthogonalize(mine + m.at, m.rows, m.cols, workspace_, products);
+    }
+    ctx_.control.all_gather(mine, results.data(), block);
+    for (std::size_t q = 0; q < mats.size(); ++q) {
+      const matrix_entry& m = mats[q];
+      const range held = held_part(u, m);
+      const float* from =
+          results.data() + static_cast<std::size_t>(m.owner) * block + m.at + (held.begin - m.elements.begin);
+      std::copy(from, from + held.size(), staged_.data() + at[q]);
+    }
   }
 
   // The optimizer over elements [i, i + n) of unit u (within update_range(u)), whose master weights
@@ -444,6 +637,10 @@ class optimizer_sweep {
   // Mutable: a read of the disk tier counts its bytes.
   mutable offload::state_store<system> store_;
   offload::host_block<system> stage_g_, stage_p_;  // a device system's operands of an offloaded update
+  // A matrix optimizer's: the matrices' owners, its staged values in a step, its orthogonalization's workspace.
+  matrix_owners owners_;
+  buffer<float, system> staged_;
+  typename matrix_workspace<Opt>::type workspace_;
   thread_pool pool_;                               // the host update's threads (engine_options::host_threads)
 };
 

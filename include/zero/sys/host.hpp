@@ -13,6 +13,7 @@
 #include "zero/core/half_types.hpp"
 #include "zero/sys/host_binned.hpp"
 #include "zero/sys/host_loop.hpp"
+#include "zero/sys/host_products.hpp"
 #include "zero/sys/host_quantize.hpp"
 
 namespace zero::sys {
@@ -71,6 +72,12 @@ struct host {
       host_quantize::run(n, rule);
     else
       for (std::size_t j = 0; j < n; ++j) rule(j);
+  }
+  // A matrix optimizer's products (optional for a system; sys::cuda has none yet): C = A B in the fixed
+  // order of sys/host_products.hpp, on packs, `rows(n, f)` running f over ranges of its row blocks.
+  template <class RowRunner>
+  static host_products<RowRunner> products(RowRunner rows) {
+    return host_products<RowRunner>{rows};
   }
   // quant::quantize's scale and encode loops fused block by block (optional for a system; the same
   // bytes as the two index loops): each block of values is read from memory once.
