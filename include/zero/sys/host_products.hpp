@@ -64,5 +64,8 @@ struct host_products {
     });
   }
 };
+// host_products{runner}: spelled out, since aggregate deduction is C++20's and clang before 17 lacks it.
+template <class RowRunner>
+host_products(RowRunner) -> host_products<RowRunner>;
 
 }  // namespace zero::sys
