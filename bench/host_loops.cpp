@@ -230,6 +230,22 @@ void all_cases(std::size_t n, int reps, bool levels, const char* type) {
     }
   }
   {
+    // AdamW with its moments as two bf16 in one slot: 8 bytes of slot traffic per element instead of 16,
+    // and the stochastic rounding's hashing.
+    optim::adamw_bf16 o;
+    auto mv = filled<float>(n, 0.0f);
+    float* slots[1] = {mv.data()};
+    const double bpe = gb + 8 + 8 + pb;  // g read; w read+write; the slot read+write; p written
+    auto c = o.constants(10);
+    if (copy)
+      run_case("adamw_bf16", type, n, bpe, reps, levels, elementwise::update_rule<optim::adamw_bf16>{{c, 2.0f, 1.0f}},
+               static_cast<const G*>(g.data()), w.data(), p.data(), slots[0]);
+    else
+      run_case("adamw_bf16", type, n, bpe, reps, levels,
+               elementwise::update_in_place_rule<optim::adamw_bf16>{c, 2.0f, 1.0f}, static_cast<const G*>(g.data()),
+               w.data(), slots[0]);
+  }
+  {
     optim::sgd o;
     const double bpe = gb + 8 + 8 + pb;
     auto c = o.constants(10);

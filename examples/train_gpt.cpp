@@ -232,11 +232,11 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
 }
 
 // tutorial:begin dispatch
-// This trainer's changes to the optimizers trainer_cli makes from the flags: AdamW's, LAMB's and Muon's
-// --beta2 and, without --lr, their own rates.
+// This trainer's changes to the optimizers trainer_cli makes from the flags: AdamW's (with fp32 or bf16
+// moments), LAMB's and Muon's --beta2 and, without --lr, their own rates.
 template <class O>
 void tune(O& opt, const gpt_options& g, const options& o) {
-  if constexpr (std::is_same_v<O, zero::optim::adamw>) {
+  if constexpr (std::is_same_v<O, zero::optim::adamw> || std::is_same_v<O, zero::optim::adamw_bf16>) {
     opt.beta2 = g.beta2;
     if (o.lr == 0) opt.lr = g.adamw_lr;
   }

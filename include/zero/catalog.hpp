@@ -3,6 +3,7 @@
 
 #include "zero/core/type_list.hpp"
 #include "zero/optim/adamw.hpp"
+#include "zero/optim/adamw_bf16.hpp"
 #include "zero/optim/lamb.hpp"
 #include "zero/optim/lion.hpp"
 #include "zero/optim/muon.hpp"
@@ -15,7 +16,7 @@
 namespace zero {
 
 // Adding a policy of the library is one line here (and its header above): see docs/extending.md.
-using optimizers = type_list<optim::sgd, optim::adamw, optim::lion, optim::lamb, optim::muon>;
+using optimizers = type_list<optim::sgd, optim::adamw, optim::adamw_bf16, optim::lion, optim::lamb, optim::muon>;
 using precisions = type_list<precision::fp32, precision::bf16, precision::fp16>;
 using stages = type_list<stage0, stage1, stage2, stage3>;
 

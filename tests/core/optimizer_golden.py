@@ -67,6 +67,52 @@ def adamw(hp, w, grads):
     return out
 
 
+def bits32(x):
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def from_bits32(u):
+    return struct.unpack("<f", struct.pack("<I", u & 0xFFFFFFFF))[0]
+
+
+def mix32(x):
+    """lowbias32 (C. Wellons, hash-prospector)."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x ^= x >> 16
+    return x
+
+
+def round_bf16_stochastic(x, r):
+    """x's float32 bits rounded to a bf16's: up in magnitude where the dropped 16 bits + r's low 16 carry."""
+    return (bits32(x) + (r & 0xFFFF)) & 0xFFFF0000
+
+
+def adamw_bf16(hp, w, grads):
+    lr, b1, b2, eps, wd = hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"]
+    word = [0] * len(w)
+    omb1, omb2 = f32(1 - b1), f32(1 - b2)
+    out = []
+    for t, g in enumerate(grads, start=1):
+        bc1, bc2 = f32(1 - b1 ** t), f32(1 - b2 ** t)
+        key = mix32(t)
+        for i in range(len(w)):
+            m = from_bits32(word[i] & 0xFFFF0000)
+            v = from_bits32((word[i] << 16) & 0xFFFFFFFF)
+            m = f32(f32(b1 * m) + f32(omb1 * g[i]))
+            v = f32(f32(b2 * v) + f32(omb2 * f32(g[i] * g[i])))
+            m_hat, v_hat = f32(m / bc1), f32(v / bc2)
+            d = f32(f32(m_hat / f32(f32(math.sqrt(v_hat)) + eps)) + f32(wd * w[i]))
+            h = mix32(mix32(mix32(bits32(w[i]) ^ key) ^ bits32(v)) ^ bits32(m))
+            w[i] = f32(w[i] - f32(lr * d))
+            word[i] = round_bf16_stochastic(m, h >> 16) | (round_bf16_stochastic(v, h) >> 16)
+        out.append(list(w))
+    return out
+
+
 def sgd(hp, w, grads):
     lr, mu, wd, nesterov = hp["lr"], hp["momentum"], hp["weight_decay"], hp["nesterov"]
     buf = [0.0] * len(w)
@@ -185,7 +231,8 @@ def muon(hp, w, grads, shapes):
     return out
 
 
-RULES = {"adamw": adamw, "sgd": sgd, "lion": lion, "lamb": lamb, "muon": muon}
+BIT_EXACT = {"adamw_bf16"}  # rules emulated operation by operation in float32: their weights are the rule's bits
+RULES = {"adamw": adamw, "adamw_bf16": adamw_bf16, "sgd": sgd, "lion": lion, "lamb": lamb, "muon": muon}
 
 # (optimizer, label, hyper-parameters): every setting of the optimizer, by the names its
 # hyper_parameters() lists. Large rates and decays, so that a formula that drifts (coupled instead of
@@ -209,6 +256,9 @@ CASES = [
     ("muon", "muon, plain momentum, tall",
      dict(lr=0.1, momentum=0.5, weight_decay=0.0, nesterov=False, adamw_lr_scale=0.2, beta1=0.5, beta2=0.75,
           eps=0.1)),
+    ("adamw_bf16", "defaults except lr and decay",
+     dict(lr=0.05, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)),
+    ("adamw_bf16", "small betas, large eps", dict(lr=0.02, beta1=0.5, beta2=0.75, eps=0.1, weight_decay=0.0)),
 ]
 
 
@@ -255,6 +305,7 @@ def generate():
         "  std::vector<std::vector<double>> weights;  // [step][element], after that step",
         "  std::vector<int> tensors;                  // a tensor-wise optimizer's tensors (sizes, in order)",
         "  std::vector<std::vector<int>> shapes;      // a matrix optimizer's tensors (shapes, in order)",
+        "  bool bits = false;                         // the weights are the float32 rule's bits, to compare exactly",
         "};",
         "",
         "inline const std::vector<optimizer_case>& cases() {",
@@ -275,7 +326,8 @@ def generate():
         lines.append("       {" + ", ".join("{" + ", ".join(cpp_double(x) for x in s) + "}" for s in weights) + "},")
         lines.append("       {" + (", ".join(str(x) for x in TENSORS) if opt == "lamb" else "") + "},")
         shapes = SHAPES.get(label, []) if opt == "muon" else []
-        lines.append("       {" + ", ".join("{" + ", ".join(str(d) for d in sh) + "}" for sh in shapes) + "}},")
+        lines.append("       {" + ", ".join("{" + ", ".join(str(d) for d in sh) + "}" for sh in shapes) + "}"
+                     + (", true}," if opt in BIT_EXACT else "},"))
     lines += ["  };", "  return all;", "}", "", "}  // namespace golden", ""]
     return "\n".join(lines)
 

@@ -215,6 +215,12 @@ TEST_CASE("host loops: optimizer updates equal the per-element rule bit for bit"
     check_optimizer_all_types<optim::adamw>("adamw t=1000", o.constants(1000));
   }
   {
+    // The slots' inputs are arbitrary words: both halves of every kind (NaN, Inf, subnormal) are met.
+    optim::adamw_bf16 o;
+    check_optimizer_all_types<optim::adamw_bf16>("adamw_bf16", o.constants(1));
+    check_optimizer_all_types<optim::adamw_bf16>("adamw_bf16 t=2^32+7", o.constants((1ull << 32) + 7));
+  }
+  {
     optim::lion o;
     o.weight_decay = 0.1f;
     check_optimizer_all_types<optim::lion>("lion", o.constants(1));

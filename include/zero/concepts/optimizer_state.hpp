@@ -14,7 +14,9 @@
 namespace zero {
 
 // Requirements:
-//   O::slots                    constexpr int, fp32 state values kept per parameter element
+//   O::slots                    constexpr int, 4-byte state values kept per parameter element: fp32, or
+//                               bits the rule packs into a float itself (optim::adamw_bf16: two bf16),
+//                               which the engine moves, saves and reshards bit for bit
 //   O::name                     constexpr std::string_view, e.g. "adamw"
 //   typename O::step_constants  what one step's update needs (learning rate, bias corrections...),
 //                               computed once per step on the host and passed to every element
