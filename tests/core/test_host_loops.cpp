@@ -4,7 +4,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -409,3 +412,47 @@ TEST_CASE_TEMPLATE("host loops: the binned summaries equal the plain loop's at e
       }
     }
 }
+
+// The memory the loops run on: sys::host::allocate's arrays of 2 MiB or more start on a 2 MiB boundary
+// and, where the kernel gives transparent huge pages on advice, are eligible for them; smaller ones are
+// cache-line aligned. Every byte asked for is usable and freed with the size it was asked with.
+TEST_CASE("sys::host::allocate: large arrays on huge-page boundaries, advised as huge pages") {
+  using host = sys::host;
+  for (std::size_t bytes : {std::size_t{64}, std::size_t{4096}, host_pages::huge_bytes - 64, host_pages::huge_bytes,
+                            host_pages::huge_bytes * 3 + 4096}) {
+    INFO("bytes=", bytes);
+    auto* p = static_cast<unsigned char*>(host::allocate(bytes));
+    REQUIRE(p != nullptr);
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    CHECK(address % host::alignment == 0);
+    if (bytes >= host_pages::huge_bytes) CHECK(address % host_pages::huge_bytes == 0);
+    std::memset(p, 0xab, bytes);
+    CHECK(p[bytes - 1] == 0xab);
+    if (bytes >= host_pages::huge_bytes) {
+      // The kernel's THP mode decides whether advice is taken ("[always] madvise never" marks it).
+      std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
+      std::string modes;
+      std::getline(mode, modes);
+      std::ifstream smaps("/proc/self/smaps");
+      if (smaps && (modes.find("[madvise]") != std::string::npos || modes.find("[always]") != std::string::npos)) {
+        // The mapping that holds p, and its THPeligible line.
+        std::string line;
+        bool inside = false;
+        int eligible = -1;
+        while (std::getline(smaps, line)) {
+          unsigned long long lo = 0, hi = 0;
+          if (std::sscanf(line.c_str(), "%llx-%llx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+            inside = lo <= address && address < hi;
+            continue;
+          }
+          if (inside && line.rfind("THPeligible:", 0) == 0) eligible = std::atoi(line.c_str() + 12);
+        }
+        if (eligible != -1) CHECK(eligible == 1);
+      }
+    }
+    host::deallocate(p, bytes);
+  }
+  CHECK(host::allocate(0) == nullptr);
+  host::deallocate(nullptr, 0);
+}
+

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "zero/core/host_pages.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/offload/state_file.hpp"
 
@@ -76,7 +77,7 @@ class host_block {
       p_ = System::allocate_pinned(bytes);
       pinned_ = true;
     } else {
-      p_ = ::operator new (bytes, std::align_val_t{io_alignment});
+      p_ = host_pages::allocate(bytes, io_alignment);
     }
     if (zero_filled) std::memset(p_, 0, bytes);
   }
@@ -103,7 +104,7 @@ class host_block {
         return;
       }
     }
-    ::operator delete (p_, std::align_val_t{io_alignment});
+    host_pages::deallocate(p_, bytes_, io_alignment);
   }
   float* floats() const { return static_cast<float*>(p_); }
   void* data() const { return p_; }

@@ -1,16 +1,16 @@
-// sys::host: the memory space and loop of the CPU path: 64-byte aligned allocation, copies, the element-wise loop, the
-// norm.
+// sys::host: the memory space and loop of the CPU path: aligned allocation (huge pages for large arrays), copies, the
+// element-wise loop, the norm.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <new>
 
 #include "zero/core/binned.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/half_types.hpp"
+#include "zero/core/host_pages.hpp"
 #include "zero/sys/host_binned.hpp"
 #include "zero/sys/host_loop.hpp"
 #include "zero/sys/host_products.hpp"
@@ -35,13 +35,9 @@ struct host {
   // Its memory is the host's: the host loop may read and write it directly (an offloaded update).
   static constexpr bool host_addressable = true;
 
-  static void* allocate(std::size_t bytes) {
-    if (bytes == 0) return nullptr;
-    return ::operator new(bytes, std::align_val_t{alignment});
-  }
-  static void deallocate(void* p, std::size_t) noexcept {
-    if (p) ::operator delete(p, std::align_val_t{alignment});
-  }
+  // Large arrays get huge pages (core/host_pages.hpp); deallocate is given the allocation's size.
+  static void* allocate(std::size_t bytes) { return host_pages::allocate(bytes, alignment); }
+  static void deallocate(void* p, std::size_t bytes) noexcept { host_pages::deallocate(p, bytes, alignment); }
   static void fill_zero(void* p, std::size_t bytes) {
     if (bytes) std::memset(p, 0, bytes);
   }
@@ -61,7 +57,14 @@ struct host {
     if constexpr (host_binned::vectorized<Rule, Ts...>)
       host_binned::run(n, rule, ops.data...);
     else
-      host_loop::run(n, rule, ops.data...);
+      host_loop::run(n, rule, reads_of(ops...), ops.data...);
+  }
+  // Bit k set where operand k is read (host_loop prefetches those ahead).
+  template <class... Ts>
+  static std::uint32_t reads_of(const elementwise::operand<Ts>&... ops) {
+    std::uint32_t bits = 0, bit = 1;
+    ((bits |= ops.read ? bit : 0u, bit <<= 1), ...);
+    return bits;
   }
   // The index loop: rule(j) for j in [0, n), for rules that hold their arrays and read more than
   // element j of them (core/quantize.hpp: a block's scale, a code's block). In order, except the

@@ -740,8 +740,14 @@ class mpi {
 
   // ---- the started collectives ----
 
+  // The system's deallocate takes the allocation's size. (Constructors, not a member initializer: a
+  // nested class's initializer is not usable while the enclosing class is incomplete, where
+  // unique_ptr's default constructor asks whether the deleter is default-constructible.)
   struct host_free {
-    void operator()(std::byte* p) const noexcept { system::deallocate(p, 0); }
+    std::size_t bytes;
+    host_free() noexcept : bytes(0) {}
+    explicit host_free(std::size_t b) noexcept : bytes(b) {}
+    void operator()(std::byte* p) const noexcept { system::deallocate(p, bytes); }
   };
   // An exchange buffer of a started collective.
   struct block {
@@ -818,7 +824,7 @@ class mpi {
       o.scratch = std::move(*best);
       pool.erase(best);
     } else {
-      o.scratch.data.reset(static_cast<std::byte*>(system::allocate(bytes)));
+      o.scratch.data = {static_cast<std::byte*>(system::allocate(bytes)), host_free{bytes}};
       o.scratch.bytes = bytes;
       q_->held_bytes += bytes;
     }
@@ -1125,7 +1131,7 @@ class mpi {
     const std::size_t bytes = elems * sizeof(T);
     if (bytes > scratch_bytes_) {
       scratch_.reset();  // free first: the old and new buffers need not coexist
-      scratch_.reset(static_cast<std::byte*>(system::allocate(bytes)));
+      scratch_ = {static_cast<std::byte*>(system::allocate(bytes)), host_free{bytes}};
       scratch_bytes_ = bytes;
     }
     return reinterpret_cast<T*>(scratch_.get());
