@@ -60,6 +60,17 @@ ZERO_HD inline void store(T* a, std::size_t j, V x) {
 #endif
 }
 
+// store of a float value that is already canonical (fp::canonical applied): its bits as they are, so
+// a rule that keeps the canonical value (to write a parameter copy from it) does not pay the NaN
+// check twice.
+template <class V>
+ZERO_HD inline void store_canonical(float* a, std::size_t j, V x) {
+  if constexpr (std::is_same_v<V, float>) a[j] = x;
+#if defined(ZERO_HOST_SIMD)
+  else x.store(a + j);
+#endif
+}
+
 // Whether optimizer Opt's update rule is written over a value type (a template, as optim::sgd,
 // adamw and lion): then the host loop runs it on packs. An optimizer written for float only still
 // works everywhere; the host runs it one element at a time.
@@ -131,7 +142,7 @@ struct update_in_place_rule {
     V wj = load<V>(w, j);
     Opt::update(c, wj, gj, s);
     wj = canonical(wj);
-    store(w, j, wj);
+    store_canonical(w, j, wj);
     int k = 0;
     (store(slots, j, s[k++]), ...);
     return wj;
@@ -214,7 +225,7 @@ struct apply_in_place_rule {
     V wj = load<V>(w, j);
     Opt::apply(c, f, wj, s);
     wj = canonical(wj);
-    store(w, j, wj);
+    store_canonical(w, j, wj);
     return wj;
   }
 };

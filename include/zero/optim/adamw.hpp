@@ -61,7 +61,7 @@ struct adamw {
   // Written over a value type V: float, or a simd::pack of floats in the host loop (same IEEE
   // operations lane by lane, found unqualified; core/elementwise.hpp).
   template <class V>
-  ZERO_HD static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
+  ZERO_HD_INLINE static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
     using namespace zero::fp;
     advance_moments<V>(c, g, s);
     w = sub(w, mul(c.lr, direction<V>(c, w, s)));
@@ -69,13 +69,13 @@ struct adamw {
   // The two halves of the update, which optim::lamb shares: the moments from the gradient, and the
   // step's direction m_hat / (sqrt(v_hat) + eps) + wd * w from the advanced moments.
   template <class V>
-  ZERO_HD static void advance_moments(const step_constants& c, std::type_identity_t<V> g, V* s) {
+  ZERO_HD_INLINE static void advance_moments(const step_constants& c, std::type_identity_t<V> g, V* s) {
     using namespace zero::fp;
     s[0] = add(mul(c.beta1, s[0]), mul(c.one_minus_beta1, g));
     s[1] = add(mul(c.beta2, s[1]), mul(c.one_minus_beta2, mul(g, g)));
   }
   template <class V>
-  ZERO_HD static V direction(const step_constants& c, const V& w, const V* s) {
+  ZERO_HD_INLINE static V direction(const step_constants& c, const V& w, const V* s) {
     using namespace zero::fp;
     const V m_hat = div(s[0], c.bias_correction1);
     const V v_hat = div(s[1], c.bias_correction2);

@@ -62,7 +62,7 @@ struct adamw_bf16 {
 
   // m, v <- the slot; AdamW's moments and step in fp32; the slot <- m, v rounded to bf16.
   template <class V>
-  ZERO_HD static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
+  ZERO_HD_INLINE static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
     using namespace zero::fp;
     V mv[2];
     stochastic::unpack_pair(s[0], mv[0], mv[1]);

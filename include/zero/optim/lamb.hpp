@@ -72,16 +72,16 @@ struct lamb {
 
   // The moments from the gradient (the weight is not needed, nor changed), as AdamW's.
   template <class V>
-  ZERO_HD static void advance(const step_constants& c, const V&, std::type_identity_t<V> g, V* s) {
+  ZERO_HD_INLINE static void advance(const step_constants& c, const V&, std::type_identity_t<V> g, V* s) {
     adamw::advance_moments<V>(c.adam, g, s);
   }
   // r = m^ / (sqrt(v^) + eps) + wd w: AdamW's direction, before the trust ratio.
   template <class V>
-  ZERO_HD static V direction(const step_constants& c, const V& w, const V* s) {
+  ZERO_HD_INLINE static V direction(const step_constants& c, const V& w, const V* s) {
     return adamw::direction<V>(c.adam, w, s);
   }
   template <class V>
-  ZERO_HD static void norm_terms(const step_constants& c, const V& w, const V* s, V* x) {
+  ZERO_HD_INLINE static void norm_terms(const step_constants& c, const V& w, const V* s, V* x) {
     x[0] = w;
     x[1] = direction(c, w, s);
   }
@@ -97,7 +97,7 @@ struct lamb {
   }
   // w = w - (lr f) r.
   template <class V>
-  ZERO_HD static void apply(const step_constants& c, float f, V& w, const V* s) {
+  ZERO_HD_INLINE static void apply(const step_constants& c, float f, V& w, const V* s) {
     using namespace zero::fp;
     w = sub(w, mul(fp::mul(c.adam.lr, f), direction(c, w, s)));
   }

@@ -79,7 +79,7 @@ struct muon {
 
   // The element-wise tensors: AdamW.
   template <class V>
-  ZERO_HD static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
+  ZERO_HD_INLINE static void update(const step_constants& c, V& w, std::type_identity_t<V> g, V* s) {
     adamw::update<V>(c.adam, w, g, s);
   }
 

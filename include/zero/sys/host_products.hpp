@@ -56,10 +56,10 @@ struct host_products {
         const std::size_t i = blk * block;
         float* c = C + i * m;
         if (i + block <= n)
-          host_loop::run(m, product_rows_rule<8>{A + i * k, k, B, m}, c, c + m, c + 2 * m, c + 3 * m, c + 4 * m,
+          host_loop::run(m, product_rows_rule<8>{A + i * k, k, B, m}, 0, c, c + m, c + 2 * m, c + 3 * m, c + 4 * m,
                          c + 5 * m, c + 6 * m, c + 7 * m);
         else
-          for (std::size_t r = i; r < n; ++r) host_loop::run(m, product_rows_rule<1>{A + r * k, k, B, m}, C + r * m);
+          for (std::size_t r = i; r < n; ++r) host_loop::run(m, product_rows_rule<1>{A + r * k, k, B, m}, 0, C + r * m);
       }
     });
   }
