@@ -2,10 +2,12 @@
 // optimizer update in the same run, one thread (and the AdamW update over a pool of 1 and 2 threads), one JSON line
 // per case.
 //
-// Usage: bench_host_loops [--mib M] [--reps R] [--levels]
+// Usage: bench_host_loops [--mib M] [--reps R] [--levels] [--small-pages] [--adamw-only]
 //   M: MiB of the largest array (default 256: far beyond the last-level cache); R: repetitions
 //   (default 7; the median is reported with min and max). --levels also runs every ISA level the CPU
-//   has (host_loop::set_cap), besides the default (best) one and the old scalar loop.
+//   has (host_loop::set_cap), besides the default (best) one and the old scalar loop. --small-pages
+//   allocates the arrays at cache-line alignment on 4 KiB pages instead of the engine's allocation; --adamw-only
+//   runs memcpy, the fp32 AdamW update and the engine's step only.
 // Bytes moved per element count each array read once and each array written once (an operand that
 // is read and written counts twice), as memcpy's read + write does. The quantizer (int8 and int4,
 // blocks of 256) is reported as a fraction of memcpy's bytes/s; the reproducible mode's passes (cut
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/core/thread_pool.hpp"
@@ -53,9 +56,47 @@ void scalar_loop(std::size_t n, const Rule& rule, Ts*... p) {
   for (std::size_t j = 0; j < n; ++j) rule(j, p...);
 }
 
+// --small-pages: the arrays at cache-line alignment on 4 KiB pages, as a general-purpose allocator
+// gives them (glibc's, torch's); by default the engine's own allocation (sys::host::allocate: huge
+// pages for large arrays), so that the loops run on the memory an engine's shards get.
+bool small_pages = false;
+// --adamw-only: memcpy, the fp32 AdamW update and the engine's step (bench/peer_cpu_adam.sh's cases).
+bool adamw_only = false;
+
+// n elements of T from the allocation the run measures.
 template <class T>
-std::vector<T> filled(std::size_t n, float x) {
-  std::vector<T> v(n);
+class host_array {
+ public:
+  host_array() = default;
+  explicit host_array(std::size_t n) : n_(n) {
+    data_ = static_cast<T*>(small_pages ? ::operator new(bytes(), std::align_val_t{64}) : sys::host::allocate(bytes()));
+  }
+  host_array(host_array&& o) noexcept : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  host_array& operator=(host_array&& o) noexcept {
+    host_array t(std::move(o));
+    std::swap(data_, t.data_);
+    std::swap(n_, t.n_);
+    return *this;
+  }
+  ~host_array() {
+    if (!data_) return;
+    if (small_pages) ::operator delete(data_, std::align_val_t{64});
+    else sys::host::deallocate(data_, bytes());
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  T& operator[](std::size_t i) { return data_[i]; }
+
+ private:
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+template <class T>
+host_array<T> filled(std::size_t n, float x) {
+  host_array<T> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = T(x * (1.0f + 1e-3f * static_cast<float>(i % 1000)));
   return v;
 }
@@ -229,6 +270,7 @@ void all_cases(std::size_t n, int reps, bool levels, const char* type) {
              }));
     }
   }
+  if (adamw_only) return;
   {
     // AdamW with its moments as two bf16 in one slot: 8 bytes of slot traffic per element instead of 16,
     // and the stochastic rounding's hashing.
@@ -280,21 +322,26 @@ void all_cases(std::size_t n, int reps, bool levels, const char* type) {
   }
 }
 
-// The step of a 1-rank engine (stage 1, fp32 AdamW, one unit of n elements) next to the loop it runs,
-// in the same run: step() alone (the update, and the gradients left zero for the next step), and
-// reduce() + step() (at one rank the reduce leaves the gradient where it is: a read of it). "of_loop":
-// the engine's elements per second over the bare update's of the same size.
-void engine_step_case(std::size_t n, int reps) {
+// The step of a 1-rank engine (stage 1, fp32 AdamW, one unit of n elements, engine_options::host_threads =
+// `threads`) next to the loop it runs over a pool of as many threads, in the same run: step() alone (the update, and
+// the gradients left zero for the next step), and reduce() + step() (at one rank the reduce leaves the gradient where
+// it is: a read of it). "of_loop": the engine's elements per second over the bare update's of the same size.
+void engine_step_case(std::size_t n, int reps, int threads, offload_tier tier = offload_tier::none) {
   optim::adamw o;
   auto g = filled<float>(n, 0.01f), w = filled<float>(n, 1.0f), m = filled<float>(n, 0.001f),
        v = filled<float>(n, 0.0001f);
   const auto c = o.constants(10);
+  thread_pool pool(threads);
   const stats loop = time_reps(reps, [&] {
-    float* slots[2] = {m.data(), v.data()};
-    elementwise::update<optim::adamw>(sys::host{}, c, static_cast<const float*>(g.data()), 1.0f, 1.0f, w.data(), slots,
-                                      static_cast<float*>(nullptr), n);
+    pool.run(n, [&](std::size_t b, std::size_t e) {
+      float* slots[2] = {m.data() + b, v.data() + b};
+      elementwise::update<optim::adamw>(sys::host{}, c, static_cast<const float*>(g.data()) + b, 1.0f, 1.0f,
+                                        w.data() + b, slots, static_cast<float*>(nullptr), e - b);
+    });
   });
-  report("adamw", "fp32", "update loop, for the engine", n, 28, loop);
+  const std::string on = std::string(tier == offload_tier::host ? ", host offload" : "") +
+                         (threads == 1 ? std::string() : ", " + std::to_string(threads) + " threads");
+  report("adamw", "fp32", "update loop, for the engine" + on, n, 28, loop);
   g = {};
   w = {};
   m = {};
@@ -303,7 +350,10 @@ void engine_step_case(std::size_t n, int reps) {
   spec.unit("all").tensor("w", {n});
   std::vector<double> step_s, both_s;
   comm::threads::launch(1, [&](comm::threads& comm) {
-    engine<stage1, comm::threads, optim::adamw> e(comm, spec);
+    engine_options options;
+    options.host_threads = threads;
+    options.offload.tier = tier;
+    engine<stage1, comm::threads, optim::adamw> e(comm, spec, optim::adamw{}, options);
     e.initialize([](const unit_spec&, const tensor_spec&, range r, std::span<float> x) {
       for (std::size_t j = 0; j < x.size(); ++j) x[j] = 1.0f + 1e-3f * static_cast<float>((r.begin + j) % 1000);
     });
@@ -328,12 +378,12 @@ void engine_step_case(std::size_t n, int reps) {
     return stats{t[t.size() / 2], t.front(), t.back()};
   };
   const stats step = summary(step_s), both = summary(both_s);
-  report("adamw", "fp32", "engine step(), 1 rank", n, 28, step);
-  report("adamw", "fp32", "engine reduce() + step(), 1 rank", n, 28, both);
+  report("adamw", "fp32", "engine step(), 1 rank" + on, n, 28, step);
+  report("adamw", "fp32", "engine reduce() + step(), 1 rank" + on, n, 28, both);
   std::printf(
-      "{\"case\": \"engine step over loop\", \"n\": %zu, \"step_of_loop\": %.3f, \"reduce_and_step_of_loop\": %.3f, "
-      "\"isa\": \"%s\"}\n",
-      n, loop.median / step.median, loop.median / both.median, hl::name(hl::active()));
+      "{\"case\": \"engine step over loop\", \"n\": %zu, \"threads\": %d, \"step_of_loop\": %.3f, "
+      "\"reduce_and_step_of_loop\": %.3f, \"isa\": \"%s\"}\n",
+      n, threads, loop.median / step.median, loop.median / both.median, hl::name(hl::active()));
   std::fflush(stdout);
 }
 
@@ -392,31 +442,40 @@ int main(int argc, char** argv) {
     if (a == "--mib" && i + 1 < argc) mib = std::stoul(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (a == "--levels") levels = true;
+    else if (a == "--small-pages") small_pages = true;
+    else if (a == "--adamw-only") adamw_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--mib M] [--reps R] [--levels]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--mib M] [--reps R] [--levels] [--small-pages] [--adamw-only]\n", argv[0]);
       return 2;
     }
   }
   // Elements: the largest array (fp32) is `mib` MiB.
   const std::size_t n = mib * 1024 * 1024 / sizeof(float);
   {
-    std::vector<char> a(n * sizeof(float), 1), b(n * sizeof(float), 2);
-    const stats s = time_reps(reps, [&] { std::memcpy(b.data(), a.data(), a.size()); });
-    memcpy_gbs = 2.0 * static_cast<double>(a.size()) / s.median / 1e9;
+    auto a = filled<float>(n, 1.0f), b = filled<float>(n, 2.0f);
+    const std::size_t bytes = n * sizeof(float);
+    const stats s = time_reps(reps, [&] { std::memcpy(b.data(), a.data(), bytes); });
+    memcpy_gbs = 2.0 * static_cast<double>(bytes) / s.median / 1e9;
     std::printf(
         "{\"case\": \"memcpy\", \"bytes\": %zu, \"gbytes_per_s\": %.3f, \"time_s\": {\"median\": %.6f, \"min\": %.6f, "
-        "\"max\": %.6f}, \"isa\": \"%s\"}\n",
-        a.size(), memcpy_gbs, s.median, s.min, s.max, hl::name(hl::active()));
+        "\"max\": %.6f}, \"isa\": \"%s\", \"pages\": \"%s\"}\n",
+        bytes, memcpy_gbs, s.median, s.min, s.max, hl::name(hl::active()), small_pages ? "small" : "engine");
   }
   all_cases<float>(n, reps, levels, "fp32");
+  if (adamw_only) {
+    for (int threads : {1, 2}) engine_step_case(n, reps, threads);
+    for (int threads : {1, 2}) engine_step_case(n, reps, threads, offload_tier::host);
+    return 0;
+  }
   all_cases<bf16>(n, reps, levels, "bf16");
   quantizer_cases(n, reps, levels);
   binned_cases(n / 8, reps, levels);
-  engine_step_case(n / 4, reps);
+  for (int threads : {1, 2}) engine_step_case(n, reps, threads);
+  engine_step_case(n, reps, 1, offload_tier::host);
   products_cases(reps, levels, mib >= 64);
   if (levels && hl::detected() > hl::isa::avx2) {  // what a CPU without AVX-512 runs
     const hl::isa before = hl::set_cap(hl::isa::avx2);
-    engine_step_case(n / 4, reps);
+    engine_step_case(n, reps, 1);
     hl::set_cap(before);
   }
   return 0;
