@@ -401,8 +401,8 @@ inline void add_common_flags(CLI::App& app, options& o) {
            o.offload_slice_given = true;
          },
          "--offload host|disk: elements streamed per slice, a multiple of 1024 in [1024, 2^40] (three slices per state "
-         "array in flight); not given with --offload disk and --memory-limit: the largest up to the default with which "
-         "the run fits the limit")
+         "array in flight); not given with --offload disk and --memory-limit on a CPU system (where the tier's host "
+         "memory counts in the limit): the largest up to the default with which the run fits the limit")
       ->type_name("UINT")
       ->default_str(std::to_string(o.offload_slice));
   auto* log_flag = app.add_option("--log", o.log,
