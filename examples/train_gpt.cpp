@@ -93,6 +93,11 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   zero::engine_options eo = trainer::engine_options_of(o);
   // No weight decay for biases and norms; Muon's embeddings on its AdamW (gpt.hpp).
   eo.param_groups = gpt::param_groups(zero::MatrixOptimizer<Opt>);
+  // --offload disk under --memory-limit: the largest slice that fits, planned for this rank's pieces.
+  eo.offload.slice_elements = trainer::offload_slice_of(o, eo, comm.rank(), [&](const zero::engine_options& x) {
+    return zero::plan(spec.piece(g.tp, 0), comm.size() / g.tp, Stage::stage, zero::plan_precision::of<Prec>(),
+                      zero::plan_optimizer::of<Opt>(), x, comm.overlaps());
+  });
   // --tp T > 1: the ranks as an (N / T) x T mesh (comm::mesh). The engine runs ZeRO over this rank's
   // data-parallel group, on its pieces of the model; the blocks sum their partial activations over
   // its tensor-parallel group. T = 1: the engine over all ranks, every rank data-parallel.

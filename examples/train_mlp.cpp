@@ -50,7 +50,10 @@ template <class Stage, class Opt, class Prec, class Comm>
 void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, summary& out) {
   Comm& report = comm.inner();
   const zero::model_spec spec = mlp::make_spec(o.model);
-  const zero::engine_options eo = trainer::engine_options_of(o);
+  zero::engine_options eo = trainer::engine_options_of(o);
+  eo.offload.slice_elements = trainer::offload_slice_of(o, eo, comm.rank(), [&](const zero::engine_options& x) {
+    return zero::plan_for<Stage, zero::comm::modeled<Comm>, Opt, Prec>(spec, comm.size(), x);
+  });
   const auto setup_start = std::chrono::steady_clock::now();
   const double setup_cpu_start = trainer::thread_cpu_seconds();
   zero::engine<Stage, zero::comm::modeled<Comm>, Opt, Prec> e(comm, spec, opt, eo);

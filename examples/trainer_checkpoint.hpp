@@ -39,7 +39,7 @@ struct save_record {
                             // for the previous save's writer and its snapshot copy
   double waited_s = 0;      // asynchronous: of the stall, the wait for the previous save's writer
   double write_s = 0;       // writing the rank's data file (asynchronous: in the background)
-  std::uint64_t bytes = 0;  // the rank's data file (blocking: the mean over the ranks' files)
+  std::uint64_t bytes = 0;  // the rank's data file, blocking or asynchronous
   double write_bytes_per_s() const { return write_s > 0 ? static_cast<double>(bytes) / write_s : 0.0; }
 };
 
@@ -119,7 +119,7 @@ class checkpoints {
     const auto saved = zero::checkpoint::save(e, comm, o.save);
     r.stall_s = r.write_s = std::chrono::duration<double>(clock::now() - t0).count();
     r.version = saved.version;
-    r.bytes = saved.bytes / static_cast<std::uint64_t>(comm.size());  // the mean data file
+    r.bytes = saved.rank_bytes;
     records_.push_back(r);
     complete(false);
   }

@@ -86,6 +86,7 @@ struct options {
   std::string offload = "none";
   std::string offload_dir;
   std::uint64_t offload_slice = std::uint64_t{1} << 20;
+  bool offload_slice_given = false;  // --offload-slice given; otherwise chosen to fit --memory-limit (offload_slice_of)
   bool link() const { return link_gbps > 0 || link_latency_us > 0; }
   // ZeRO++ (engine_options::zeropp): --qwz, --qgz, --hpz NODE_SIZE, --node-size, the formats.
   bool qwz = false, qgz = false, qgz_error_feedback = false;
@@ -397,9 +398,11 @@ inline void add_common_flags(CLI::App& app, options& o) {
            o.offload_slice = toolcli::integer_value<std::uint64_t>("--offload-slice", v, 1024, std::uint64_t{1} << 40);
            if (o.offload_slice % 1024 != 0)
              throw CLI::ValidationError("--offload-slice", toolcli::quote(v) + " is not a multiple of 1024");
+           o.offload_slice_given = true;
          },
          "--offload host|disk: elements streamed per slice, a multiple of 1024 in [1024, 2^40] (three slices per state "
-         "array in flight)")
+         "array in flight); not given with --offload disk and --memory-limit on a CPU system (where the tier's host "
+         "memory counts in the limit): the largest up to the default with which the run fits the limit")
       ->type_name("UINT")
       ->default_str(std::to_string(o.offload_slice));
   auto* log_flag = app.add_option("--log", o.log,
@@ -504,6 +507,31 @@ inline zero::engine_options engine_options_of(const options& o) {
   eo.shard_group_size = o.shard_group;
   eo.host_threads = o.host_threads;
   return eo;
+}
+
+// The disk tier's slice: --offload-slice where given. Under --memory-limit without it, the largest
+// multiple of 1024 up to the default whose run fits the limit as `plan(engine_options)` (zero::plan for
+// the run's engine) counts it, the trainers' final full_params() gather included: the tier stages up
+// to three slices per state array, 12 MiB each at the default, more than a limit just above the states
+// the tier leaves in memory has room for. The default where none fits (the engine then says why).
+// Rank 0 says which slice it chose.
+template <class Plan>
+std::size_t offload_slice_of(const options& o, zero::engine_options eo, int rank, Plan&& plan) {
+  const std::size_t given = eo.offload.slice_elements;
+  if (eo.offload.tier != zero::offload_tier::disk || o.offload_slice_given || eo.memory_limit_bytes == 0) return given;
+  for (std::size_t slice = given / 1024 * 1024; slice >= 1024; slice -= 1024) {
+    eo.offload.slice_elements = slice;
+    const zero::plan_report p = plan(eo);
+    if (p.model_states.total() + std::max(p.step_transient_peak, p.consolidation_bytes) > eo.memory_limit_bytes)
+      continue;
+    if (rank == 0 && slice != given)
+      std::fprintf(stderr,
+                   "--offload disk: slices of %zu elements, the largest that fits --memory-limit %" PRIu64
+                   " (the default %zu does not; --offload-slice sets it)\n",
+                   slice, o.memory_limit, given);
+    return slice;
+  }
+  return given;
 }
 
 // Calls train.template operator()<Stage, Optimizer, Precision>(optimizer) for the policies the

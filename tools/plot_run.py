@@ -68,7 +68,12 @@ def main():
     ap.add_argument("--title", help="the figure's title (default: what the runs share)")
     args = ap.parse_args()
 
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        # One line, not a traceback: which package, and how this project installs it.
+        sys.exit(f"plot_run.py: this python3 ({sys.executable}) has no matplotlib: install python3-matplotlib "
+                 "(scripts/setup.sh --no-build does), or pip install matplotlib")
     if not os.environ.get("MPLBACKEND"):
         matplotlib.use("Agg")  # a file, not a window: works headless
     import matplotlib.pyplot as plt

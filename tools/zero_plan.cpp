@@ -3,9 +3,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,12 +30,69 @@ struct tensor_text {
 
 // A model description: a JSON list of units, each {"name": ..., "tensors": [{"name": ..., "shape": [...]}]}
 // and optionally "gathers": n (a shared unit gathered n times per pass, unit_builder::gathers), or an
-// object with that list under "units". Errors name the file and the place.
-// The file is opened without blocking (a FIFO is refused, not waited on) and read up to
+// object with that list under "units" and optionally its parameter groups under "groups": each
+// {"name": ..., "members": ["unit.tensor", ...]} with param_group's overrides "lr_scale", "weight_decay"
+// and "element_wise" (a matrix optimizer's element-wise rule: AdamW under Muon). Errors name the file
+// and the place. The file is opened without blocking (a FIFO is refused, not waited on) and read up to
 // max_model_bytes; every name quoted from it is escaped (toolcli::quote).
 inline constexpr std::uint64_t max_model_bytes = std::uint64_t{64} << 20;
 
-zero::model_spec read_model(const std::string& file) {
+struct model_description {
+  zero::model_spec spec;
+  std::vector<zero::param_group> groups;  // engine_options::param_groups, as the engine would be given them
+};
+
+// A group's "lr_scale" or "weight_decay": a finite number >= 0 (the engine's own check, named here).
+float group_number(const nlohmann::json& g, const char* key, const std::string& where, const std::string& group) {
+  const nlohmann::json& v = g[key];
+  ZERO_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0.0 &&
+                 v.get<double>() <= 3.4e38,
+             invalid_argument, where, ": group ", group, ": \"", key, "\" ",
+             v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), " is not a finite number >= 0");
+  return v.get<float>();
+}
+
+// "groups": the overrides in order, and each member ("unit.tensor") with its group's name.
+std::vector<zero::param_group> read_groups(const nlohmann::json& j, const std::string& where,
+                                           std::map<std::string, std::string>& member_group) {
+  std::vector<zero::param_group> groups;
+  if (!j.is_object() || !j.contains("groups")) return groups;
+  const nlohmann::json& list = j["groups"];
+  ZERO_CHECK(list.is_array(), invalid_argument, where, ": \"groups\" must be a list of parameter groups");
+  for (std::size_t g = 0; g < list.size(); ++g) {
+    const nlohmann::json& gj = list[g];
+    ZERO_CHECK(gj.is_object() && gj.contains("name") && gj["name"].is_string() && gj.contains("members") &&
+                   gj["members"].is_array() && !gj["members"].empty(),
+               invalid_argument, where, ": group ", g,
+               " needs a \"name\" (string) and \"members\" (a non-empty list of \"unit.tensor\" names)");
+    zero::param_group p;
+    p.name = gj["name"].get<std::string>();
+    const std::string group = toolcli::quote(p.name);
+    for (const auto& [key, value] : gj.items())
+      ZERO_CHECK(key == "name" || key == "members" || key == "lr_scale" || key == "weight_decay" ||
+                     key == "element_wise",
+                 invalid_argument, where, ": group ", group, ": unknown key ", toolcli::quote(key),
+                 " (name, members, lr_scale, weight_decay, element_wise)");
+    if (gj.contains("lr_scale")) p.lr_scale = group_number(gj, "lr_scale", where, group);
+    if (gj.contains("weight_decay")) p.weight_decay = group_number(gj, "weight_decay", where, group);
+    if (gj.contains("element_wise")) {
+      ZERO_CHECK(gj["element_wise"].is_boolean(), invalid_argument, where, ": group ", group,
+                 ": \"element_wise\" must be true or false");
+      p.element_wise = gj["element_wise"].get<bool>();
+    }
+    for (const nlohmann::json& m : gj["members"]) {
+      ZERO_CHECK(m.is_string(), invalid_argument, where, ": group ", group, ": member ",
+                 m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), " is not a \"unit.tensor\" name");
+      const auto [it, added] = member_group.try_emplace(m.get<std::string>(), p.name);
+      ZERO_CHECK(added, invalid_argument, where, ": group ", group, ": member ", toolcli::quote(it->first),
+                 " is in group ", toolcli::quote(it->second), " already (a tensor belongs to one group)");
+    }
+    groups.push_back(std::move(p));
+  }
+  return groups;
+}
+
+model_description read_model(const std::string& file) {
   const std::string text = toolcli::read_input("--model", file, max_model_bytes);
   const std::string where = "--model " + toolcli::quote(file);
   nlohmann::json j;
@@ -44,7 +104,10 @@ zero::model_spec read_model(const std::string& file) {
   const nlohmann::json& units = j.is_object() && j.contains("units") ? j["units"] : j;
   ZERO_CHECK(units.is_array() && !units.empty(), invalid_argument, where,
              ": expected a non-empty list of units (or {\"units\": [...]})");
-  zero::model_spec spec;
+  std::map<std::string, std::string> member_group;  // "unit.tensor" -> its group's name
+  model_description out{{}, read_groups(j, where, member_group)};
+  std::map<std::string, int> member_matches;
+  zero::model_spec& spec = out.spec;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const nlohmann::json& unit = units[u];
     ZERO_CHECK(unit.is_object() && unit.contains("name") && unit["name"].is_string() && unit.contains("tensors") &&
@@ -77,7 +140,13 @@ zero::model_spec read_model(const std::string& file) {
       tensors.push_back(std::move(tt));
     }
     auto builder = spec.unit(unit["name"].get<std::string>());
-    for (const auto& t : tensors) builder.tensor(t.name, t.shape, t.tp);
+    for (const auto& t : tensors) {
+      builder.tensor(t.name, t.shape, t.tp);
+      const auto member = member_group.find(unit["name"].get<std::string>() + "." + t.name);
+      if (member == member_group.end()) continue;
+      builder.group(member->second);
+      ++member_matches[member->first];
+    }
     if (unit.contains("gathers")) {
       const nlohmann::json& g = unit["gathers"];
       ZERO_CHECK(g.is_number_unsigned() && g.get<std::uint64_t>() >= 1 && g.get<std::uint64_t>() <= 1000000,
@@ -87,7 +156,26 @@ zero::model_spec read_model(const std::string& file) {
       builder.gathers(static_cast<int>(g.get<std::uint64_t>()));
     }
   }
-  return spec;
+  for (const auto& [member, group] : member_group) {
+    const int matches = member_matches[member];
+    ZERO_CHECK(matches == 1, invalid_argument, where, ": group ", toolcli::quote(group), ": member ",
+               toolcli::quote(member), matches == 0 ? " names no tensor (\"unit.tensor\")"
+                                                     : " names several tensors (names with dots are ambiguous)");
+  }
+  return out;
+}
+
+// What the engine's constructor refuses of the groups for this optimizer (param_group_map::make), so that
+// the plan describes only an engine that can be built.
+void check_groups(const model_description& m, const std::string& optimizer, const std::string& where) {
+  if (m.groups.empty()) return;
+  try {
+    const zero::layout l = zero::layout::make(m.spec, 1, 1);
+    zero::optimizers::visit_first([&]<class T>() { return optimizer == T::name; },
+                                  [&]<class T>() { zero::param_group_map::make<T>(m.spec, l, m.groups, 0); });
+  } catch (const zero::error& e) {
+    zero::fail(zero::error_kind::invalid_argument, where, ": \"groups\": ", e.what());
+  }
 }
 
 // 1234567 -> "1.18 MiB": the table's sizes (the JSON gives exact bytes).
@@ -205,8 +293,10 @@ int main(int argc, char** argv) {
       app.add_option("--model", model_file,
                      "JSON model description: a list of units, each {\"name\": ..., \"tensors\": [{\"name\": ..., "
                      "\"shape\": [...], \"tp_split\": d (optional: cut along dimension d across a tensor-parallel group, --tp)}, "
-                     "...], \"gathers\": n (optional: a shared unit gathered n times per pass)}; a "
-                     "regular file of at most 64 MiB")
+                     "...], \"gathers\": n (optional: a shared unit gathered n times per pass)}, or {\"units\": "
+                     "[...], \"groups\": [{\"name\": ..., \"members\": [\"unit.tensor\", ...], \"lr_scale\": x, "
+                     "\"weight_decay\": x, \"element_wise\": true (a matrix optimizer's element-wise rule: AdamW "
+                     "under Muon)}, ...]} (engine_options::param_groups); a regular file of at most 64 MiB")
           ->check(toolcli::checked([](const std::string& t) { return toolcli::input_problem(t, S_IFREG); }, "FILE"));
   toolcli::add_integer(app, "--layers", model.layers, 1, 1000, "the trainers' MLP: linear layers")
       ->excludes(model_flag);
@@ -270,6 +360,14 @@ int main(int argc, char** argv) {
                  "call (comm::threads, or overlap off)")
       ->check(toolcli::one_of({"on", "off"}))
       ->capture_default_str();
+  std::string release_order = "after-reduce";
+  app.add_option("--release-order", release_order,
+                 "where the backward pass releases each unit: after-reduce (gather, grads, reduce, release: the "
+                 "tutorial's loop) or before-reduce (gather, grads, release, reduce: train_loop's); in stage 3, "
+                 "releasing first can lower the transient peak by one gathered unit where reduce() allocates "
+                 "(--reproducible, --qgz)")
+      ->check(toolcli::one_of({"after-reduce", "before-reduce"}))
+      ->capture_default_str();
   int tp = 1;
   auto* tp_flag = toolcli::add_integer(
       app, "--tp", tp, 1, 1 << 20,
@@ -330,7 +428,10 @@ int main(int argc, char** argv) {
     }
 
   try {
-    const zero::model_spec whole = model_file.empty() ? mlp::make_spec(model) : read_model(model_file);
+    const model_description described =
+        model_file.empty() ? model_description{mlp::make_spec(model), {}} : read_model(model_file);
+    if (!model_file.empty()) check_groups(described, optimizer, "--model " + toolcli::quote(model_file));
+    const zero::model_spec& whole = described.spec;
     if (tp > 1 && !whole.has_split_tensors())
       return toolcli::usage_error(app, "--tp " + std::to_string(tp) +
                                            " plans the pieces of split tensors, but no tensor of the model declares "
@@ -342,13 +443,26 @@ int main(int argc, char** argv) {
     flags.offload = offload;
     flags.offload_slice = offload_slice;
     flags.memory_limit = memory;  // the plan under that limit: overlap makes room within it
-    const zero::engine_options options = trainer::engine_options_of(flags);
+    zero::engine_options options = trainer::engine_options_of(flags);
+    options.param_groups = described.groups;
     const bool overlapping = flags.overlap == "on";
+    const zero::release_order order =
+        release_order == "before-reduce" ? zero::release_order::before_reduce : zero::release_order::after_reduce;
     const auto prec = zero::plan_precision_named(precision);
     const auto opt = zero::plan_optimizer_named(optimizer);
+    flags.offload_slice_given = slice_flag->count() > 0;
     std::vector<zero::plan_report> reports;
+    std::vector<std::size_t> slices;  // --offload disk: each plan's slice (the trainers' choice under --memory)
     for (int stage : stages)
-      for (int n : ranks) reports.push_back(zero::plan(spec, n, stage, prec, opt, options, overlapping));
+      for (int n : ranks) {
+        const auto plan = [&](const zero::engine_options& o) {
+          return zero::plan(spec, n, stage, prec, opt, o, overlapping, order);
+        };
+        zero::engine_options chosen = options;
+        chosen.offload.slice_elements = trainer::offload_slice_of(flags, options, -1, plan);
+        slices.push_back(chosen.offload.slice_elements);
+        reports.push_back(plan(chosen));
+      }
     const zero::zeropp_options& z = options.zeropp;
     std::string zeropp_text;  // ", qwZ int8/256, qgZ int8/256, hpZ, nodes of 2"
     if (z.qwz) zeropp_text += ", qwZ int" + std::to_string(z.weights.bits) + "/" + std::to_string(z.weights.block);
@@ -359,6 +473,10 @@ int main(int argc, char** argv) {
     if (options.shard_group_size > 0)
       zeropp_text += ", shard groups of " + std::to_string(options.shard_group_size) + " (HSDP)";
     if (overlapping) zeropp_text += ", overlap";
+    if (!options.param_groups.empty())
+      zeropp_text += ", " + std::to_string(options.param_groups.size()) + " parameter group" +
+                     (options.param_groups.size() == 1 ? "" : "s");
+    if (order == zero::release_order::before_reduce) zeropp_text += ", release before reduce";
 
     const zero::plan_report& first = reports.front();
     if (json) {
@@ -380,10 +498,15 @@ int main(int argc, char** argv) {
                           {"qwz_bits", flags.qwz_bits},
                           {"qgz_bits", flags.qgz_bits},
                           {"overlap", overlapping},
+                          {"release_order", zero::to_string(order)},
+                          {"param_groups", options.param_groups.size()},
                           {"tensor_parallel", tp},
                           {"plans", nlohmann::json::array()}};
       if (memory > 0) j["memory_bytes"] = memory;
-      for (const auto& p : reports) j["plans"].push_back(report_json(p, memory));
+      for (std::size_t i = 0; i < reports.size(); ++i) {
+        j["plans"].push_back(report_json(reports[i], memory));
+        if (offload == "disk") j["plans"].back()["offload_slice"] = slices[i];
+      }
       std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       return 0;
     }
@@ -398,11 +521,20 @@ int main(int argc, char** argv) {
                   "(%zu of the model's %zu parameters); \"ranks\" is the data-parallel size\n",
                   tp, spec.numel(), whole.numel());
     std::printf("bytes per rank; \"transient\" is the most held at once by a step's buffers, \"peak\" adds it to the "
-                "model states\n\n");
+                "model states\n");
+    std::printf("bytes sent per step: \"sent/step\" by the gathers, reduces and parameter updates (comm().last_step), "
+                "\"control/step\" by step()'s own collectives (the norm, the settings' fingerprint, a tensor-wise "
+                "optimizer's sums, a matrix optimizer's exchange)\n\n");
     if (offload != "none")
       std::printf("\"offload\": the tier's host memory (the host tier's arrays; the disk tier's slice buffers and "
                   "checksums), counted as the rank's on a CPU system; \"offloaded\": the arrays in the tier\n");
     const bool off = offload != "none";
+    if (offload == "disk")
+      std::printf("\"slice\": the disk tier's elements per slice (%s)\n",
+                  flags.offload_slice_given || memory == 0
+                      ? "--offload-slice"
+                      : "the largest up to --offload-slice's default that fits --memory, as the trainers choose it");
+    const bool disk = offload == "disk";
     // The part of the bytes sent that goes between nodes (with shard groups, between the groups).
     const bool nodes = z.node_size > 0 || options.shard_group_size > 0;
     if (z.node_size > 0)
@@ -413,25 +545,32 @@ int main(int argc, char** argv) {
           "\"between nodes\": the part of sent/step that crosses the shard groups of %d ranks (each a node); "
           "the model states are ZeRO's at that many ranks\n",
           options.shard_group_size);
-    std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", "stage", "ranks", "params", "grads",
-                "master", "optimizer", off ? "     offload   offloaded" : "", "model states", "transient", "peak",
-                "sent/step", nodes ? " between nodes" : "", memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
+    std::printf("%5s %6s %11s %11s %11s %11s%s %12s %11s %11s %12s %12s%s%s\n", "stage", "ranks", "params", "grads",
+                "master", "optimizer", off ? (disk ? "     offload   offloaded     slice" : "     offload   offloaded") : "",
+                "model states", "transient", "peak",
+                "sent/step", "control/step", nodes ? " between nodes" : "",
+                memory > 0 ? ("  fits " + size_text(memory)).c_str() : "");
     int last_stage = -1;
-    for (const auto& p : reports) {
+    for (std::size_t i = 0; i < reports.size(); ++i) {
+      const zero::plan_report& p = reports[i];
       if (p.stage != last_stage && last_stage >= 0 && ranks.size() > 1) std::printf("\n");
       last_stage = p.stage;
-      char offload_columns[32] = "";
+      char offload_columns[48] = "";
       if (off)
         std::snprintf(offload_columns, sizeof offload_columns, " %11s %11s", size_text(p.model_states.offload).c_str(),
                       size_text(p.offloaded_bytes).c_str());
+      if (disk)
+        std::snprintf(offload_columns + std::strlen(offload_columns), sizeof offload_columns - std::strlen(offload_columns),
+                      " %9zu", slices[i]);
       char inter_column[32] = "";
       if (nodes)
         std::snprintf(inter_column, sizeof inter_column, " %13s", size_text(p.step_comm.inter_node_bytes()).c_str());
-      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s%s%s\n", p.stage, p.ranks * p.replicas,
+      std::printf("%5d %6d %11s %11s %11s %11s%s %12s %11s %11s %12s %12s%s%s\n", p.stage, p.ranks * p.replicas,
                   size_text(p.model_states.params).c_str(), size_text(p.model_states.grads).c_str(),
                   size_text(p.model_states.master).c_str(), size_text(p.model_states.optimizer_states).c_str(),
                   offload_columns, size_text(p.model_states.total()).c_str(), size_text(p.step_transient_peak).c_str(),
-                  size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(), inter_column,
+                  size_text(p.peak_bytes).c_str(), size_text(p.step_bytes_sent()).c_str(),
+                  size_text(p.control_comm.total_bytes()).c_str(), inter_column,
                   memory > 0 ? (p.fits(memory) ? "  yes" : "  no") : "");
     }
     std::uint64_t consolidation = 0;

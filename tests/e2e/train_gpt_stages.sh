@@ -3,7 +3,8 @@
 # stages 0-3 print the same param_hash; model states equal the formula; the traffic equals the
 # formula, which counts in stage 3 the two extra all-gathers of the tied unit (declared gathers(2))
 # per micro-batch, recomputed here from the units the run reports; evaluation and sampling traffic is
-# reported apart and equals the per-pass formula times the passes.
+# reported apart and equals the per-pass formula times the passes; under a memory limit the disk tier's
+# slice is chosen to fit.
 # Usage: train_gpt_stages.sh TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
@@ -82,4 +83,25 @@ repro a --ranks 1 --stage 0
 repro b --ranks 4 --stage 3 --precision fp32
 echo "reproducible: N=1 stage 0 $a, N=4 stage 3 $b"
 e2e_same "$b" "$a" "--reproducible at N=4 stage 3 against N=1 stage 0"
+# --offload disk under --memory-limit without --offload-slice: the largest slice whose plan fits (said
+# on stderr), the same bits as without offload; the next larger slice, given by hand, is refused. The
+# limit: what stays in memory (fp32 + AdamW: parameters and gradients, half the model states), the
+# transient peak, and 60 KB for the tier's slices (less than its default slice stages here).
+e2e_run "$train_gpt" "${small[@]}" --ranks 2 --batch 4 --stage 3
+e2e_filter plain hex check
+e2e_filter limit int python3 -c '
+import json, sys
+j = json.loads(sys.stdin.read().strip().splitlines()[-1])
+print(j["model_state_bytes_per_rank"] // 2 + j["transient_peak_bytes_per_rank"] + 60000)'
+mkdir "$e2e_work/offload"
+offload=(--offload disk --offload-dir "$e2e_work/offload" --memory-limit "$limit")
+e2e_run "$train_gpt" "${small[@]}" --ranks 2 --batch 4 --stage 3 "${offload[@]}"
+e2e_filter disk hex check
+e2e_same "$disk" "$plain" "--offload disk under --memory-limit $limit against no offload"
+slice=$(sed -En 's/^--offload disk: slices of ([0-9]+) elements, the largest that fits --memory-limit .*/\1/p' \
+  <<<"$e2e_err")
+e2e_value "the chosen slice" "$slice" int
+e2e_expect 1 "out of memory" "$train_gpt" "${small[@]}" --ranks 2 --batch 4 --stage 3 "${offload[@]}" \
+  --offload-slice $((slice + 1024))
+echo "--offload disk under $limit bytes: slices of $slice elements chosen, param_hash $disk"
 echo "1 passed, 0 failed"

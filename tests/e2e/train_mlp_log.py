@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """train_mlp --log and the progress line: the log has the run line and one line per step that agree
-with the run's own summary, a resumed run's log goes on from the checkpoint's step (appended to the
+with the run's own summary, a save line's bytes are rank 0's data file (blocking and asynchronous
+saves alike), a resumed run's log goes on from the checkpoint's step (appended to the
 same file with a record of the resume point), a new run refuses an existing log without
 --log-overwrite, symbolic links are not followed, and the progress
 line (stderr not a terminal: one line per update) shows step, loss, samples/s, ms/step and ETA, and
@@ -39,6 +40,15 @@ def read(path):
     return lines[0], [x for x in lines[1:] if x["kind"] == "step"]
 
 
+def check_save_bytes(saved, ckpt):
+    """A save line's bytes: rank 0's data file of its version, whether the save blocked or not. The 3 ranks'
+    files differ in size (the padding is the last rank's), so the mean over them would not pass."""
+    vdir = os.path.join(ckpt, f"v-{saved['version']:08d}")
+    sizes = [os.path.getsize(os.path.join(vdir, f"rank-{r:05d}-of-00003.bin")) for r in range(3)]
+    check(sum(sizes) // 3 != sizes[0], f"the ranks' data files {sizes}: the mean is rank 0's")
+    check(saved["bytes"] == sizes[0], f"the save line's bytes {saved['bytes']}, rank 0's data file {sizes[0]}: {saved}")
+
+
 with tempfile.TemporaryDirectory() as tmp:
     log, ckpt = os.path.join(tmp, "a.jsonl"), os.path.join(tmp, "ckpt")
     r = run("--stage", "2", "--precision", "bf16", "--steps", "12", "--log", log, "--save", ckpt, "--json")
@@ -51,6 +61,15 @@ with tempfile.TemporaryDirectory() as tmp:
     saved = [x for x in map(json.loads, open(log)) if x["kind"] == "save"][0]
     check(saved["step"] == 12 and saved["version"] == 1 and saved["async"] is False and saved["bytes"] > 0
           and saved["stall_s"] == saved["write_s"] > 0, f"the save line: {saved}")
+    check_save_bytes(saved, ckpt)
+    # An asynchronous save's line means the same: rank 0's data file of that version.
+    ckpt_async, log_async = os.path.join(tmp, "ckpt-async"), os.path.join(tmp, "async.jsonl")
+    run("--stage", "2", "--precision", "bf16", "--steps", "4", "--save-every", "2", "--save-async", "--log", log_async,
+        "--save", ckpt_async)
+    async_saves = [x for x in map(json.loads, open(log_async)) if x["kind"] == "save"]
+    check(len(async_saves) == 2 and all(x["async"] for x in async_saves), f"asynchronous save lines: {async_saves}")
+    if async_saves:
+        check_save_bytes(async_saves[-1], ckpt_async)  # the version kept (the older one is removed)
     # The same numbers as the summary: the log is written from the values the trainer reports.
     check(steps[0]["loss"] == summary["loss_first"] and steps[-1]["loss"] == summary["loss_last"],
           f"losses {steps[0]['loss']}, {steps[-1]['loss']} vs summary {summary['loss_first']}, {summary['loss_last']}")

@@ -2,7 +2,8 @@
 # train_mlp --offload host|disk: the param_hash of no offload at every stage; the tier's bytes and the
 # bytes moved per step equal their formulas; a --state-memory-limit below the model states is refused
 # without offload (the message naming the disk tier, which would fit) and trains with the disk tier,
-# whose slice buffers count within the limit; a disk too small for the tier is refused at start,
+# whose slice buffers count within the limit (without --offload-slice, in the largest slice that fits
+# the limit, which the trainer names); a disk too small for the tier is refused at start,
 # naming the directory (in a private mount namespace with a small tmpfs, where the machine allows one);
 # the offload directory holds no entry while a run lives, and none after SIGKILL or SIGTERM (threads,
 # and mpirun -np 2 where MPI is built).
@@ -76,10 +77,26 @@ run got disk "${big[@]}" --state-memory-limit "$limit" --offload disk --offload-
 e2e_json in_memory model_state_bytes_per_rank int
 echo "model states $states bytes: refused under a limit of $limit; the disk tier keeps $in_memory in memory, param_hash $got"
 e2e_same "$got" "$want" "the disk tier under a limit against no offload"
-# The default slice (2^20 elements) stages this small state whole: that counts, and is refused.
+# The default slice (2^20 elements), given by hand, stages this small state whole: that counts, and is
+# refused.
 e2e_expect 1 "out of memory.*offload [0-9]" "$train_mlp" "${big[@]}" --state-memory-limit "$limit" --offload disk \
-  --offload-dir "$dir"
+  --offload-dir "$dir" --offload-slice 1048576
 echo "the default slice stages the small state whole: refused under $limit, naming offload"
+# Without --offload-slice the trainer takes the largest slice that fits the limit as zero::plan counts it,
+# says so, and trains to the same bits; the next larger slice, given by hand, is refused. Under a limit
+# 100 KB above the one of slices of 1024, a few slices of 1024 more fit (36 KiB of staging each).
+for budget in "$limit" $((limit + 100000)); do
+  run adapted disk "${big[@]}" --state-memory-limit "$budget" --offload disk --offload-dir "$dir"
+  e2e_same "$adapted" "$want" "the slice chosen under a limit of $budget against no offload"
+  slice=$(sed -En 's/^--offload disk: slices of ([0-9]+) elements, the largest that fits --memory-limit .*/\1/p' \
+    <<<"$e2e_err")
+  e2e_value "the chosen slice" "$slice" int
+  [ "$slice" -ge 1024 ] && [ "$slice" -lt 1048576 ] || e2e_fail "slice $slice chosen under $budget"
+  [ "$budget" -eq "$limit" ] || [ "$slice" -gt 1024 ] || e2e_fail "slice $slice chosen under $budget, above $limit"
+  e2e_expect 1 "out of memory" "$train_mlp" "${big[@]}" --state-memory-limit "$budget" --offload disk \
+    --offload-dir "$dir" --offload-slice $((slice + 1024))
+  echo "without --offload-slice: slices of $slice elements chosen under $budget, param_hash $adapted"
+done
 
 # Flags: --offload-dir needs --offload; a slice that is not a multiple of 1024 is refused.
 e2e_run_rc "$train_mlp" --steps 1 --offload-dir "$dir"

@@ -4,11 +4,19 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#if __has_include(<nlohmann/json.hpp>)
+#include <nlohmann/json.hpp>
+#define ZERO_TEST_PLAN_CLI 1
+#endif
 
 #include "../deferred_comm.hpp"
 #include "../engine_instances.hpp"
@@ -52,8 +60,8 @@ struct measured {
 // returns rank 0's measurements. Overlapping: over testing::deferred, a backend that overlaps (its
 // collectives run only when waited for), so that the engine leaves reduces and gathers in flight.
 template <class Stage, class Opt, class Prec, bool Overlapping = false>
-measured train(int n, const zero::engine_options& options, int steps = 2) {
-  const zero::model_spec s = spec();
+measured train_on(const zero::model_spec& s, int n, const zero::engine_options& options, int steps = 2,
+                  zero::release_order order = zero::release_order::after_reduce) {
   std::vector<measured> out(static_cast<std::size_t>(n));
   try {
     zero::comm::threads::launch(n, [&](zero::comm::threads& threads) {
@@ -83,8 +91,9 @@ measured train(int n, const zero::engine_options& options, int steps = 2) {
               gv.data()[j] = static_cast<G>(
                   0.01f * std::sin(static_cast<float>(j + 3 * u + static_cast<std::size_t>(comm.rank())) * 0.37f) *
                   e.loss_scale());
+            if (order == zero::release_order::before_reduce) p.release();
             if (!once || k + 1 == options.micro_batches) e.reduce(id);
-          }
+          }  // after_reduce: the handle releases the unit here
         }
         m.skipped = m.skipped || e.step().skipped;
       }
@@ -105,6 +114,11 @@ measured train(int n, const zero::engine_options& options, int steps = 2) {
   }
   return out[0];
 }
+template <class Stage, class Opt, class Prec, bool Overlapping = false>
+measured train(int n, const zero::engine_options& options, int steps = 2,
+               zero::release_order order = zero::release_order::after_reduce) {
+  return train_on<Stage, Opt, Prec, Overlapping>(spec(), n, options, steps, order);
+}
 
 void check_stats(const zero::comm::comm_stats& planned, const zero::comm::comm_stats& got, std::uint64_t times = 1) {
   for (int c = 0; c < zero::comm::collective_count; ++c) {
@@ -116,19 +130,22 @@ void check_stats(const zero::comm::comm_stats& planned, const zero::comm::comm_s
 }
 
 template <class Stage, class Opt, class Prec, bool Overlapping = false>
-void check_plan(int n, const zero::engine_options& options, const std::string& what) {
+void check_plan(int n, const zero::engine_options& options, const std::string& what,
+                zero::release_order order = zero::release_order::after_reduce) {
   CAPTURE(Stage::stage);
   CAPTURE(Opt::name);
   CAPTURE(Prec::name);
   CAPTURE(n);
   CAPTURE(what);
   CAPTURE(Overlapping);
+  CAPTURE(zero::to_string(order));
   const zero::model_spec s = spec();
   using Comm = std::conditional_t<Overlapping, testing::deferred<zero::comm::threads>, zero::comm::threads>;
-  const zero::plan_report p = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, options);
+  const zero::plan_report p = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, options, order);
   CHECK(p.overlapping == (Overlapping && options.overlap));
+  CHECK(p.order == order);
   const int steps = 2;
-  const measured m = train<Stage, Opt, Prec, Overlapping>(n, options, steps);
+  const measured m = train<Stage, Opt, Prec, Overlapping>(n, options, steps, order);
   REQUIRE(m.error.empty());
   REQUIRE_FALSE(m.skipped);  // the plan assumes every step updates
   CHECK(p.model_states.params == m.current[static_cast<int>(mem_category::params)]);
@@ -171,23 +188,23 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   zero::engine_options tight = options;
   tight.memory_limit_bytes = p.peak_bytes;
   CHECK(p.fits(tight.memory_limit_bytes));
-  CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight).error == "");
+  CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight, 2, order).error == "");
   tight.memory_limit_bytes = p.peak_bytes - 1;
   CHECK_FALSE(p.fits(tight.memory_limit_bytes));
   if (!p.overlapping) {
-    CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight).out_of_memory);
+    CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight, 2, order).out_of_memory);
     return;
   }
   // Overlapping, one byte less makes the engine give back what overlap holds (complete reduces in
   // flight, drop prefetches) before it allocates: the plan under that limit is the engine's too,
   // down to the blocking protocol's peak, below which it is refused.
-  const zero::plan_report blocking = zero::plan_for<Stage, Opt, Prec>(s, n, options);
+  const zero::plan_report blocking = zero::plan_for<Stage, Opt, Prec>(s, n, options, order);
   for (const std::uint64_t limit :
        {p.peak_bytes - 1, (p.peak_bytes + blocking.peak_bytes) / 2, blocking.peak_bytes, blocking.peak_bytes - 1}) {
     CAPTURE(limit);
     tight.memory_limit_bytes = limit;
-    const zero::plan_report q = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, tight);
-    const measured t = train<Stage, Opt, Prec, Overlapping>(n, tight);
+    const zero::plan_report q = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, tight, order);
+    const measured t = train<Stage, Opt, Prec, Overlapping>(n, tight, 2, order);
     CHECK(q.fits(limit) == !t.out_of_memory);
     // Overlap needs no more than the blocking protocol, for every reducer: a reduce stays in flight
     // only while what completing it takes (qgZ's node sums in two hops) is kept free. Below the
@@ -384,6 +401,66 @@ TEST_CASE("plan equals the engine under ZeRO++: stage 1") { check_zeropp_stage<z
 TEST_CASE("plan equals the engine under ZeRO++: stage 2") { check_zeropp_stage<zero::stage2>(); }
 TEST_CASE("plan equals the engine under ZeRO++: stage 3") { check_zeropp_stage<zero::stage3>(); }
 
+// The backward pass's two loops (release_order): gather, grads, reduce, release (the tutorial's) and
+// gather, grads, release, reduce (train_loop's), each planned as the engine then measures it, with and
+// without overlap, in the reproducible mode and under qgZ, whose reduce(u) allocates beside the unit.
+template <class Stage>
+void check_release_orders() {
+  using adamw = zero::optim::adamw;
+  using fp32 = zero::precision::fp32;
+  using bf16 = zero::precision::bf16;
+  for (const auto order : {zero::release_order::after_reduce, zero::release_order::before_reduce}) {
+    for (int n = 1; n <= 4; ++n) {
+      check_plan<Stage, adamw, fp32>(n, {}, "defaults", order);
+      zero::engine_options o;
+      o.reproducible = true;
+      o.micro_batches = 2;
+      check_plan<Stage, adamw, bf16>(n, o, "reproducible, 2 micro-batches", order);
+      check_plan<Stage, zero::optim::muon, bf16>(n, o, "reproducible, 2 micro-batches", order);
+      check_plan<Stage, adamw, fp32, true>(n, o, "overlap, reproducible, 2 micro-batches", order);
+      o = {};
+      o.reduce_bucket_elements = 1500;
+      check_plan<Stage, adamw, bf16, true>(n, o, "overlap, fused reduce buckets of 1500 elements", order);
+      if constexpr (Stage::shards_parameters) {
+        o = {};
+        o.persist_below_elements = 600;
+        o.reproducible = true;
+        check_plan<Stage, adamw, fp32>(n, o, "reproducible, persistent units", order);
+      }
+    }
+    if constexpr (Stage::stage >= 1) {
+      zero::engine_options o;
+      o.zeropp.qgz = true;
+      o.zeropp.node_size = 2;
+      check_plan<Stage, adamw, fp32>(4, o, "qgZ in two hops", order);
+      check_plan<Stage, adamw, bf16, true>(4, o, "overlap, qgZ in two hops", order);
+      if constexpr (Stage::shards_parameters) {
+        o.zeropp.qwz = o.zeropp.hpz = true;
+        check_plan<Stage, adamw, fp32>(4, o, "qwZ, qgZ in two hops, hpZ", order);
+      }
+    }
+  }
+}
+
+TEST_CASE("plan equals the engine for both release orders: stage 0") { check_release_orders<zero::stage0>(); }
+TEST_CASE("plan equals the engine for both release orders: stage 1") { check_release_orders<zero::stage1>(); }
+TEST_CASE("plan equals the engine for both release orders: stage 2") { check_release_orders<zero::stage2>(); }
+TEST_CASE("plan equals the engine for both release orders: stage 3") {
+  check_release_orders<zero::stage3>();
+  // Where reduce(u) allocates while the unit is gathered (the reproducible mode's words), releasing
+  // first frees the gathered unit before them: a lower peak, which the engine measures too (above).
+  zero::engine_options o;
+  o.reproducible = true;
+  const auto planned = [&](zero::release_order order) {
+    return zero::plan_for<zero::stage3, zero::optim::adamw, zero::precision::fp32>(spec(), 2, o, order);
+  };
+  const auto after = planned(zero::release_order::after_reduce), before = planned(zero::release_order::before_reduce);
+  CHECK(before.step_transient_peak < after.step_transient_peak);
+  CHECK(after.step_transient_peak - before.step_transient_peak <= after.gathered_bytes);
+  CHECK(before.model_states.total() == after.model_states.total());
+  check_stats(before.step_comm, after.step_comm);
+}
+
 TEST_CASE("plan: the transient buffers of consolidation and broadcast initialization") {
   const zero::model_spec s = spec();
   for (int n : {1, 3, 4}) {
@@ -499,3 +576,131 @@ TEST_CASE("plan: totals that would wrap 64 bits are refused, not wrapped") {
   CHECK_THROWS_WITH_AS(zero::plan(big, 2, 0, bf16, many_slots), doctest::Contains("plan: model-state bytes"),
                        zero::error);
 }
+
+#ifdef ZERO_TEST_PLAN_CLI
+namespace {
+
+// Muon's recipe on a small model: matrices under Muon, the embedding and the output head element-wise
+// (AdamW), the vectors element-wise by shape, with their own lr scale and no weight decay.
+zero::model_spec grouped_spec() {
+  zero::model_spec s;
+  s.unit("embed").tensor("wte", {50, 12}).group("embeddings");
+  s.unit("block")
+      .tensor("w1", {24, 12})
+      .tensor("b1", {24})
+      .group("vectors")
+      .tensor("w2", {12, 24})
+      .tensor("gain", {12})
+      .group("vectors");
+  s.unit("head").tensor("w", {7, 12}).group("embeddings").tensor("b", {7}).group("vectors");
+  return s;
+}
+std::vector<zero::param_group> recipe_groups() {
+  return {{.name = "embeddings", .weight_decay = 0.0f, .element_wise = true},
+          {.name = "vectors", .lr_scale = 0.5f, .weight_decay = 0.0f}};
+}
+// The same model and groups as zero_plan reads them; without_groups: the units alone.
+std::string grouped_json(bool with_groups, const std::string& member = "head.b") {
+  std::string j = R"({"units": [
+  {"name": "embed", "tensors": [{"name": "wte", "shape": [50, 12]}]},
+  {"name": "block", "tensors": [{"name": "w1", "shape": [24, 12]}, {"name": "b1", "shape": [24]},
+                                {"name": "w2", "shape": [12, 24]}, {"name": "gain", "shape": [12]}]},
+  {"name": "head", "tensors": [{"name": "w", "shape": [7, 12]}, {"name": "b", "shape": [7]}]}])";
+  if (with_groups)
+    j += R"(, "groups": [
+  {"name": "embeddings", "element_wise": true, "weight_decay": 0, "members": ["embed.wte", "head.w"]},
+  {"name": "vectors", "lr_scale": 0.5, "weight_decay": 0, "members": ["block.b1", "block.gain", ")" +
+         member + R"("]}])";
+  return j + "}\n";
+}
+
+struct cli_result {
+  int status = -1;
+  std::string out;
+};
+// Runs zero_plan (the ZERO_PLAN environment variable: meson's zero_plan_groups test sets it) on `model`.
+cli_result run_zero_plan(const std::string& model, const std::string& flags) {
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("zero-plan-groups-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(file) << model;
+  const std::string cmd = std::string("'") + std::getenv("ZERO_PLAN") + "' --json --model '" + file.string() +
+                          "' --optimizer muon --precision bf16 --ranks 1,2,3,4 " + flags + " 2>&1";
+  cli_result r;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    for (std::size_t k; (k = std::fread(buf, 1, sizeof buf, f)) > 0;) r.out.append(buf, k);
+    r.status = ::pclose(f);
+  }
+  std::filesystem::remove(file);
+  return r;
+}
+
+template <class Stage>
+void check_cli_plans(const nlohmann::json& plans, const nlohmann::json& ungrouped, const zero::engine_options& o,
+                     zero::release_order order) {
+  const zero::model_spec s = grouped_spec();
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const nlohmann::json& p = plans[i];
+    if (p["stage"].get<int>() != Stage::stage) continue;
+    const int n = p["ranks"].get<int>();
+    CAPTURE(Stage::stage);
+    CAPTURE(n);
+    const measured m = train_on<Stage, zero::optim::muon, zero::precision::bf16>(s, n, o, 2, order);
+    REQUIRE(m.error.empty());
+    REQUIRE_FALSE(m.skipped);
+    CHECK(p["params_bytes"].get<std::uint64_t>() == m.current[static_cast<int>(mem_category::params)]);
+    CHECK(p["grads_bytes"].get<std::uint64_t>() == m.current[static_cast<int>(mem_category::grads)]);
+    CHECK(p["master_bytes"].get<std::uint64_t>() == m.current[static_cast<int>(mem_category::master)]);
+    CHECK(p["optimizer_states_bytes"].get<std::uint64_t>() ==
+          m.current[static_cast<int>(mem_category::optimizer_states)]);
+    CHECK(p["transient_peak_bytes"].get<std::uint64_t>() == m.transient_peak);
+    CHECK(p["peak_bytes"].get<std::uint64_t>() == m.peak_total);
+    CHECK(p["bytes_sent_per_step"].get<std::uint64_t>() == m.last_step.total_bytes());
+    // comm().control counts since construction: two steps, each with the plan's control bytes.
+    CHECK(2 * p["control_bytes_per_step"].get<std::uint64_t>() == m.control.total_bytes());
+    // Without its groups the same model is planned with every matrix under Muon: a larger exchange.
+    if (n > 1)
+      CHECK(2 * ungrouped[i]["control_bytes_per_step"].get<std::uint64_t>() > m.control.total_bytes());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("zero_plan: a JSON model with parameter groups (Muon's recipe) plans what the engine measures") {
+  if (std::getenv("ZERO_PLAN") == nullptr) {
+    MESSAGE("ZERO_PLAN is not set: run as meson's zero_plan_groups test");
+    return;
+  }
+  struct config {
+    std::string flags;
+    zero::engine_options options;
+    zero::release_order order = zero::release_order::after_reduce;
+  };
+  std::vector<config> configs(3);
+  configs[1].flags = "--accum 2 --clip 1";
+  configs[1].options.micro_batches = 2;
+  configs[1].options.clip_norm = 1.0f;
+  configs[2].flags = "--reproducible --release-order before-reduce";
+  configs[2].options.reproducible = true;
+  configs[2].order = zero::release_order::before_reduce;
+  for (config& c : configs) {
+    CAPTURE(c.flags);
+    c.options.param_groups = recipe_groups();
+    const cli_result grouped = run_zero_plan(grouped_json(true), c.flags);
+    const cli_result ungrouped = run_zero_plan(grouped_json(false), c.flags);
+    REQUIRE_MESSAGE(grouped.status == 0, grouped.out);
+    REQUIRE_MESSAGE(ungrouped.status == 0, ungrouped.out);
+    const nlohmann::json plans = nlohmann::json::parse(grouped.out)["plans"];
+    const nlohmann::json without = nlohmann::json::parse(ungrouped.out)["plans"];
+    REQUIRE(plans.size() == 16);
+    check_cli_plans<zero::stage0>(plans, without, c.options, c.order);
+    check_cli_plans<zero::stage1>(plans, without, c.options, c.order);
+    check_cli_plans<zero::stage2>(plans, without, c.options, c.order);
+    check_cli_plans<zero::stage3>(plans, without, c.options, c.order);
+  }
+  // A member that names no tensor is refused, naming the group and the member.
+  const cli_result bad = run_zero_plan(grouped_json(true, "head.bias"), "");
+  CHECK(bad.status != 0);
+  CHECK(bad.out.find("group 'vectors': member 'head.bias' names no tensor") != std::string::npos);
+}
+#endif

@@ -55,6 +55,7 @@ struct save_result {
   fs::path version_dir;       // the committed version directory
   std::uint64_t version = 0;  // its number
   std::uint64_t bytes = 0;    // of all its data files
+  std::uint64_t rank_bytes = 0;  // of this rank's data file
 };
 
 namespace detail {
@@ -382,7 +383,7 @@ save_result commit_version(Comm& comm, const model_spec& spec, int tp_size, std:
     if (verdict[sd + 2] == 0.0) abandon();
     throw;
   }
-  return save_result{vdir, version, get_u64(verdict, sd)};
+  return save_result{vdir, version, get_u64(verdict, sd), mine_written.bytes};
 }
 
 }  // namespace detail

@@ -58,6 +58,17 @@ struct plan_optimizer {
   }
 };
 
+// Where the backward pass releases each unit's gathered parameters: after its reduce(u) (gather, grads,
+// reduce, release: docs/tutorial.md's loop) or before it (gather, grads, release, reduce: examples/
+// train_loop.cpp's). The orders differ where reduce(u) allocates (the reproducible mode's words, qgZ's
+// wires, a fused bucket) while stage 3 holds the unit gathered: released first, the unit's buffer is
+// freed before them, and the transient peak can be one gathered unit lower.
+enum class release_order { after_reduce, before_reduce };
+
+inline constexpr const char* to_string(release_order o) {
+  return o == release_order::after_reduce ? "after-reduce" : "before-reduce";
+}
+
 // One unit's transient buffers (bytes), for loops other than the one plan() assumes.
 struct unit_plan {
   std::string name;
@@ -75,11 +86,12 @@ struct unit_plan {
 // An engine's memory per rank and traffic per step. Exact for the engine as built (a test holds every
 // field equal to what the engine then measures, with and without overlap, with ZeRO++), for the loop
 // of the protocol: in each micro-batch every unit is gathered and released in a forward pass, then
-// gathered again, given its gradients and reduced (before its release) in a backward pass in reverse
-// order; every step() updates (no step skipped for non-finite gradients). Without overlap at most one
-// unit is gathered at a time and grads(u) follows gather(u); with overlap on a backend that overlaps
-// (plan()'s `overlapping`), stage 3 also holds the prefetched units and every stage the reduces left
-// in flight with their buckets and wires, as the engine decides them from the calls alone. A shared
+// gathered again, given its gradients and reduced in a backward pass in reverse order, released after
+// or before its reduce as plan()'s release_order says; every step() updates (no step skipped for
+// non-finite gradients). Without overlap at most one unit is gathered at a time and grads(u) follows
+// gather(u); with overlap on a backend that overlaps (plan()'s `overlapping`), stage 3 also holds the
+// prefetched units and every stage the reduces left in flight with their buckets and wires, as the
+// engine decides them from the calls alone. A shared
 // unit (unit_spec::gathers > 1) is used once more per extra gather at the end of the forward pass and
 // at the start of the backward pass (the tied embedding's pattern: the output layer last forward,
 // first backward), and reduced once, at its place in the backward pass: its gradient bucket is taken
@@ -90,6 +102,7 @@ struct plan_report {
   int stage = 0, ranks = 1;           // ranks: what ZeRO partitions over (N, or engine_options::shard_group_size)
   int replicas = 1;                   // the shard groups that replicate each other (N / shard_group_size)
   bool overlapping = false;           // options.overlap on a backend that overlaps: collectives left in flight
+  release_order order = release_order::after_reduce;  // the backward pass's loop, as planned
   std::size_t numel = 0, padded = 0;  // parameters, unpadded and padded (Psi)
   std::size_t persistent = 0;         // stage 3: padded elements of the persistent units (Psi_p)
   std::vector<unit_plan> units;
@@ -139,8 +152,10 @@ struct plan_report {
 
   // Bytes (nccl-tests bus volume) and calls per step, by collective: = comm().last_step.
   comm::comm_stats step_comm;
-  // The step's control collective, per step, = comm().control: the gradient norm's all-reduce with the
-  // optimizer's fingerprint (stages 1-3 with a norm), else at N > 1 the fingerprint's own all-reduce.
+  // The step's control collectives, per step: the gradient norm's all-reduce with the optimizer's
+  // fingerprint (stages 1-3 with a norm), else at N > 1 the fingerprint's own all-reduce; a tensor-wise
+  // optimizer's sums and a matrix optimizer's exchange. comm().control counts since construction: after
+  // k steps that updated it is k times this.
   comm::comm_stats control_comm;
 
   std::uint64_t step_bytes_sent() const { return step_comm.total_bytes(); }
@@ -188,6 +203,7 @@ class loop_replay {
     int stage = 0, ranks = 1, node_size = 1;  // node_size: G (N where one node)
     std::size_t param_bytes = 4, grad_bytes = 4;
     bool overlapping = false, repro = false, uses_bucket = false;
+    release_order order = release_order::after_reduce;
     std::uint64_t model_states = 0;  // what the account holds besides transients (memory_limit_bytes counts it)
     std::uint64_t norm_bytes = 0;
     std::uint64_t tensor_sums_bytes = 0;  // a tensor-wise optimizer's larger wire (its words), after the norm's
@@ -270,13 +286,16 @@ class loop_replay {
     }
   }
 
-  // A gather, grads and reduce (or a gather alone) of unit u, then its release.
+  // A gather, grads and reduce (or a gather alone) of unit u, and its release before or after the reduce.
   void use(std::size_t u, bool backward, bool reduces) {
     gather(u);
-    if (backward) {
-      open(u);
-      if (reduces) reduce(u);
-    }
+    if (backward) open(u);
+    const bool first = s_.order == release_order::before_reduce;
+    if (first) release_unit(u);
+    if (backward && reduces) reduce(u);
+    if (!first) release_unit(u);
+  }
+  void release_unit(std::size_t u) {
     unit_state& t = live_[u];
     t.gathered = false;
     release(t.held);
@@ -546,10 +565,12 @@ class loop_replay {
 // engine's backend overlaps (comm::counted<Comm>::overlaps(): comm::mpi, comm::modeled, any backend with
 // the nonblocking interface of comm/nonblocking.hpp); with options.overlap on such a backend, reduces
 // stay in flight with their buckets, stage 3 prefetches, and the transient peak grows accordingly
-// (plan_for<Stage, Comm, Opt, Prec> reads it from the backend type). Throws zero::error
+// (plan_for<Stage, Comm, Opt, Prec> reads it from the backend type). `order`: where the loop's backward
+// pass releases each unit, after its reduce (the default) or before it. Throws zero::error
 // (invalid_argument) for what the engine's constructor would refuse.
 inline plan_report plan(const model_spec& spec, int world, int stage, plan_precision precision,
-                        plan_optimizer optimizer, const engine_options& options = {}, bool overlapping = false) {
+                        plan_optimizer optimizer, const engine_options& options = {}, bool overlapping = false,
+                        release_order order = release_order::after_reduce) {
   ZERO_CHECK(stage >= 0 && stage <= 3, invalid_argument, "plan: no ZeRO stage ", stage, " (0-3)");
   ZERO_CHECK(world > 0, invalid_argument, "plan: world size must be positive, got ", world);
   // Replicated shard groups: ZeRO over S ranks, padded as at N, and the replicas' traffic on top.
@@ -633,6 +654,7 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   r.numel = l.numel();
   r.padded = l.padded();
   r.overlapping = overlapping && options.overlap;
+  r.order = order;
 
   const std::uint64_t full = l.padded(), shard = l.shard_total();
   // Stage 3's persistent units keep a whole copy of their parameters (parameter_placement, engine/parameters.hpp).
@@ -781,6 +803,7 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   setup.overlapping = r.overlapping;
   setup.repro = repro;
   setup.uses_bucket = bucket;
+  setup.order = order;
   setup.model_states = states;
   setup.norm_bytes = r.norm_bytes;
   setup.tensor_sums_bytes = r.tensor_sums_bytes;
@@ -868,19 +891,21 @@ inline activation_plan plan_activations(std::uint64_t layers, std::uint64_t elem
 // The same for an engine's policy types: plan_for<stage2, optim::adamw, precision::bf16>(spec, N).
 // On a backend that does not overlap (comm::threads): every collective completes in its call.
 template <class P, Optimizer Opt, PrecisionPolicy Prec>
-plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
-  return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options);
+plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {},
+                     release_order order = release_order::after_reduce) {
+  return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options, false, order);
 }
 // The same for engine<P, Comm, Opt, Prec>: whether it overlaps is the backend type's
 // (comm::counted<Comm>::can_overlap). A backend that decides at run time (comm::any_backend) is
 // refused: pass its overlaps() to plan().
 template <class P, class Comm, Optimizer Opt, PrecisionPolicy Prec>
-plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {}) {
+plan_report plan_for(const model_spec& spec, int ranks, const engine_options& options = {},
+                     release_order order = release_order::after_reduce) {
   static_assert(!comm::overlap_decided_at_run_time<Comm>,
                 "zero::plan_for: this backend decides at run time whether it overlaps (comm::any_backend): call "
                 "zero::plan(..., options, backend.overlaps())");
   return plan(spec, ranks, P::stage, plan_precision::of<Prec>(), plan_optimizer::of<Opt>(), options,
-              comm::counted<Comm>::can_overlap);
+              comm::counted<Comm>::can_overlap, order);
 }
 
 }  // namespace zero

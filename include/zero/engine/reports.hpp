@@ -38,7 +38,10 @@ struct comm_report {
   comm::comm_stats protocol;   // gather/reduce/step traffic since construction
   comm::comm_stats last_step;  // that traffic during the last completed step (gather .. step)
   comm::comm_stats other;      // initialisation broadcasts, full_params() gathers: outside any step
-  comm::comm_stats control;    // the step's norm all-reduce and the optimizer's fingerprint (agreement.hpp)
+  // The steps' control collectives since construction (the norm's all-reduce and the optimizer's
+  // fingerprint, agreement.hpp; a tensor-wise optimizer's sums, a matrix optimizer's exchange): k times
+  // plan_report::control_comm after k steps that updated.
+  comm::comm_stats control;
   std::uint64_t steps = 0;     // step() calls, skipped ones included
   comm::comm_stats evaluation;  // gathers inside engine::evaluation() scopes, since construction: in no step
   // In a tensor-parallel mesh: the tensor-parallel group's traffic (the norm's exchange at each step,
