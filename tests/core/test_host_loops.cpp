@@ -413,6 +413,50 @@ TEST_CASE_TEMPLATE("host loops: the binned summaries equal the plain loop's at e
     }
 }
 
+TEST_CASE_TEMPLATE("host loops: the squares' binned digits equal the per-element cut at every level", G, float, bf16,
+                   fp16) {
+  // The per-element form: each square (in double) cut by binned::to_words below `top`, its words below
+  // the top added up; and the gradient norm's sum of squares as it was, carried every 2^30 terms.
+  const auto reference = [](const G* g, std::size_t n, bool divide, float divisor, int top) {
+    std::array<std::int64_t, binned::words> d{};
+    for (std::size_t j = 0; j < n; ++j) {
+      const float x = static_cast<float>(g[j]);
+      const double y = divide ? fp::div(x, divisor) : x;
+      std::int64_t w[binned::words + 1];
+      binned::to_words(y * y, top, w);
+      CHECK(w[0] == 0);
+      for (int k = 0; k < binned::words; ++k) d[static_cast<std::size_t>(k)] += w[k + 1];
+    }
+    return d;
+  };
+  std::uint32_t seed = 900;
+  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{33}, std::size_t{2003}}) {
+    std::vector<G> a = inputs<G>(n, ++seed);
+    for (auto& x : a)  // finite values only: the summary's flags decide a sum with others
+      if (!std::isfinite(static_cast<float>(x))) x = from_float<G>(-0.75f);
+    for (float divisor : {1.0f, 3.0f, 1e-30f}) {
+      const G* seg = a.data();
+      const sys::host::magnitude_summary m = sys::host::largest_magnitude(&seg, &n, 1, true, divisor);
+      if (!m.finite() || m.largest == 0.0f) continue;  // (a division that overflows: the flags decide)
+      const int least = binned::summary_of(static_cast<double>(m.largest) * m.largest).bin + 1;
+      for (int top : {least, least + 1, least + 2, least + 5}) {
+        const auto r = reference(a.data(), n, true, divisor, top);
+        for (hl::isa level : isa_levels::available()) {
+          const isa_levels::cap_guard guard(level);
+          INFO("n=", n, " divisor=", divisor, " top=", top, " level=", std::string(hl::name(level)));
+          std::int64_t d[binned::words] = {};
+          sys::host::binned_square_digits(a.data(), n, true, divisor, top, d);
+          for (int k = 0; k < binned::words; ++k) CHECK(d[k] == r[static_cast<std::size_t>(k)]);
+          std::int64_t words[binned::words + 1] = {}, expected[binned::words + 1] = {0, r[0], r[1], r[2]};
+          binned::carry(expected);
+          sys::host::binned_sum_of_squares(&seg, &n, 1, divisor, top, words);
+          for (int k = 0; k <= binned::words; ++k) CHECK(words[k] == expected[k]);
+        }
+      }
+    }
+  }
+}
+
 // The memory the loops run on: sys::host::allocate's arrays of 2 MiB or more start on a 2 MiB boundary
 // and, where the kernel gives transparent huge pages on advice, are eligible for them; smaller ones are
 // cache-line aligned. Every byte asked for is usable and freed with the size it was asked with.

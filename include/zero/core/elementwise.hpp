@@ -203,6 +203,44 @@ struct advance_rule {
   }
 };
 
+// The first pass with the norm terms of each element (Opt::norm_terms of the weight and the advanced
+// slots) stored as well, so that the sums over them need no second pass over the state. Arrays:
+// gradient g, master weights w (read), one per slot, then one per term (written; a block buffer).
+template <class Opt, class V>
+concept tensorwise_terms_over = tensorwise_over<Opt, V> && requires(const typename Opt::step_constants& c, const V& w,
+                                                                      const V* s, V* x) {
+  Opt::norm_terms(c, w, s, x);
+};
+template <class Opt>
+struct advance_terms_rule : advance_rule<Opt> {
+  template <class G, class... Arrays>
+  ZERO_HD void operator()(std::size_t j, const G* g, const float* w, Arrays*... arrays) const {
+    step_terms<float>(j, g, w, arrays...);
+  }
+  template <class V, class G, class... Arrays>
+  requires tensorwise_terms_over<Opt, V> ZERO_HD void apply(std::size_t j, const G* g, const float* w,
+                                                            Arrays*... arrays) const {
+    step_terms<V>(j, g, w, arrays...);
+  }
+  template <class V, class G, class... Arrays>
+  ZERO_HD void step_terms(std::size_t j, const G* g, const float* w, Arrays*... arrays) const {
+    constexpr int S = Opt::slots, K = Opt::tensor_sums;
+    static_assert(sizeof...(Arrays) == static_cast<std::size_t>(S + K), "one array per slot, then one per term");
+    using namespace zero::fp;
+    float* const a[] = {arrays...};
+    V gj = this->divisor.divide(load<V>(g, j));
+    if (this->coef != 1.0f) gj = mul(gj, V(this->coef));
+    V s[S > 0 ? S : 1];
+    for (int k = 0; k < S; ++k) s[k] = load<V>(a[k], j);
+    const V wj = load<V>(w, j);
+    Opt::advance(this->c, wj, gj, s);
+    for (int k = 0; k < S; ++k) store(a[k], j, s[k]);
+    V x[K];
+    Opt::norm_terms(this->c, wj, static_cast<const V*>(s), x);
+    for (int k = 0; k < K; ++k) store(a[S + k], j, x[k]);
+  }
+};
+
 // The last pass: the weight from the tensor's factor f and the slots, and the parameter copy p from
 // it where the precision keeps one apart. Arrays: w, [p,] then one per slot (read).
 template <class Opt>
@@ -385,6 +423,20 @@ void advance(const System& sys, const typename Opt::step_constants& c, G* g, flo
       sys.for_each(n, clearing_gradient<advance_rule<Opt>>{{c, divisor, coef}}, inout(g), in(w), inout(slots[K])...);
   }
   (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{});
+}
+// The same pass storing each element's norm terms in terms[0..Opt::tensor_sums) (advance_terms_rule).
+template <class Opt, class System, class G>
+void advance_with_terms(const System& sys, const typename Opt::step_constants& c, G* g, float divisor, float coef,
+                        const float* w, float* const* slots, float* const* terms, std::size_t n) {
+  [&]<std::size_t... K, std::size_t... T>(std::index_sequence<K...>, std::index_sequence<T...>) {
+    if constexpr (std::is_const_v<G>)
+      sys.for_each(n, advance_terms_rule<Opt>{{c, divisor, coef}}, in(g), in(w), inout(slots[K])..., out(terms[T])...);
+    else
+      sys.for_each(n, clearing_gradient<advance_terms_rule<Opt>>{{{c, divisor, coef}}}, inout(g), in(w),
+                   inout(slots[K])..., out(terms[T])...);
+  }
+  (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{},
+   std::make_index_sequence<static_cast<std::size_t>(Opt::tensor_sums)>{});
 }
 // Its last pass over n elements with the tensor's factor f (apply_rule); p == nullptr: no separate
 // parameter copy.

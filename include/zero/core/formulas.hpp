@@ -143,7 +143,7 @@ struct offload_step_bytes {
 };
 
 // Per step: the disk tier reads and writes every array's region once, offloaded_state_bytes each
-// way (a tensor-wise optimizer's three passes: `reads` = 3 and `writes` = 2 times). Where the system's memory is not
+// way (a tensor-wise or matrix optimizer's two passes: `reads` = `writes` = 2 times). Where the system's memory is not
 // host memory (a GPU), the update's operands cross: the R real elements the rank updates (its held state without the
 // padding) bring their gradients to the host (g bytes each, plus the fp32 weights themselves when the parameters are
 // the master weights) and take the new parameters back (c bytes each: the parameter copy, or the 4-byte weights).

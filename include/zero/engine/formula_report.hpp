@@ -67,9 +67,9 @@ class formula_report {
     if (!sweep_.offloaded()) return {};
     // The optimizer reads the gradient store: the fp32 rounding of the binned sums in the reproducible mode.
     const std::size_t grad_read = ctx_.options.reproducible ? sizeof(float) : sizes().grad_bytes;
-    // The passes over the tier: a tensor-wise optimizer reads it three times and writes it twice, a
-    // matrix optimizer reads and writes it twice (its exchange works on staged copies).
-    const std::uint64_t reads = TensorwiseOptimizer<Opt> ? 3 : MatrixOptimizer<Opt> ? 2 : 1;
+    // The passes over the tier: a tensor-wise optimizer or a matrix optimizer reads and writes it twice
+    // (the sums and the exchange work in between, on the first pass's results).
+    const std::uint64_t reads = TensorwiseOptimizer<Opt> || MatrixOptimizer<Opt> ? 2 : 1;
     const std::uint64_t writes = TensorwiseOptimizer<Opt> || MatrixOptimizer<Opt> ? 2 : 1;
     const auto t = formula::offload_bytes_per_step(P::stage, padded(), ranks(), static_cast<std::size_t>(state_arrays),
                                                    on_disk(), Ctx::host_memory, sweep_.held_real_elements(), grad_read,

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -156,14 +157,14 @@ class optimizer_sweep {
     }
   }
 
-  // A tensor-wise optimizer's step (concepts/optimizer_state.hpp), in three passes over the held
-  // elements, each tensor's piece at a time: the slots advance from the gradient, and the norm terms'
-  // largest magnitudes are noted; the ranks agree on the sums' top bins; the terms' squares go into
-  // binned words, which the ranks add up (engine/tensor_sums.hpp: two all-reduces on the control
-  // link, where the states are sharded over more than one rank); each tensor's factor, then the
-  // weights. The sums are exact, so every stage and N gives the same bits. The host runs it (a
+  // A tensor-wise optimizer's step (concepts/optimizer_state.hpp), in two passes over the held
+  // elements, each tensor's piece at a time: the slots advance from the gradient, and the norm terms of
+  // each block of elements (in a buffer the block's size, in cache) go into the tensor's exact sums
+  // (engine/tensor_sums.hpp: binned, combined over the ranks in two all-reduces on the control link
+  // where the states are sharded over more than one rank); then each tensor's factor, and the weights.
+  // The sums are exact, so every stage, N and thread count gives the same bits. The host runs it (a
   // device system's binned sums are not built), in memory or from the offload tier (whose disk file
-  // the three passes read three times and write twice).
+  // the two passes read twice and write twice).
   template <class Gradients, class Done>
   void update_tensorwise(parameter_placement<Ctx>& params, const param_group_map& groups,
                          const std::vector<typename Opt::step_constants>& c, float divisor, float coef,
@@ -171,11 +172,15 @@ class optimizer_sweep {
     static_assert(Ctx::host_memory,
                   "a tensor-wise optimizer (optim::lamb) runs on a host system; its device passes are not built");
     constexpr std::size_t K = static_cast<std::size_t>(Opt::tensor_sums);
+    // Elements per block of terms: K buffers of 4 KiB, which stay in L1 between the pass that writes
+    // them and the cut that reads them.
+    constexpr std::size_t term_block = 1024;
     const std::size_t units = ctx_.layout.num_units();
     std::vector<std::size_t> first_tensor(units + 1, 0);  // the global index of each unit's first tensor
     for (std::size_t u = 0; u < units; ++u)
       first_tensor[u + 1] = first_tensor[u] + ctx_.layout.unit(unit_id{u}).tensors.size();
     tensor_sums sums(first_tensor[units], static_cast<int>(K));
+    std::mutex sums_lock;  // the pool's threads add their blocks to `sums` one at a time
     // Calls f(t, piece, group, w, p, slots) for every held piece of a tensor in the segment.
     const auto pieces = [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays, auto&& f) {
       const unit_layout& ul = ctx_.layout.unit(u);
@@ -193,17 +198,8 @@ class optimizer_sweep {
         f(first_tensor[u.index] + t, piece, g, w, Prec::separate_master ? p : nullptr, st);
       }
     };
-    // The terms of element j, handed to `see(k, x)`.
-    const auto terms = [&](const typename Opt::step_constants& cg, const float* w, float* const* st, std::size_t j,
-                           auto&& see) {
-      float s[Opt::slots > 0 ? Opt::slots : 1] = {};
-      for (int k = 0; k < Opt::slots; ++k) s[k] = st[k][j];
-      float x[K];
-      Opt::norm_terms(cg, w[j], static_cast<const float*>(s), x);
-      for (std::size_t k = 0; k < K; ++k) see(k, x[k]);
-    };
     store_.begin_step();
-    // 1. The slots, and the terms' largest magnitudes.
+    // 1. The slots, and the terms' sums.
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
           pieces(u, i, n, arrays,
@@ -212,31 +208,31 @@ class optimizer_sweep {
                    gradients([&]<class T>(T* store, bool sharded) {
                      T* gp = store + element_index(ul, piece.begin, sharded, ctx_.rank);
                      pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
-                       float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
-                       for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
-                       if constexpr (update_zeroes_gradients)
-                         elementwise::advance<Opt>(ctx_.sys, c[g], gp + b, divisor, coef, w + b, s, e - b);
-                       else
-                         elementwise::advance<Opt>(ctx_.sys, c[g], static_cast<const T*>(gp + b), divisor, coef, w + b,
-                                                   s, e - b);
+                       alignas(64) float buffers[K][term_block];
+                       float* terms[K];
+                       for (std::size_t k = 0; k < K; ++k) terms[k] = buffers[k];
+                       for (std::size_t at = b; at < e; at += term_block) {
+                         const std::size_t m = std::min(term_block, e - at);
+                         float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
+                         for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + at;
+                         if constexpr (update_zeroes_gradients)
+                           elementwise::advance_with_terms<Opt>(ctx_.sys, c[g], gp + at, divisor, coef, w + at, s,
+                                                                terms, m);
+                         else
+                           elementwise::advance_with_terms<Opt>(ctx_.sys, c[g], static_cast<const T*>(gp + at),
+                                                                divisor, coef, w + at, s, terms, m);
+                         tensor_sums::block blocks[K];
+                         for (std::size_t k = 0; k < K; ++k) blocks[k] = tensor_sums::cut(ctx_.sys, terms[k], m);
+                         const std::lock_guard<std::mutex> lock(sums_lock);
+                         for (std::size_t k = 0; k < K; ++k) sums.add(t, k, blocks[k]);
+                       }
                      });
                    });
-                   for (std::size_t j = 0; j < piece.size(); ++j)
-                     terms(c[g], w, st, j, [&](std::size_t k, float x) { sums.see(t, k, x); });
                  });
         },
         true, [](unit_id) {});
     // 2. The top bins, agreed; the words, added up.
     sums.agree(reduce_over_ranks(sums.packed_summaries(), reduce_op::max, "tensor norms' summary"));
-    for_each_held_segment(
-        [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
-          pieces(u, i, n, arrays,
-                 [&](std::size_t t, range piece, std::size_t g, float* w, param_type*, float* const* st) {
-                   for (std::size_t j = 0; j < piece.size(); ++j)
-                     terms(c[g], w, st, j, [&](std::size_t k, float x) { sums.add(t, k, x); });
-                 });
-        },
-        false, [](unit_id) {});
     std::vector<std::int64_t>& words = sums.words_to_reduce();
     words = reduce_over_ranks(words, reduce_op::sum, "tensor norms");
     // 3. Each tensor's factor, and the weights.

@@ -1,5 +1,5 @@
-// Per-tensor sums of squares for a tensor-wise optimizer: exact (binned) over the rank's pieces, combined over the
-// ranks in two all-reduces.
+// Per-tensor sums of squares for a tensor-wise optimizer: exact (binned) over the rank's pieces, taken in the same pass
+// as the values, combined over the ranks in two all-reduces.
 #pragma once
 
 #include <cmath>
@@ -9,14 +9,24 @@
 #include <vector>
 
 #include "zero/core/binned.hpp"
+#include "zero/error.hpp"
 
 namespace zero {
 
 // Why exact: a tensor's elements are cut over ranks differently in every stage and at every N, and
-// a floating-point sum would depend on the cut. Each square (of a float, exact in double) goes into
+// a floating-point sum would depend on the cut. Each square (of a float, exact in double) is cut into
 // binned words (core/binned.hpp) below a top bin that every rank agrees on, so the words are integer
 // sums whatever the cut and the order, and the sum is rounded once: the same bits in every stage, at
-// every N, and in a world of one. The ranks agree in two steps, each one all-reduce of int64s:
+// every N, and in a world of one.
+//
+// Why in one pass: the agreed top is known only after an all-reduce, but the bins are absolute (bin b
+// holds the bits of weight 2^(32 b + lowest) of every value), and the words a top keeps are the bins
+// from it down, three of them. So a block of values is cut below its own top (its largest square's bin
+// + 1), and each bin's digits are summed apart, without carries: the agreed top is at or above every
+// block's, so every bin it keeps was kept by every block that has bits there, and the bins below it are
+// dropped whole, as a cut below the agreed top drops them from each value. The words are then the
+// digit sums of the kept bins, exactly what cutting each value below the agreed top and adding gives.
+// The ranks agree in two steps, each one all-reduce of int64s:
 //   1. summaries: per sum, the largest square's bin and the non-finite flags, packed
 //      (flags << 32 | bin + 1) and reduced with max: the largest bin where every value is finite,
 //      and a flag where any is not (which decides the sum: NaN or infinity);
@@ -26,26 +36,72 @@ class tensor_sums {
  public:
   static constexpr int word_count = binned::words + 1;  // one word above the squares' top: the carries
 
+  // The bins a float's square can reach (format<double>): from three below the smallest one's top
+  // (the smallest subnormal's square, 2^-298) to the largest finite one's (below 2^256).
+  static constexpr int lowest_bin =
+      (2 * binned::format<float>::min_exponent - binned::format<double>::lowest) / binned::word_bits + 1 -
+      binned::words;
+  static constexpr int highest_bin = (2 * 128 - 1 - binned::format<double>::lowest) / binned::word_bits;
+  static constexpr int bin_count = highest_bin - lowest_bin + 1;
+  // The most values of one sum a rank adds: each digit is below 2^32 and a bin's digits are summed in
+  // an int64 without carries (a carry would move bits out of a bin the agreed top may drop).
+  static constexpr std::uint64_t max_values = std::uint64_t{1} << 31;
+
   tensor_sums(std::size_t tensors, int sums)
       : sums_(static_cast<std::size_t>(sums)),
         largest_(tensors * sums_, 0.0f),
         flags_(tensors * sums_, 0u),
+        counts_(tensors * sums_, 0),
+        bins_(tensors * sums_ * bin_count, 0),
         tops_(tensors * sums_, -1),
-        words_(tensors * sums_ * word_count, 0),
-        since_carry_(tensors * sums_, 0) {}
+        words_(tensors * sums_ * word_count, 0) {}
 
   std::size_t entries() const { return largest_.size(); }
   std::size_t sums() const { return sums_; }
 
-  // Pass 1: value x of sum s of tensor t.
-  void see(std::size_t t, std::size_t s, float x) {
-    const std::size_t e = t * sums_ + s;
-    const float a = std::fabs(x);
-    if (!(a <= std::numeric_limits<float>::max()))  // infinite or NaN
-      flags_[e] |= x != x ? binned::summary::not_a_number : binned::summary::infinite;
-    else if (a > largest_[e])
-      largest_[e] = a;
+  // What a block of values adds: its largest finite magnitude, its non-finite flags, and (where every
+  // value is finite and one is not zero) its squares' digits in the three bins below its own top.
+  struct block {
+    std::size_t values = 0;
+    float largest = 0.0f;
+    unsigned flags = 0;
+    int top = -1;
+    std::int64_t digits[binned::words] = {};  // bins top - 1, top - 2, top - 3
+  };
+  // The block of x[0, n) in the memory of `sys`, a system with the reproducible mode's reductions
+  // (largest_magnitude, binned_square_digits: sys::host's): touches nothing shared, so threads cut
+  // their blocks at once.
+  template <class System>
+  static block cut(const System& sys, const float* x, std::size_t n) {
+    block b;
+    b.values = n;
+    if (n == 0) return b;
+    const auto m = sys.largest_magnitude(&x, &n, 1, false, 1.0f);
+    b.largest = m.largest;
+    b.flags = m.flags;
+    if (m.finite() && m.largest > 0.0f) {
+      b.top = binned::summary_of(static_cast<double>(m.largest) * m.largest).bin + 1;
+      sys.binned_square_digits(x, n, false, 1.0f, b.top, b.digits);
+    }
+    return b;
   }
+  // Adds a block to sum s of tensor t (blocks in any order and any split give the same sum; the
+  // caller serializes the calls).
+  void add(std::size_t t, std::size_t s, const block& b) {
+    const std::size_t e = t * sums_ + s;
+    counts_[e] += b.values;
+    ZERO_CHECK(counts_[e] < max_values, invalid_argument, "tensor_sums: tensor ", t, " has ", counts_[e],
+               " elements on this rank; a tensor-wise optimizer's exact sums take fewer than 2^31");
+    flags_[e] |= b.flags;
+    if (b.largest > largest_[e]) largest_[e] = b.largest;
+    if (b.top < 0) return;
+    for (int k = 0; k < binned::words; ++k) bins_[e * bin_count + bin_at(b.top - 1 - k)] += b.digits[k];
+  }
+  template <class System>
+  void add(const System& sys, std::size_t t, std::size_t s, const float* x, std::size_t n) {
+    add(t, s, cut(sys, x, n));
+  }
+
   // The summaries as the all-reduce's operands (max).
   std::vector<std::int64_t> packed_summaries() const {
     std::vector<std::int64_t> out(entries());
@@ -56,27 +112,20 @@ class tensor_sums {
     }
     return out;
   }
-  // After the all-reduce: every rank's summaries merged.
+  // After the all-reduce: every rank's summaries merged, and this rank's words for the agreed tops
+  // (the digit sums of the three bins below each top).
   void agree(const std::vector<std::int64_t>& reduced) {
     for (std::size_t e = 0; e < entries(); ++e) {
       const binned::summary b = binned::unpack(reduced[e]);
       flags_[e] = b.flags;
       tops_[e] = b.flags || b.bin < 0 ? -1 : b.bin + 1;
-    }
-  }
-  // Pass 2: the square of x into the words of sum s of tensor t (every value finite: the flags
-  // already decide a sum that is not).
-  void add(std::size_t t, std::size_t s, float x) {
-    const std::size_t e = t * sums_ + s;
-    if (tops_[e] < 0) return;
-    const double y = static_cast<double>(x);
-    std::int64_t w[word_count];
-    binned::to_words(y * y, tops_[e], w);
-    std::int64_t(&acc)[word_count] = *reinterpret_cast<std::int64_t(*)[word_count]>(words_.data() + e * word_count);
-    for (int k = 0; k < word_count; ++k) acc[k] += w[k];
-    if (++since_carry_[e] == binned::max_terms / 2) {  // before any word could overflow
-      binned::carry(acc);
-      since_carry_[e] = 0;
+      std::int64_t* w = words_.data() + e * word_count;
+      for (int k = 0; k < word_count; ++k) w[k] = 0;
+      if (tops_[e] < 0) continue;
+      for (int k = 1; k < word_count; ++k) {
+        const int bin = tops_[e] - k;
+        if (bin >= lowest_bin && bin <= highest_bin) w[k] = bins_[e * bin_count + bin_at(bin)];
+      }
     }
   }
   // The words as the all-reduce's operands (sum), carried so that each rank adds words below 2^32.
@@ -98,12 +147,15 @@ class tensor_sums {
   }
 
  private:
+  static std::size_t bin_at(int bin) { return static_cast<std::size_t>(bin - lowest_bin); }
+
   std::size_t sums_;
   std::vector<float> largest_;  // the largest finite magnitude seen, per entry
   std::vector<unsigned> flags_;
-  std::vector<int> tops_;  // the agreed top bin (one above the largest square's), -1: nothing to add
+  std::vector<std::uint64_t> counts_;  // the values added, per entry
+  std::vector<std::int64_t> bins_;     // per entry, bin_count digit sums from lowest_bin up (uncarried)
+  std::vector<int> tops_;              // the agreed top bin (one above the largest square's), -1: nothing to add
   std::vector<std::int64_t> words_;
-  std::vector<std::uint64_t> since_carry_;
 };
 
 }  // namespace zero

@@ -156,25 +156,39 @@ struct host {
     const binned::summary sq = binned::summary_of(static_cast<double>(s.largest) * s.largest);
     return binned::pack(binned::summary{s.finite() ? sq.bin : -1, s.flags});
   }
-  // The same squares, every one finite, summed into binned::words + 1 words whose top bin is `top`
-  // (one above the largest square's: it takes the carries), carried so that all words but the top are
-  // below 2^32. Adds the words to words[0..binned::words].
+  // The digits of the squares (in double, exact) of g[j] (of g[j] / divisor, an fp32 division, where
+  // `divide`), j in [0, n), every one finite, in the bins top - 1, top - 2 and top - 3 (binned::format
+  // <double>; top is above every square's bin), summed without carries and added to d[0..3): the
+  // words binned::to_words gives each square below the top bin, added up. Each digit is below 2^32, so
+  // a sum of fewer than 2^31 of them fits. Whole packs on AVX-512 (sys/host_binned.hpp), the rest
+  // one at a time: integers, so the same sums.
+  template <class G>
+  static void binned_square_digits(const G* g, std::size_t n, bool divide, float divisor, int top,
+                                   std::int64_t* d) {
+    for (std::size_t j = host_binned::square_digits(g, n, divide, divisor, top, d); j < n; ++j) {
+      const float x = static_cast<float>(g[j]);
+      const double y = divide ? fp::div(x, divisor) : x;
+      std::int64_t w[binned::words + 1];
+      binned::to_words(y * y, top, w);
+      for (int k = 0; k < binned::words; ++k) d[k] += w[k + 1];
+    }
+  }
+  // The same squares of g[j] / divisor over several segments summed into binned::words + 1 words whose
+  // top bin is `top` (one above the largest square's: it takes the carries), carried so that all words
+  // but the top are below 2^32. Adds the words to words[0..binned::words]. The digits are carried every
+  // 2^30 terms, before any could overflow: the carried words are the one representation of the exact
+  // total, however it was added up.
   template <class G>
   static void binned_sum_of_squares(const G* const* segments, const std::size_t* sizes, std::size_t count,
                                     float divisor, int top, std::int64_t* words) {
     constexpr int K = binned::words + 1;
+    constexpr std::size_t chunk = binned::max_terms / 2;
     std::int64_t acc[K] = {};
-    std::uint64_t since_carry = 0;
     for (std::size_t k = 0; k < count; ++k)
-      for (std::size_t j = 0; j < sizes[k]; ++j) {
-        const double y = fp::div(static_cast<float>(segments[k][j]), divisor);
-        std::int64_t w[K];
-        binned::to_words(y * y, top, w);
-        for (int i = 0; i < K; ++i) acc[i] += w[i];
-        if (++since_carry == binned::max_terms / 2) {  // before any word could overflow
-          binned::carry(acc);
-          since_carry = 0;
-        }
+      for (std::size_t at = 0; at < sizes[k]; at += chunk) {
+        const std::size_t n = sizes[k] - at < chunk ? sizes[k] - at : chunk;
+        binned_square_digits(segments[k] + at, n, true, divisor, top, acc + 1);
+        binned::carry(acc);
       }
     binned::carry(acc);
     for (int i = 0; i < K; ++i) words[i] += acc[i];
