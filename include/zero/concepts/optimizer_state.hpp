@@ -81,6 +81,19 @@ concept TensorwiseOptimizer = requires(const O& o, std::uint64_t t, float& w, fl
 }
 &&(O::slots >= 0) && (O::tensor_sums >= 1) && (O::tensor_sums <= 4);
 
+// A tensor-wise optimizer whose last pass needs only the weight and one of its norm terms, the update's
+// direction d (optional; optim::lamb): the engine keeps d from the first pass where the gradient store
+// has room for it (fp32 elements, which that pass would only zero), and the last pass reads 8 bytes
+// an element and recomputes nothing.
+//   O::direction_term             constexpr int: the index of d among norm_terms' x
+//   O::apply_direction(c, f, w, d)  ZERO_HD static: the new weight from the factor f and d, with the
+//                                   bits O::apply gives from the slots
+template <class O>
+concept TensorwiseDirection = TensorwiseOptimizer<O> && requires(float& w, float f, const typename O::step_constants& c) {
+  { O::direction_term } -> std::convertible_to<int>;
+  O::apply_direction(c, f, w, static_cast<const float&>(w));
+} && (O::direction_term >= 0) && (O::direction_term < O::tensor_sums);
+
 namespace detail {
 // What a matrix optimizer's orthogonalize is handed: the system's products (MatrixOptimizer below).
 struct products_archetype {

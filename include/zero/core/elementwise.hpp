@@ -241,6 +241,61 @@ struct advance_terms_rule : advance_rule<Opt> {
   }
 };
 
+// The first pass keeping the direction (concepts/optimizer_state.hpp: TensorwiseDirection) in the
+// fp32 gradient element it read, instead of zeroing it. Arrays: as advance_terms_rule's, the gradient
+// read and written.
+template <class Opt>
+struct advance_keeping_direction_rule : advance_terms_rule<Opt> {
+  template <class... Arrays>
+  ZERO_HD void operator()(std::size_t j, float* g, const float* w, Arrays*... arrays) const {
+    keep<float>(j, g, w, arrays...);
+  }
+  template <class V, class... Arrays>
+  requires tensorwise_terms_over<Opt, V> ZERO_HD void apply(std::size_t j, float* g, const float* w,
+                                                            Arrays*... arrays) const {
+    keep<V>(j, g, w, arrays...);
+  }
+  template <class V, class... Arrays>
+  ZERO_HD void keep(std::size_t j, float* g, const float* w, Arrays*... arrays) const {
+    this->template step_terms<V>(j, static_cast<const float*>(g), w, arrays...);
+    float* const a[] = {arrays...};
+    store(g, j, load<V>(a[Opt::slots + Opt::direction_term], j));
+  }
+};
+
+// The last pass from the kept direction d (in the gradient element, which it zeroes): the weight from
+// the tensor's factor f and d, and the parameter copy p from it where the precision keeps one apart.
+// Arrays: d (read, then zeroed), w, [p].
+template <class Opt>
+struct apply_direction_rule {
+  typename Opt::step_constants c;
+  float f;
+
+  ZERO_HD void operator()(std::size_t j, float* d, float* w) const { (void)step<float>(j, d, w); }
+  template <class P>
+  ZERO_HD void operator()(std::size_t j, float* d, float* w, P* p) const {
+    store(p, j, step<float>(j, d, w));
+  }
+  template <class V>
+  ZERO_HD void apply(std::size_t j, float* d, float* w) const {
+    (void)step<V>(j, d, w);
+  }
+  template <class V, class P>
+  ZERO_HD void apply(std::size_t j, float* d, float* w, P* p) const {
+    store(p, j, step<V>(j, d, w));
+  }
+  template <class V>
+  ZERO_HD V step(std::size_t j, float* d, float* w) const {
+    using namespace zero::fp;
+    V wj = load<V>(w, j);
+    Opt::apply_direction(c, f, wj, load<V>(d, j));
+    wj = canonical(wj);
+    store_canonical(w, j, wj);
+    store(d, j, V(0.0f));
+    return wj;
+  }
+};
+
 // The last pass: the weight from the tensor's factor f and the slots, and the parameter copy p from
 // it where the precision keeps one apart. Arrays: w, [p,] then one per slot (read).
 template <class Opt>
@@ -437,6 +492,27 @@ void advance_with_terms(const System& sys, const typename Opt::step_constants& c
   }
   (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{},
    std::make_index_sequence<static_cast<std::size_t>(Opt::tensor_sums)>{});
+}
+// The first pass keeping the direction in the fp32 gradient elements (advance_keeping_direction_rule).
+template <class Opt, class System>
+void advance_keeping_direction(const System& sys, const typename Opt::step_constants& c, float* g, float divisor,
+                               float coef, const float* w, float* const* slots, float* const* terms, std::size_t n) {
+  [&]<std::size_t... K, std::size_t... T>(std::index_sequence<K...>, std::index_sequence<T...>) {
+    sys.for_each(n, advance_keeping_direction_rule<Opt>{{{c, divisor, coef}}}, inout(g), in(w), inout(slots[K])...,
+                 out(terms[T])...);
+  }
+  (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{},
+   std::make_index_sequence<static_cast<std::size_t>(Opt::tensor_sums)>{});
+}
+// The last pass from the kept direction d, zeroing it (apply_direction_rule); p == nullptr: no
+// separate parameter copy.
+template <class Opt, class System, class P>
+void apply_direction(const System& sys, const typename Opt::step_constants& c, float f, float* d, float* w, P* p,
+                     std::size_t n) {
+  if (p)
+    sys.for_each(n, apply_direction_rule<Opt>{c, f}, inout(d), inout(w), out(p));
+  else
+    sys.for_each(n, apply_direction_rule<Opt>{c, f}, inout(d), inout(w));
 }
 // Its last pass over n elements with the tensor's factor f (apply_rule); p == nullptr: no separate
 // parameter copy.

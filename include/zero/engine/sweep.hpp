@@ -157,6 +157,17 @@ class optimizer_sweep {
     }
   }
 
+  // Whether a tensor-wise step keeps its direction in the gradient store of element type T between its
+  // passes (concepts/optimizer_state.hpp: TensorwiseDirection): fp32 elements the host's first pass
+  // would only zero. The last pass zeroes them.
+  template <class T>
+  static constexpr bool keeps_direction = [] {
+    if constexpr (TensorwiseDirection<Opt>)
+      return update_zeroes_gradients && std::is_same_v<T, float>;
+    else
+      return false;
+  }();
+
   // A tensor-wise optimizer's step (concepts/optimizer_state.hpp), in two passes over the held
   // elements, each tensor's piece at a time: the slots advance from the gradient, and the norm terms of
   // each block of elements (in a buffer the block's size, in cache) go into the tensor's exact sums
@@ -164,7 +175,10 @@ class optimizer_sweep {
   // where the states are sharded over more than one rank); then each tensor's factor, and the weights.
   // The sums are exact, so every stage, N and thread count gives the same bits. The host runs it (a
   // device system's binned sums are not built), in memory or from the offload tier (whose disk file
-  // the two passes read twice and write twice).
+  // the two passes read twice and write twice). Where the optimizer allows it and the gradients are
+  // fp32 (keeps_direction), the first pass leaves the update's direction in each gradient element
+  // instead of zero, and the last pass reads it there (and zeroes it) instead of recomputing it from
+  // the slots: the same value, so the same bits.
   template <class Gradients, class Done>
   void update_tensorwise(parameter_placement<Ctx>& params, const param_group_map& groups,
                          const std::vector<typename Opt::step_constants>& c, float divisor, float coef,
@@ -215,7 +229,10 @@ class optimizer_sweep {
                          const std::size_t m = std::min(term_block, e - at);
                          float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
                          for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + at;
-                         if constexpr (update_zeroes_gradients)
+                         if constexpr (keeps_direction<T>)
+                           elementwise::advance_keeping_direction<Opt>(ctx_.sys, c[g], gp + at, divisor, coef, w + at,
+                                                                       s, terms, m);
+                         else if constexpr (update_zeroes_gradients)
                            elementwise::advance_with_terms<Opt>(ctx_.sys, c[g], gp + at, divisor, coef, w + at, s,
                                                                 terms, m);
                          else
@@ -243,10 +260,18 @@ class optimizer_sweep {
                    double sq[K];
                    for (std::size_t k = 0; k < K; ++k) sq[k] = sums.sum(t, k);
                    const float f = Opt::tensor_factor(c[g], sq);
-                   pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
-                     const float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
-                     for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
-                     elementwise::apply_factor<Opt>(ctx_.sys, c[g], f, w + b, s, p ? p + b : p, e - b);
+                   const unit_layout& ul = ctx_.layout.unit(u);
+                   gradients([&]<class T>(T* store, bool sharded) {
+                     pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
+                       if constexpr (keeps_direction<T>) {
+                         T* d = store + element_index(ul, piece.begin, sharded, ctx_.rank);
+                         elementwise::apply_direction<Opt>(ctx_.sys, c[g], f, d + b, w + b, p ? p + b : p, e - b);
+                       } else {
+                         const float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
+                         for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
+                         elementwise::apply_factor<Opt>(ctx_.sys, c[g], f, w + b, s, p ? p + b : p, e - b);
+                       }
+                     });
                    });
                  });
         },

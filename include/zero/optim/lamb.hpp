@@ -98,10 +98,16 @@ struct lamb {
   // w = w - (lr f) r.
   template <class V>
   ZERO_HD_INLINE static void apply(const step_constants& c, float f, V& w, const V* s) {
+    apply_direction(c, f, w, direction(c, w, s));
+  }
+  // The same from r kept by the first pass (concepts/optimizer_state.hpp: TensorwiseDirection).
+  static constexpr int direction_term = 1;
+  template <class V>
+  ZERO_HD_INLINE static void apply_direction(const step_constants& c, float f, V& w, const V& r) {
     using namespace zero::fp;
-    w = sub(w, mul(fp::mul(c.adam.lr, f), direction(c, w, s)));
+    w = sub(w, mul(fp::mul(c.adam.lr, f), r));
   }
 };
-static_assert(TensorwiseOptimizer<lamb>);
+static_assert(TensorwiseDirection<lamb>);
 
 }  // namespace zero::optim

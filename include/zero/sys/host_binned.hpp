@@ -325,7 +325,8 @@ ZERO_SIMD_INLINE std::size_t square_digits(const G* g, std::size_t n, float divi
   };
   constexpr std::size_t flush_every = std::size_t{1} << 20;
   // Adds the digits of pack v to accumulators b0..b2.
-  const auto digits = [&](simd::pack<W> v, f64& b0, f64& b1, f64& b2) {
+  const auto digits = [&](const simd::pack<W>& loaded, f64& b0, f64& b1, f64& b2) {
+    simd::pack<W> v = loaded;
     if constexpr (Divide) v = div(v, dv);
     const f64 y = __builtin_convertvector(v.v, f64) * scale;
     f64 t0 = y * y;
@@ -342,8 +343,9 @@ ZERO_SIMD_INLINE std::size_t square_digits(const G* g, std::size_t n, float divi
   f64 c0 = f64{}, c1 = f64{}, c2 = f64{};
   std::size_t j = 0, since = 0;
   for (; j + 2 * W <= n; j += 2 * W) {
-    digits(simd::load_lanes<W>(g + j), a0, a1, a2);
-    digits(simd::load_lanes<W>(g + j + W), c0, c1, c2);
+    const simd::pack<W> v0 = simd::load_lanes<W>(g + j), v1 = simd::load_lanes<W>(g + j + W);
+    digits(v0, a0, a1, a2);
+    digits(v1, c0, c1, c2);
     if (++since == flush_every) {
       a0 += c0;
       a1 += c1;
@@ -353,7 +355,10 @@ ZERO_SIMD_INLINE std::size_t square_digits(const G* g, std::size_t n, float divi
       since = 0;
     }
   }
-  for (; j + W <= n; j += W) digits(simd::load_lanes<W>(g + j), a0, a1, a2);
+  for (; j + W <= n; j += W) {
+    const simd::pack<W> v = simd::load_lanes<W>(g + j);
+    digits(v, a0, a1, a2);
+  }
   a0 += c0;
   a1 += c1;
   a2 += c2;
