@@ -19,15 +19,17 @@ namespace zero::sys {
 // which cuts ranges of elements), or one call. The count is C's n m elements, and a range computes
 // the tiles of rows of C whose first element falls in it: each element of C is then summed by one
 // thread, whole, in the one order, so the bits do not depend on how the range is cut. (A count of
-// elements, not of row tiles: the pool leaves a pass of fewer than a thousand or so on one thread.)
+// elements, not of row tiles: the pool cuts ranges of at least 1024, so the 128 tiles of 1024 rows
+// would all stay on one thread.)
 //
 // A product of fewer than min_parallel_madds multiply-adds runs on the calling thread: waking the
-// pool's threads costs more than they save on it (2^21, about 20 us of one AVX-512 core, measured
-// on Zen 4; a test sets 0 to cut every product).
+// pool's threads costs more than they save on it. 2^22, about 80 us of one AVX-512 core: on Zen 4 (a
+// 2-vCPU guest) a pass of the pool cost 25-60 us, and 2 threads broke even at 4.2M multiply-adds
+// (128 x 256 x 128), gained 1.1-1.3x at 7M and 1.5-1.7x at 17M. A test sets 0 to cut every product.
 template <class RowRunner>
 struct host_products {
   RowRunner rows;
-  std::size_t min_parallel_madds = std::size_t{1} << 21;
+  std::size_t min_parallel_madds = std::size_t{1} << 22;
   void multiply(const float* A, const float* B, float* C, std::size_t n, std::size_t k, std::size_t m) const {
     if (n == 0 || m == 0) return;
 #if defined(ZERO_HOST_SIMD)
