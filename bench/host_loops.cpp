@@ -2,19 +2,21 @@
 // optimizer update in the same run, one thread (and the AdamW update over a pool of 1 and 2 threads), one JSON line
 // per case.
 //
-// Usage: bench_host_loops [--mib M] [--reps R] [--levels] [--small-pages] [--adamw-only]
+// Usage: bench_host_loops [--mib M] [--reps R] [--levels] [--small-pages] [--adamw-only] [--products-only]
 //   M: MiB of the largest array (default 256: far beyond the last-level cache); R: repetitions
 //   (default 7; the median is reported with min and max). --levels also runs every ISA level the CPU
 //   has (host_loop::set_cap), besides the default (best) one and the old scalar loop. --small-pages
 //   allocates the arrays at cache-line alignment on 4 KiB pages instead of the engine's allocation; --adamw-only
-//   runs memcpy, the fp32 AdamW update and the engine's step only.
+//   runs memcpy, the fp32 AdamW update and the engine's step only; --products-only the matrix products only.
 // Bytes moved per element count each array read once and each array written once (an operand that
 // is read and written counts twice), as memcpy's read + write does. The quantizer (int8 and int4,
 // blocks of 256) is reported as a fraction of memcpy's bytes/s; the reproducible mode's passes (cut
 // into words, merge, rounding, summary; on an eighth of the elements, their int64 planes being 24
 // bytes each) as their time per element over the fp32 AdamW update's at the same size ("of_update"). Last, a
-// 1-rank engine's reduce() + step() over the same update's loop ("of_loop"), and Muon's orthogonalization with the
-// host's products against the same order one element at a time ("over_ordered").
+// 1-rank engine's reduce() + step() over the same update's loop ("of_loop"), Muon's orthogonalization with the
+// host's products against the same order one element at a time ("over_ordered"), and the host's products on
+// the orthogonalization's shapes against OpenBLAS's sgemm at 1 and 2 threads ("of_sgemm"; where the bench was
+// built with OpenBLAS).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +28,12 @@
 
 #include "zero/core/thread_pool.hpp"
 #include "zero/zero.hpp"
+
+#if defined(ZERO_BENCH_WITH_OPENBLAS)
+#include <cblas.h>
+// OpenBLAS's own (not in every cblas.h): the threads of its next calls.
+extern "C" void openblas_set_num_threads(int);
+#endif
 
 namespace {
 
@@ -388,8 +396,8 @@ void engine_step_case(std::size_t n, int reps, int threads, offload_tier tier = 
 }
 
 // A matrix optimizer's orthogonalization (optim::muon's Newton-Schulz, five iterations) with the host's products
-// (sys/host_products.hpp: blocks of rows in registers, on packs) against the same order one element at a time
-// (newton_schulz::ordered_products) in the same run: the speed-up, the multiply-adds per second, and that the
+// (sys/host_products.hpp: blocked and packed, tiles of C in registers, on packs) against the same order one element
+// at a time (newton_schulz::ordered_products) in the same run: the speed-up, the multiply-adds per second, and that the
 // bits are the same. Shapes: train_gpt's default matrices (64 x 64, 256 x 64) and, with `large`, GPT-2 small's
 // (768 x 768: seconds at one element at a time, left out of the smoke run).
 void products_cases(int reps, bool levels, bool large) {
@@ -431,12 +439,112 @@ void products_cases(int reps, bool levels, bool large) {
   }
 }
 
+// The CPU's model name, family and model (/proc/cpuinfo: a virtual machine may name only the product line, "AMD
+// EPYC"; family 25 model 17 is then Zen 4), for the records: figures from another machine are not comparable.
+std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) return "unknown";
+  char line[512];
+  std::string name = "unknown", family = "?", model = "?";
+  const auto value = [](const std::string& l) {
+    std::string v = l.substr(l.find(':') + 1);
+    v.erase(0, v.find_first_not_of(" \t"));
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    return v;
+  };
+  while (std::fgets(line, sizeof line, f)) {
+    const std::string l = line;
+    if (l.find(':') == std::string::npos) break;  // the first processor's block ends with an empty line
+    if (l.rfind("model name", 0) == 0) name = value(l);
+    else if (l.rfind("cpu family", 0) == 0) family = value(l);
+    else if (l.rfind("model\t", 0) == 0) model = value(l);
+  }
+  std::fclose(f);
+  return name + " (family " + family + ", model " + model + ")";
+}
+
+// The host's products (sys/host_products.hpp) against OpenBLAS's cblas_sgemm on the same operands, on the three
+// products of a Newton-Schulz iteration of an n x m matrix (n <= m): X X^T (n x m x n), A A (n x n x n) and B X
+// (n x n x m), as n x k x m. For 1 and 2 threads (a thread_pool's run; openblas_set_num_threads), the two
+// interleaved rep by rep, the best of the reps of each: G FLOP/s (2 n k m per product), ours over sgemm's
+// ("of_sgemm"), and whether ours has the bits of newton_schulz::ordered_products (sgemm's sums are in another
+// order: its bits are not compared). Shapes: 256 x 64 (train_gpt's), with `large` 768 x 768 and 1024 x 1024.
+void gemm_cases(int reps, bool large) {
+  struct shape {
+    const char* product;
+    std::size_t n, k, m;
+  };
+  std::vector<shape> shapes;
+  for (const std::size_t d : {std::size_t{64}, std::size_t{768}, std::size_t{1024}}) {
+    if (d > 64 && !large) continue;
+    const std::size_t n = d, m = d == 64 ? 256 : d;
+    shapes.push_back({"X X^T", n, m, n});
+    shapes.push_back({"A A", n, n, n});
+    shapes.push_back({"B X", n, n, m});
+  }
+  const std::string cpu = cpu_model();
+#if !defined(ZERO_BENCH_WITH_OPENBLAS)
+  std::printf(
+      "{\"case\": \"products vs sgemm\", \"skipped\": \"built without OpenBLAS (bench/meson.build found none)\"}\n");
+#endif
+  for (const shape& s : shapes) {
+    std::vector<float> a(s.n * s.k), b(s.k * s.m), c(s.n * s.m), want(s.n * s.m), blas(s.n * s.m);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      a[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
+    for (std::size_t i = 0; i < b.size(); ++i)
+      b[i] = 0.01f * static_cast<float>(static_cast<int>(i * 104729 % 199) - 99);
+    optim::newton_schulz::ordered_products{}.multiply(a.data(), b.data(), want.data(), s.n, s.k, s.m);
+    const double flop = 2.0 * static_cast<double>(s.n) * static_cast<double>(s.k) * static_cast<double>(s.m);
+    // Enough reps that the best is the machine's, not a hiccup: more for the small shapes.
+    const int r = flop > 1e9 ? reps : std::max(reps, static_cast<int>(2e9 / flop));
+    for (const int threads : {1, 2}) {
+      thread_pool pool(threads);
+      const auto products = sys::host::products([&](std::size_t n, auto&& f) { pool.run(n, f); });
+      double ours = 1e30, theirs = 1e30;
+#if defined(ZERO_BENCH_WITH_OPENBLAS)
+      openblas_set_num_threads(threads);
+#endif
+      for (int rep = 0; rep <= r; ++rep) {  // rep 0 warms both (pages, caches, OpenBLAS's threads)
+        auto t = clock_type::now();
+        products.multiply(a.data(), b.data(), c.data(), s.n, s.k, s.m);
+        const double mine = std::chrono::duration<double>(clock_type::now() - t).count();
+        if (rep > 0) ours = std::min(ours, mine);
+#if defined(ZERO_BENCH_WITH_OPENBLAS)
+        t = clock_type::now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(s.n), static_cast<int>(s.m),
+                    static_cast<int>(s.k), 1.0f, a.data(), static_cast<int>(s.k), b.data(), static_cast<int>(s.m), 0.0f,
+                    blas.data(), static_cast<int>(s.m));
+        const double other = std::chrono::duration<double>(clock_type::now() - t).count();
+        if (rep > 0) theirs = std::min(theirs, other);
+#endif
+      }
+      const bool same = std::memcmp(c.data(), want.data(), c.size() * sizeof(float)) == 0;
+#if defined(ZERO_BENCH_WITH_OPENBLAS)
+      std::printf(
+          "{\"case\": \"products vs sgemm\", \"product\": \"%s\", \"n\": %zu, \"k\": %zu, \"m\": %zu, \"threads\": %d, "
+          "\"ours_gflop_per_s\": %.1f, \"sgemm_gflop_per_s\": %.1f, \"of_sgemm\": %.3f, \"ours_s\": %.6f, "
+          "\"sgemm_s\": %.6f, \"reps\": %d, \"same_bits\": %s, \"isa\": \"%s\", \"cpu\": \"%s\"}\n",
+          s.product, s.n, s.k, s.m, threads, flop / ours / 1e9, flop / theirs / 1e9, theirs / ours, ours, theirs, r,
+          same ? "true" : "false", hl::name(hl::active()), cpu.c_str());
+#else
+      std::printf(
+          "{\"case\": \"products\", \"product\": \"%s\", \"n\": %zu, \"k\": %zu, \"m\": %zu, \"threads\": %d, "
+          "\"ours_gflop_per_s\": %.1f, \"ours_s\": %.6f, \"reps\": %d, \"same_bits\": %s, \"isa\": \"%s\", "
+          "\"cpu\": \"%s\"}\n",
+          s.product, s.n, s.k, s.m, threads, flop / ours / 1e9, ours, r, same ? "true" : "false",
+          hl::name(hl::active()), cpu.c_str());
+#endif
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::size_t mib = 256;
   int reps = 7;
-  bool levels = false;
+  bool levels = false, products_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mib" && i + 1 < argc) mib = std::stoul(argv[++i]);
@@ -444,13 +552,21 @@ int main(int argc, char** argv) {
     else if (a == "--levels") levels = true;
     else if (a == "--small-pages") small_pages = true;
     else if (a == "--adamw-only") adamw_only = true;
+    else if (a == "--products-only") products_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--mib M] [--reps R] [--levels] [--small-pages] [--adamw-only]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--mib M] [--reps R] [--levels] [--small-pages] [--adamw-only] [--products-only]\n",
+                   argv[0]);
       return 2;
     }
   }
   // Elements: the largest array (fp32) is `mib` MiB.
   const std::size_t n = mib * 1024 * 1024 / sizeof(float);
+  if (products_only) {
+    products_cases(reps, levels, mib >= 64);
+    gemm_cases(reps, mib >= 64);
+    return 0;
+  }
   {
     auto a = filled<float>(n, 1.0f), b = filled<float>(n, 2.0f);
     const std::size_t bytes = n * sizeof(float);
@@ -473,6 +589,7 @@ int main(int argc, char** argv) {
   for (int threads : {1, 2}) engine_step_case(n, reps, threads);
   engine_step_case(n, reps, 1, offload_tier::host);
   products_cases(reps, levels, mib >= 64);
+  gemm_cases(reps, mib >= 64);
   if (levels && hl::detected() > hl::isa::avx2) {  // what a CPU without AVX-512 runs
     const hl::isa before = hl::set_cap(hl::isa::avx2);
     engine_step_case(n, reps, 1);

@@ -1,4 +1,5 @@
-// sys::host::for_each on SIMD packs against the plain per-element loop, bit for bit, on every ISA level this CPU has.
+// sys::host::for_each on SIMD packs against the plain per-element loop, and the blocked matrix products against the
+// order one element at a time, bit for bit, on every ISA level this CPU has.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -10,11 +11,14 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "isa_levels.hpp"
+#include "zero/optim/newton_schulz.hpp"
+#include "zero/sys/host_gemm.hpp"
 #include "zero/zero.hpp"
 
 namespace {
@@ -460,6 +464,108 @@ TEST_CASE_TEMPLATE("host loops: the squares' binned digits equal the per-element
 // The memory the loops run on: sys::host::allocate's arrays of 2 MiB or more start on a 2 MiB boundary
 // and, where the kernel gives transparent huge pages on advice, are eligible for them; smaller ones are
 // cache-line aligned. Every byte asked for is usable and freed with the size it was asked with.
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A rows x cols matrix of values that make the products' edge cases: random values, -0 often (a product
+// -0 is added to a sum), one row (or, with `by_column`, one column) of the special floats (NaNs with
+// payloads, infinities, subnormals, the largest finite) and one of values near 2^127 (sums that overflow),
+// the rest of the results ordinary sums.
+std::vector<float> product_operand(std::size_t rows, std::size_t cols, std::uint32_t seed, bool by_column) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 9);
+  const std::vector<float> special = special_floats();
+  std::vector<float> v(rows * cols);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) {
+      float x = val(rng);
+      if (pick(rng) == 0) x = -0.0f;
+      const std::size_t line = by_column ? j : i, lines = by_column ? cols : rows;
+      if (line == 3 % lines) x = std::ldexp(x, 127);  // sums past the largest float: infinities
+      if (line == 1 % lines) x = special[(i + j + seed) % special.size()];
+      v[i * cols + j] = x;
+    }
+  return v;
+}
+
+// A runner that cuts [0, count) into `parts` uneven ranges (some empty where count is small), each on a
+// thread of its own at once: the products' threads, as a pool runs them.
+struct threads_runner {
+  int parts;
+  template <class F>
+  void operator()(std::size_t count, F&& f) const {
+    std::vector<std::size_t> cut{0};
+    for (int p = 1; p < parts; ++p) cut.push_back(std::min(count, std::max(cut.back(), count * p / parts + 13 * p)));
+    cut.push_back(count);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < parts; ++p) threads.emplace_back([&, p] { f(cut[p], cut[p + 1]); });
+    for (auto& t : threads) t.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("host products: the blocked, packed products give the order's bits at every level, block and thread split") {
+  // n x k x m. The tiles are 8 x 32 (AVX-512), 6 x 16 (AVX2), 6 x 8 (SSE2), 4 x 4 (scalar); blocks of
+  // kc = 256 values of q and nc = 512 columns: shapes below, at and past each, k = 0 (every sum empty:
+  // +0) and empty results.
+  struct shape {
+    std::size_t n, k, m;
+  };
+  const shape shapes[] = {{1, 1, 1},     {3, 5, 2},      {3, 1, 5},      {17, 33, 9},  {8, 256, 32}, {9, 257, 33},
+                          {13, 7, 100},  {7, 300, 1},    {1, 300, 600},  {6, 255, 17}, {50, 0, 3},   {0, 5, 5},
+                          {5, 5, 0},     {64, 256, 64},  {16, 512, 512}, {25, 513, 545}, {49, 97, 1030}};
+  for (const shape s : shapes) {
+    CAPTURE(s.n);
+    CAPTURE(s.k);
+    CAPTURE(s.m);
+    const std::vector<float> a = product_operand(s.n, s.k, 1 + static_cast<std::uint32_t>(s.n * 7 + s.k), false);
+    const std::vector<float> b = product_operand(s.k, s.m, 2 + static_cast<std::uint32_t>(s.m * 5 + s.k), true);
+    std::vector<float> want(s.n * s.m, 1.0f);
+    optim::newton_schulz::ordered_products{}.multiply(a.data(), b.data(), want.data(), s.n, s.k, s.m);
+    for (hl::isa level : isa_levels::available()) {
+      CAPTURE(hl::name(level));
+      const isa_levels::cap_guard g(level);
+      for (int parts : {1, 2, 3}) {
+        CAPTURE(parts);
+        // min_parallel_madds 0: every product goes through the runner, small ones included.
+        const sys::host_products<threads_runner> products{threads_runner{parts}, 0};
+        std::vector<float> c(s.n * s.m, 7.0f);  // every element written, whatever C held
+        products.multiply(a.data(), b.data(), c.data(), s.n, s.k, s.m);
+        CHECK(same_bits(c, want));
+      }
+      // Blocks smaller than the tiles and than the shapes: every kc and nc boundary crossed, partial sums
+      // stored and reloaded many times.
+      for (const sys::host_gemm::blocking blk : {sys::host_gemm::blocking{1, 1}, sys::host_gemm::blocking{5, 40},
+                                                  sys::host_gemm::blocking{64, 100}}) {
+        CAPTURE(blk.kc);
+        std::vector<float> c(s.n * s.m, 7.0f);
+        sys::host_gemm::multiply_rows(level, a.data(), b.data(), c.data(), s.k, s.m, 0, s.n, blk);
+        CHECK(same_bits(c, want));
+      }
+    }
+  }
+}
+
+TEST_CASE("host products: a product's result holds ordinary sums and every kind of special value") {
+  // The operands of the test above make results of each kind; a check that they do (else it would
+  // compare NaN with NaN and little else).
+  const std::size_t n = 25, k = 513, m = 545;
+  const std::vector<float> a = product_operand(n, k, 3, false), b = product_operand(k, m, 4, true);
+  std::vector<float> c(n * m);
+  optim::newton_schulz::ordered_products{}.multiply(a.data(), b.data(), c.data(), n, k, m);
+  std::size_t nan = 0, inf = 0, finite = 0;
+  for (float x : c) (x != x ? nan : std::isinf(x) ? inf : finite) += 1;
+  CHECK(nan > 0);
+  CHECK(inf > 0);
+  CHECK(finite > c.size() / 2);
+  MESSAGE("NaN ", nan, ", inf ", inf, ", finite ", finite);
+}
+
 TEST_CASE("sys::host::allocate: large arrays on huge-page boundaries, advised as huge pages") {
   using host = sys::host;
   for (std::size_t bytes : {std::size_t{64}, std::size_t{4096}, host_pages::huge_bytes - 64, host_pages::huge_bytes,

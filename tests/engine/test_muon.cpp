@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zero/checkpoint/checkpoint.hpp"
@@ -81,6 +82,27 @@ deviation compare(const std::vector<float>& got, const std::vector<double>& want
   return d;
 }
 
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(), [](float u, float v) {
+           return std::bit_cast<std::uint32_t>(u) == std::bit_cast<std::uint32_t>(v);
+         });
+}
+
+// Cuts [0, count) into `parts` uneven ranges, each run on a thread of its own at once (as the rank's pool
+// runs the products' ranges).
+struct threads_runner {
+  int parts;
+  template <class F>
+  void operator()(std::size_t count, F&& f) const {
+    std::vector<std::size_t> cut{0};
+    for (int p = 1; p < parts; ++p) cut.push_back(std::min(count, std::max(cut.back(), count * p / parts + 13 * p)));
+    cut.push_back(count);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < parts; ++p) threads.emplace_back([&, p] { f(cut[p], cut[p + 1]); });
+    for (auto& t : threads) t.join();
+  }
+};
+
 }  // namespace
 
 TEST_CASE("Newton-Schulz in fp32 is within 2e-6 of the iteration in double, wide, tall and square") {
@@ -116,11 +138,19 @@ TEST_CASE("Newton-Schulz: the host's products on packs give the order's bits, at
   for (int level = 0; level <= static_cast<int>(best); ++level) {
     CAPTURE(level);
     const auto cap = zero::sys::host_loop::set_cap(static_cast<zero::sys::host_loop::isa>(level));
+    // min_parallel_madds 0: these small products go through the runner too.
     std::vector<float> packed = g;
+    newton_schulz::orthogonalize(packed.data(), rows, cols, w, zero::sys::host_products{split, 0});
+    CHECK(same_bits(one, packed));
+    for (int parts : {1, 2, 3}) {
+      CAPTURE(parts);
+      packed = g;
+      newton_schulz::orthogonalize(packed.data(), rows, cols, w, zero::sys::host_products{threads_runner{parts}, 0});
+      CHECK(same_bits(one, packed));
+    }
+    packed = g;  // the default: products this small on the calling thread
     newton_schulz::orthogonalize(packed.data(), rows, cols, w, zero::sys::host_products{split});
-    CHECK(std::equal(one.begin(), one.end(), packed.begin(), [](float x, float y) {
-      return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
-    }));
+    CHECK(same_bits(one, packed));
     zero::sys::host_loop::set_cap(cap);
   }
   // The norm divides the scale out: a power-of-two multiple of the input gives the same result.
@@ -132,6 +162,45 @@ TEST_CASE("Newton-Schulz: the host's products on packs give the order's bits, at
   std::vector<float> zeros(rows * cols, 0.0f);
   newton_schulz::orthogonalize(zeros.data(), rows, cols, w);
   CHECK(std::all_of(zeros.begin(), zeros.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST_CASE("host products: the order's bits on awkward shapes and special values, at every ISA and thread split") {
+  // n x k x m: single elements, shapes below a tile (8 x 32 on AVX-512, 6 x 16 AVX2, 6 x 8 SSE2, 4 x 4
+  // scalar), past one, and k past the block of 256 values of q (a partial sum stored and reloaded).
+  struct shape {
+    std::size_t n, k, m;
+  };
+  const std::uint32_t specials[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                                    0x80000000u, 0x00000001u, 0x7f7fffffu, 0xff7fffffu};
+  for (const shape s : {shape{1, 1, 1}, shape{3, 5, 5}, shape{5, 3, 3}, shape{17, 33, 9}, shape{9, 260, 40},
+                        shape{14, 2, 70}, shape{4, 0, 6}}) {
+    CAPTURE(s.n);
+    CAPTURE(s.k);
+    CAPTURE(s.m);
+    std::vector<float> a = test_matrix(s.n, s.k, 0.25f), b = test_matrix(s.k, s.m, 1.5f);
+    // -0 in both; NaNs with payloads, infinities, the largest finite and a subnormal in A's last row and
+    // B's last column (their results special, the others ordinary sums).
+    for (std::size_t i = 0; i < a.size(); i += 7) a[i] = -0.0f;
+    for (std::size_t i = 0; i < b.size(); i += 5) b[i] = -0.0f;
+    for (std::size_t q = 0; q < s.k; ++q) {
+      a[(s.n - 1) * s.k + q] = std::bit_cast<float>(specials[q % std::size(specials)]);
+      b[q * s.m + s.m - 1] = std::bit_cast<float>(specials[(q + 3) % std::size(specials)]);
+    }
+    std::vector<float> want(s.n * s.m, 1.0f);
+    newton_schulz::ordered_products{}.multiply(a.data(), b.data(), want.data(), s.n, s.k, s.m);
+    const zero::sys::host_loop::isa best = zero::sys::host_loop::active();
+    for (int level = 0; level <= static_cast<int>(best); ++level) {
+      CAPTURE(level);
+      const auto cap = zero::sys::host_loop::set_cap(static_cast<zero::sys::host_loop::isa>(level));
+      for (int parts : {1, 2, 3}) {
+        CAPTURE(parts);
+        std::vector<float> c(s.n * s.m, 3.0f);
+        zero::sys::host_products{threads_runner{parts}, 0}.multiply(a.data(), b.data(), c.data(), s.n, s.k, s.m);
+        CHECK(same_bits(c, want));
+      }
+      zero::sys::host_loop::set_cap(cap);
+    }
+  }
 }
 
 TEST_CASE("muon: hyper-parameters are validated, naming the field") {
