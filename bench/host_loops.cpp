@@ -500,7 +500,8 @@ void gemm_cases(int reps, bool large) {
     for (const int threads : {1, 2}) {
       thread_pool pool(threads);
       const auto products = sys::host::products([&](std::size_t n, auto&& f) { pool.run(n, f); });
-      double ours = 1e30, theirs = 1e30;
+      double ours = 1e30;
+      [[maybe_unused]] double theirs = 1e30;  // (sgemm's, where built with OpenBLAS)
 #if defined(ZERO_BENCH_WITH_OPENBLAS)
       openblas_set_num_threads(threads);
 #endif
