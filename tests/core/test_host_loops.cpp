@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../threads_runner.hpp"
 #include "isa_levels.hpp"
 #include "zero/optim/newton_schulz.hpp"
 #include "zero/sys/host_gemm.hpp"
@@ -492,20 +493,7 @@ std::vector<float> product_operand(std::size_t rows, std::size_t cols, std::uint
   return v;
 }
 
-// A runner that cuts [0, count) into `parts` uneven ranges (some empty where count is small), each on a
-// thread of its own at once: the products' threads, as a pool runs them.
-struct threads_runner {
-  int parts;
-  template <class F>
-  void operator()(std::size_t count, F&& f) const {
-    std::vector<std::size_t> cut{0};
-    for (int p = 1; p < parts; ++p) cut.push_back(std::min(count, std::max(cut.back(), count * p / parts + 13 * p)));
-    cut.push_back(count);
-    std::vector<std::thread> threads;
-    for (int p = 0; p < parts; ++p) threads.emplace_back([&, p] { f(cut[p], cut[p + 1]); });
-    for (auto& t : threads) t.join();
-  }
-};
+using testing::threads_runner;
 
 }  // namespace
 

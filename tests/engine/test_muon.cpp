@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "../threads_runner.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
 #include "zero/comm/backends/threads.hpp"
 #include "zero/engine/matrix_owners.hpp"
@@ -88,20 +89,7 @@ bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
          });
 }
 
-// Cuts [0, count) into `parts` uneven ranges, each run on a thread of its own at once (as the rank's pool
-// runs the products' ranges).
-struct threads_runner {
-  int parts;
-  template <class F>
-  void operator()(std::size_t count, F&& f) const {
-    std::vector<std::size_t> cut{0};
-    for (int p = 1; p < parts; ++p) cut.push_back(std::min(count, std::max(cut.back(), count * p / parts + 13 * p)));
-    cut.push_back(count);
-    std::vector<std::thread> threads;
-    for (int p = 0; p < parts; ++p) threads.emplace_back([&, p] { f(cut[p], cut[p + 1]); });
-    for (auto& t : threads) t.join();
-  }
-};
+using testing::threads_runner;
 
 }  // namespace
 
