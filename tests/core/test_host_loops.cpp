@@ -467,8 +467,9 @@ TEST_CASE_TEMPLATE("host loops: the squares' binned digits equal the per-element
 // cache-line aligned. Every byte asked for is usable and freed with the size it was asked with.
 namespace {
 
+// (An empty vector's data() may be null, which memcmp must not be given, even for 0 bytes.)
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // A rows x cols matrix of values that make the products' edge cases: random values, -0 often (a product
