@@ -14,6 +14,7 @@
 
 #include "../threads_runner.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
+#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/backends/threads.hpp"
 #include "zero/engine/matrix_owners.hpp"
 #include "zero/optim/muon.hpp"
@@ -408,11 +409,89 @@ TEST_CASE("muon: owners are balanced by work, and the exchange moves the bytes i
   CHECK(owners.work_of(1) == zero::matrix_owners::work(40, 12));
   CHECK(owners.block(zero::unit_id{1}) == 480);
   // Stage 0 holds whole matrices: the results' all-gather only; one rank: no exchange.
-  CHECK(owners.exchange_bytes(lay, false) ==
+  CHECK(owners.exchange_bytes(lay, false, true) ==
         zero::comm::bus_bytes(zero::comm::collective::all_gather, 2 * 480 * sizeof(float), 2) +
             zero::comm::bus_bytes(zero::comm::collective::all_gather, 2 * 144 * sizeof(float), 2));
   const zero::layout one = zero::layout::make(spec, 1);
-  CHECK(zero::matrix_owners(spec, one, [](std::size_t, std::size_t) { return true; }).exchange_bytes(one, true) == 0);
+  CHECK(zero::matrix_owners(spec, one, [](std::size_t, std::size_t) { return true; }).exchange_bytes(one, true, true) ==
+        0);
+  // Sharded states: each rank sends an owner only the elements it holds of the owner's matrices, and gets
+  // their results back (two all_to_alls of N pair blocks), instead of gathering the unit and every result.
+  for (std::size_t u : {1, 2}) {
+    const zero::unit_id id{u};
+    std::size_t most = 0;  // the most one rank holds of one owner's matrices, counted by hand
+    for (int r = 0; r < 2; ++r)
+      for (int o = 0; o < 2; ++o) {
+        std::size_t held = 0;
+        for (const zero::matrix_entry& m : owners.matrices(id))
+          if (m.owner == o) held += zero::intersect(m.elements, lay.owned(id, r)).size();
+        most = std::max(most, held);
+      }
+    CHECK(owners.pair_block(id) == most);
+    CHECK(owners.pair_block(id) < lay.unit(id).shard + 1);
+  }
+  std::uint64_t to_owners = 0, gathers = 0;
+  for (std::size_t u : {1, 2}) {
+    const zero::unit_id id{u};
+    to_owners += 2 * zero::comm::bus_bytes(zero::comm::collective::all_to_all, 2 * owners.pair_block(id) * 4, 2);
+    gathers += zero::comm::bus_bytes(zero::comm::collective::all_gather, lay.unit(id).padded * 4, 2) +
+               zero::comm::bus_bytes(zero::comm::collective::all_gather, 2 * owners.block(id) * 4, 2);
+  }
+  CHECK(owners.exchange_bytes(lay, true, true) == to_owners);
+  CHECK(owners.exchange_bytes(lay, true, false) == gathers);
+  CHECK(to_owners < gathers);
+}
+
+namespace {
+
+// comm::threads without all_to_all: the matrices' exchange then gathers each unit whole.
+class gathering_threads {
+ public:
+  using system = threads::system;
+  explicit gathering_threads(threads& t) : t_(&t) {}
+  int rank() const { return t_->rank(); }
+  int size() const { return t_->size(); }
+  template <class T>
+  void all_reduce(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->all_reduce(s, r, n, op); }
+  template <class T>
+  void reduce_scatter(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->reduce_scatter(s, r, n, op); }
+  template <class T>
+  void all_gather(const T* s, T* r, std::size_t n) { t_->all_gather(s, r, n); }
+  template <class T>
+  void broadcast(const T* s, T* r, std::size_t n, int root) { t_->broadcast(s, r, n, root); }
+  void barrier() { t_->barrier(); }
+
+ private:
+  threads* t_;
+};
+static_assert(!zero::comm::has_all_to_all<gathering_threads>);
+
+}  // namespace
+
+TEST_CASE("muon: over a backend without all_to_all the units are gathered instead, with the same bits") {
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    std::vector<float> gathered;
+    std::uint64_t measured = 0, formula = 0;
+    threads::launch(ranks, [&](threads& t) {
+      gathering_threads c(t);
+      zero::engine<zero::stage3, gathering_threads, muon> e(c, muon_model(), muon_settings(),
+                                                            muon_options(ranks, false));
+      e.initialize(init_values);
+      for (int s = 0; s < 3; ++s) {
+        const zero::step_report r = global_step(e, t.rank(), s);
+        CHECK(r.optimizer_exchange.total_bytes() == e.optimizer_exchange_formula_bytes());
+        if (t.rank() == 0) measured = r.optimizer_exchange.total_bytes(), formula = e.optimizer_exchange_formula_bytes();
+      }
+      const std::vector<float> p = e.full_params();
+      if (t.rank() == 0) gathered = p;
+    });
+    CHECK(gathered == trained<zero::stage3>(ranks, false));
+    const zero::layout lay = zero::layout::make(muon_model(), ranks);
+    const zero::matrix_owners owners(muon_model(), lay, [](std::size_t u, std::size_t) { return u != 0; });
+    CHECK(formula == owners.exchange_bytes(lay, true, false));
+    CHECK(measured > owners.exchange_bytes(lay, true, true));
+  }
 }
 
 TEST_CASE("muon: a checkpoint taken at N = 4 stage 3 resumes at N = 2 stage 1 bit for bit, reproducibly") {

@@ -604,7 +604,7 @@ class engine {
   // A matrix optimizer's exchange of each step on the control link (engine/matrix_owners.hpp: each matrix
   // to its owner and its result back), in bus bytes; 0 for the other kinds.
   std::uint64_t optimizer_exchange_formula_bytes() const {
-    return sweep_.matrices().exchange_bytes(layout_, P::shards_optimizer_states);
+    return sweep_.matrix_exchange_bytes();
   }
   std::uint64_t model_state_formula_bytes() const { return formulas_.model_state_bytes(); }
   const offload_report& offload() const { return sweep_.store().report(); }

@@ -26,13 +26,17 @@ struct matrix_entry {
 
 // Every unit's matrices and their owners at N ranks. At N > 1 the step exchanges per unit that has
 // matrices, on the control link:
-//   1. where the optimizer states are sharded (stages 1-3), an all-gather of the unit's slices (each
-//      rank's u for the matrix elements it holds): every rank then has each matrix of the unit
-//      whole, as every rank of stage 0 has it already;
-//   2. each owner orthogonalizes its matrices into its block of `block` elements (the largest
-//      total of one rank's matrices in the unit), and an all-gather of the blocks hands every rank
-//      the result for the elements it holds (stage 0: all of them, the reference implementation's
-//      split of the work over data-parallel ranks).
+//   - where the optimizer states are sharded (stages 1-3), two all_to_alls: each rank sends every
+//     owner the elements it holds of the owner's matrices (its `pair_block`: the most one rank holds
+//     of one owner's matrices, in model order), the owners orthogonalize, and send each rank back the
+//     results for the same elements. Each element crosses the link once each way.
+//     Over a backend without all_to_all (comm/all_to_all.hpp; every backend of the library has it):
+//     an all-gather of the unit's slices (every rank then has each matrix whole) and the results'
+//     all-gather below;
+//   - where every rank holds whole matrices (stage 0), each owner orthogonalizes its matrices into its
+//     block of `block` elements (the largest total of one rank's matrices in the unit), and an
+//     all-gather of the blocks hands every rank every result (the reference implementation's split
+//     of the work over data-parallel ranks).
 // Owners are assigned over the whole model, the matrices by decreasing Newton-Schulz work (ties:
 // model order), each to the rank with the least work so far (ties: the lowest rank). The owner
 // decides only where the work runs, never a bit: every rank would compute the same result.
@@ -84,6 +88,15 @@ class matrix_owners {
       }
       blocks_[u] = units_[u].empty() ? 0 : *std::max_element(used.begin(), used.end());
     }
+    // Each unit's all_to_all block: the most elements one rank holds of one owner's matrices.
+    pair_blocks_.assign(units_.size(), 0);
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      for (int r = 0; r < ranks_ && !units_[u].empty(); ++r) {
+        std::vector<std::size_t> to(static_cast<std::size_t>(ranks_), 0);
+        for (const matrix_entry& m : units_[u])
+          to[static_cast<std::size_t>(m.owner)] += intersect(m.elements, lay.owned(unit_id{u}, r)).size();
+        pair_blocks_[u] = std::max(pair_blocks_[u], *std::max_element(to.begin(), to.end()));
+      }
   }
 
   // The work an owner is balanced by: the multiply-adds of one iteration of a Newton-Schulz
@@ -96,6 +109,11 @@ class matrix_owners {
   const std::vector<matrix_entry>& matrices(unit_id u) const { return units_[u.index]; }
   // The elements of each rank's block in unit u's result exchange.
   std::size_t block(unit_id u) const { return blocks_[u.index]; }
+  // The elements of each rank's block in unit u's all_to_alls where the states are sharded.
+  std::size_t pair_block(unit_id u) const { return pair_blocks_[u.index]; }
+  // Whether the states' holders send each matrix to its owner and back by all_to_all (stages 1-3 over
+  // a backend that has it), rather than gathering the unit whole.
+  static constexpr bool to_owners(bool states_sharded, bool has_all_to_all) { return states_sharded && has_all_to_all; }
   bool any() const {
     return std::any_of(units_.begin(), units_.end(), [](const auto& v) { return !v.empty(); });
   }
@@ -108,20 +126,32 @@ class matrix_owners {
     return w;
   }
 
-  // One step's exchange per rank, in bus bytes (comm/counted.hpp): per unit with matrices, an all-gather of
-  // its padded extent (where the states are sharded) and one of N blocks, fp32. 0 at N = 1: the rank
-  // orthogonalizes every matrix itself.
-  std::uint64_t exchange_bytes(const layout& lay, bool states_sharded) const {
-    if (ranks_ <= 1) return 0;
+  // One step's exchange per rank, in bus bytes (comm/counted.hpp), fp32, per unit with matrices: two
+  // all_to_alls of N pair blocks (to_owners), else an all-gather of its padded extent (where the states
+  // are sharded) and one of N blocks. 0 at N = 1: the rank orthogonalizes every matrix itself.
+  std::uint64_t exchange_bytes(const layout& lay, bool states_sharded, bool has_all_to_all) const {
     std::uint64_t bytes = 0;
+    for_each_collective(lay, states_sharded, has_all_to_all, [&](comm::collective c, std::uint64_t buffer) {
+      bytes += comm::bus_bytes(c, buffer, ranks_);
+    });
+    return bytes;
+  }
+  // Calls f(collective, buffer bytes) for each collective of one step's exchange, in order (the plan
+  // counts them per link level).
+  template <class F>
+  void for_each_collective(const layout& lay, bool states_sharded, bool has_all_to_all, F&& f) const {
+    if (ranks_ <= 1) return;
+    const auto n = static_cast<std::uint64_t>(ranks_);
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (units_[u].empty()) continue;
-      const std::uint64_t gathered = states_sharded ? lay.unit(unit_id{u}).padded * sizeof(float) : 0;
-      const std::uint64_t results = static_cast<std::uint64_t>(ranks_) * blocks_[u] * sizeof(float);
-      bytes += comm::bus_bytes(comm::collective::all_gather, gathered, ranks_) +
-               comm::bus_bytes(comm::collective::all_gather, results, ranks_);
+      if (to_owners(states_sharded, has_all_to_all)) {
+        f(comm::collective::all_to_all, n * pair_blocks_[u] * sizeof(float));
+        f(comm::collective::all_to_all, n * pair_blocks_[u] * sizeof(float));
+        continue;
+      }
+      if (states_sharded) f(comm::collective::all_gather, lay.unit(unit_id{u}).padded * sizeof(float));
+      f(comm::collective::all_gather, n * blocks_[u] * sizeof(float));
     }
-    return bytes;
   }
   // The elements a step stages (each matrix's u, then its result, for the elements a rank holds): the
   // largest rank's count, which every rank allocates, so that the memory is the same on every rank.
@@ -136,16 +166,20 @@ class matrix_owners {
     }
     return most;
   }
-  // The most transient memory of one unit's exchange (bytes): the gathered unit (where the states are
-  // sharded) and the blocks; 0 at N = 1.
-  std::uint64_t exchange_buffer_bytes(const layout& lay, bool states_sharded) const {
+  // The most transient memory of one unit's exchange (bytes): to_owners, the all_to_alls' send and
+  // receive buffers and the owner's block of its matrices; else the gathered unit (where the states
+  // are sharded) and the blocks. 0 at N = 1.
+  std::uint64_t exchange_buffer_bytes(const layout& lay, bool states_sharded, bool has_all_to_all) const {
     if (ranks_ <= 1) return 0;
+    const auto n = static_cast<std::uint64_t>(ranks_);
     std::uint64_t most = 0;
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      if (!units_[u].empty())
-        most = std::max<std::uint64_t>(most, ((states_sharded ? lay.unit(unit_id{u}).padded : 0) +
-                                              static_cast<std::uint64_t>(ranks_) * blocks_[u]) *
-                                                 sizeof(float));
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u].empty()) continue;
+      const std::uint64_t elements = to_owners(states_sharded, has_all_to_all)
+                                         ? 2 * n * pair_blocks_[u] + blocks_[u]
+                                         : (states_sharded ? lay.unit(unit_id{u}).padded : 0) + n * blocks_[u];
+      most = std::max<std::uint64_t>(most, elements * sizeof(float));
+    }
     return most;
   }
 
@@ -153,6 +187,7 @@ class matrix_owners {
   int ranks_ = 1;
   std::vector<std::vector<matrix_entry>> units_;
   std::vector<std::size_t> blocks_;
+  std::vector<std::size_t> pair_blocks_;
 };
 
 }  // namespace zero

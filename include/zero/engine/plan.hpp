@@ -134,8 +134,9 @@ struct plan_report {
   // all-reduces, binned::words + 1 int64 words per sum of every tensor (optim::lamb: two sums)
   std::uint64_t tensor_sums_bytes = 0;
   // step()'s buffers of a matrix optimizer (engine/matrix_owners.hpp): the staged values of the matrices'
-  // held elements (the largest rank's), and the largest unit's exchange (its gathered extent where the
-  // states are sharded, and the owners' blocks; 0 at N = 1)
+  // held elements (the largest rank's), and the largest unit's exchange (where the states are sharded,
+  // the all_to_alls' send and receive blocks and the owner's matrices; else the owners' blocks; 0 at
+  // N = 1)
   std::uint64_t matrix_staged_bytes = 0;
   std::uint64_t matrix_exchange_bytes = 0;
   // = memory().peak_bytes(transient) after steps of the loop above: under options.memory_limit_bytes
@@ -757,8 +758,9 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
     detail::plan_count(r.control_comm, comm::collective::all_reduce, entries, ranks, 1, node_size);
     detail::plan_count(r.control_comm, comm::collective::all_reduce, r.tensor_sums_bytes, ranks, 1, node_size);
   }
-  // A matrix optimizer's exchange (engine/matrix_owners.hpp): per unit with matrices at N > 1, an
-  // all-gather of the unit (where the states are sharded) and one of the owners' blocks.
+  // A matrix optimizer's exchange (engine/matrix_owners.hpp): per unit with matrices at N > 1, each
+  // matrix to its owner and back (two all_to_alls) where the states are sharded, or the owners' results
+  // all-gathered (stage 0). The plan assumes a backend with all_to_all, as every backend of the library.
   if (optimizer.matrix_rule) {
     const matrix_owners owners(spec, l, [&](std::size_t u, std::size_t t) {
       const std::string& group = spec.units()[u].tensors[t].group;
@@ -767,17 +769,10 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
       return true;
     });
     r.matrix_staged_bytes = owners.staged_elements(l, shards_states) * sizeof(float);
-    r.matrix_exchange_bytes = owners.exchange_buffer_bytes(l, shards_states);
-    if (ranks > 1)
-      for (std::size_t u = 0; u < spec.num_units(); ++u)
-        if (!owners.matrices(unit_id{u}).empty()) {
-          const std::uint64_t padded = l.unit(unit_id{u}).padded;
-          const std::uint64_t blocks = static_cast<std::uint64_t>(ranks) * owners.block(unit_id{u});
-          if (shards_states)
-            detail::plan_count(r.control_comm, comm::collective::all_gather, padded * sizeof(float), ranks, 1,
-                               node_size);
-          detail::plan_count(r.control_comm, comm::collective::all_gather, blocks * sizeof(float), ranks, 1, node_size);
-        }
+    r.matrix_exchange_bytes = owners.exchange_buffer_bytes(l, shards_states, true);
+    owners.for_each_collective(l, shards_states, true, [&](comm::collective c, std::uint64_t buffer) {
+      detail::plan_count(r.control_comm, c, buffer, ranks, 1, node_size);
+    });
   }
   // An asynchronous checkpoint's snapshot: the largest data file of the (first) shard group's ranks.
   for (int q = 0; q < ranks; ++q) {

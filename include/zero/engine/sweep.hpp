@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/partitioner.hpp"
 #include "zero/core/elementwise.hpp"
@@ -286,14 +287,21 @@ class optimizer_sweep {
     });
   }
   const matrix_owners& matrices() const { return owners_; }
+  // Whether the control link can send each matrix to its owner and back (matrix_owners::to_owners).
+  static constexpr bool link_has_all_to_all = comm::has_all_to_all<typename Ctx::link>;
+  // A matrix optimizer's exchange of one step on the control link, in bus bytes (matrix_owners).
+  std::uint64_t matrix_exchange_bytes() const {
+    return owners_.exchange_bytes(ctx_.layout, P::shards_optimizer_states, link_has_all_to_all);
+  }
 
   // A matrix optimizer's step (concepts/optimizer_state.hpp, optim::muon), over the held elements:
   //   1. the element-wise tensors take the optimizer's element-wise rule whole; each matrix's held
   //      elements advance their slots, and their u (the matrix slot) is staged in host memory;
-  //   2. each matrix's u is brought whole to its owner (engine/matrix_owners.hpp: an all-gather per
-  //      unit on the control link where the states are sharded), which orthogonalizes it, and the
-  //      owners' results go to every rank (a second all-gather), which stages them for the elements it
-  //      holds. At N = 1 the rank orthogonalizes every matrix itself, with no traffic;
+  //   2. each matrix's u is brought whole to its owner, which orthogonalizes it, and its result goes
+  //      back to the ranks that hold its elements (engine/matrix_owners.hpp: two all_to_alls per unit
+  //      on the control link where the states are sharded; stage 0, whose ranks hold every matrix,
+  //      all-gathers the owners' results). At N = 1 the rank orthogonalizes every matrix itself, with
+  //      no traffic;
   //   3. the matrices' weights from the result and each matrix's factor.
   // The orthogonalization is a fixed sequence of fp32 operations wherever it runs, so every stage and
   // N gives the same bits. The host runs it, in memory or from the offload tier (whose disk file the
@@ -499,6 +507,10 @@ class optimizer_sweep {
         Opt::orthogonalize(staged_.data() + at[q], mats[q].rows, mats[q].cols, workspace_, products);
       return;
     }
+    if constexpr (matrix_owners::to_owners(P::shards_optimizer_states, link_has_all_to_all)) {
+      exchange_with_owners(u, at, products);
+      return;
+    }
     const unit_layout& ul = ctx_.layout.unit(u);
     const std::size_t block = owners_.block(u), n = static_cast<std::size_t>(ctx_.ranks());
     constexpr bool sharded = P::shards_optimizer_states;
@@ -535,6 +547,71 @@ class optimizer_sweep {
       const float* from =
           results.data() + static_cast<std::size_t>(m.owner) * block + m.at + (held.begin - m.elements.begin);
       std::copy(from, from + held.size(), staged_.data() + at[q]);
+    }
+  }
+
+  // Step 2 where the states are sharded, over a link with all_to_all: each rank sends every owner the
+  // elements it holds of the owner's matrices (block o of `send`: its pieces of o's matrices in model
+  // order), each owner puts its matrices together whole from the N blocks it receives (rank r's piece of
+  // a matrix is the part in r's slice; the slices tile the unit in rank order), orthogonalizes them, and
+  // sends each rank the results for the same elements in the same order.
+  template <class Products>
+  void exchange_with_owners(unit_id u, const std::vector<std::size_t>& at, const Products& products) {
+    const auto& mats = owners_.matrices(u);
+    const std::size_t pair = owners_.pair_block(u), n = static_cast<std::size_t>(ctx_.ranks());
+    ctx_.make_room((2 * n * pair + owners_.block(u)) * sizeof(float));
+    buffer<float, system> send(n * pair, mem_category::transient, ctx_.acct, uninitialized);
+    buffer<float, system> recv(n * pair, mem_category::transient, ctx_.acct, uninitialized);
+    buffer<float, system> mine(owners_.block(u), mem_category::transient, ctx_.acct, uninitialized);
+    const auto exchange = [&] {
+      const comm::scoped_label<typename Ctx::comm_backend> l(ctx_.protocol.inner(), "matrix exchange");
+      ctx_.control.all_to_all(reinterpret_cast<const std::uint8_t*>(send.data()),
+                              reinterpret_cast<std::uint8_t*>(recv.data()), pair * sizeof(float));
+    };
+    // Rank r's piece of matrix m (unit-local elements).
+    const auto piece = [&](const matrix_entry& m, std::size_t r) {
+      return intersect(m.elements, ctx_.layout.owned(u, static_cast<int>(r)));
+    };
+    std::vector<std::size_t> used(n, 0);  // elements written to (or read from) each rank's block so far
+    // 1. This rank's pieces to their owners.
+    std::fill(send.data(), send.data() + n * pair, 0.0f);  // the blocks' unused tails: nobody reads them
+    for (std::size_t q = 0; q < mats.size(); ++q) {
+      const auto o = static_cast<std::size_t>(mats[q].owner);
+      const std::size_t size = held_part(u, mats[q]).size();
+      std::copy(staged_.data() + at[q], staged_.data() + at[q] + size, send.data() + o * pair + used[o]);
+      used[o] += size;
+    }
+    std::fill(used.begin(), used.end(), 0);
+    exchange();
+    // 2. This rank's matrices whole, orthogonalized, and their pieces' results into the blocks back.
+    for (const matrix_entry& m : mats) {
+      if (m.owner != ctx_.rank) continue;
+      for (std::size_t r = 0; r < n; ++r) {
+        const range p = piece(m, r);
+        const float* from = recv.data() + r * pair + used[r];
+        std::copy(from, from + p.size(), mine.data() + m.at + (p.begin - m.elements.begin));
+        used[r] += p.size();
+      }
+      Opt::orthogonalize(mine.data() + m.at, m.rows, m.cols, workspace_, products);
+    }
+    std::fill(used.begin(), used.end(), 0);
+    for (const matrix_entry& m : mats) {
+      if (m.owner != ctx_.rank) continue;
+      for (std::size_t r = 0; r < n; ++r) {
+        const range p = piece(m, r);
+        const float* from = mine.data() + m.at + (p.begin - m.elements.begin);
+        std::copy(from, from + p.size(), send.data() + r * pair + used[r]);
+        used[r] += p.size();
+      }
+    }
+    std::fill(used.begin(), used.end(), 0);
+    exchange();
+    // 3. The results for this rank's pieces, staged.
+    for (std::size_t q = 0; q < mats.size(); ++q) {
+      const auto o = static_cast<std::size_t>(mats[q].owner);
+      const std::size_t size = held_part(u, mats[q]).size();
+      std::copy(recv.data() + o * pair + used[o], recv.data() + o * pair + used[o] + size, staged_.data() + at[q]);
+      used[o] += size;
     }
   }
 
