@@ -228,8 +228,9 @@ class threads {
       const std::size_t g = std::min(group, len - i);
       const T* first = static_cast<const T*>(ins_[0]) + from + i;
       if constexpr (std::is_same_v<A, T>) {
-        std::memcpy(acc, first, g * sizeof(T));
-        for (std::size_t k = 1; k < n; ++k) detail::combine(acc, static_cast<const T*>(ins_[k]) + from + i, g, op);
+        if (n == 1) std::memcpy(acc, first, g * sizeof(T));
+        else detail::combine_pair(acc, first, static_cast<const T*>(ins_[1]) + from + i, g, op);
+        for (std::size_t k = 2; k < n; ++k) detail::combine(acc, static_cast<const T*>(ins_[k]) + from + i, g, op);
         if constexpr (std::is_floating_point_v<T>)
           for (std::size_t j = 0; j < g; ++j) acc[j] = store_as<T>(acc[j]);  // one NaN on every system
         for (std::size_t k = 0; k < outs; ++k) copy(static_cast<T*>(out[k]) + at + i, acc, g * sizeof(T), streaming);
