@@ -30,6 +30,12 @@
 // all_reduces of --latency-bytes (1 KiB), each timed on every rank; a call's time is the slowest
 // rank's, and the record gives the median, p10, p90 and mean over the calls (the mean includes the
 // calls that lost their core to another process; the median does not).
+//
+// --ratio-calls C adds, after the sweep, C rounds of one all_reduce, one reduce_scatter and one
+// all_gather of --max-bytes, each call timed on its own (slowest rank), and one "ratio" record: the
+// busbw of reduce_scatter and all_gather over all_reduce's, per round (median, min, max) and from
+// each one's best call. On a machine whose memory bandwidth drifts from second to second (a shared
+// guest), the sweep measures the three collectives at different moments; calls side by side do not.
 
 namespace {
 
@@ -48,6 +54,7 @@ struct settings {
   int latency_calls = 0;  // > 0: time that many single all_reduces of latency_bytes first
   std::size_t latency_bytes = 1 << 10;
   bool sweep = true;  // false: only the latency record
+  int ratio_calls = 0;  // > 0: that many interleaved rounds of all_reduce, reduce_scatter, all_gather
 };
 
 double seconds(clock_type::time_point a, clock_type::time_point b) {
@@ -197,6 +204,54 @@ void bench_collectives(Comm& c, const settings& s, const nlohmann::json& tags) {
   }
 }
 
+// reduce_scatter and all_gather against all_reduce, call by call (see the comment at the top).
+template <class Comm>
+void bench_ratios(Comm& c, const settings& s, const nlohmann::json& tags) {
+  const int n = c.size();
+  const auto N = static_cast<std::size_t>(n);
+  const std::size_t count = s.max_bytes / sizeof(float) / N * N;  // all_reduce's; N slices of count / N
+  std::vector<float> send(count, 1.0f), recv(count, 0.0f);
+  const collective ops[3] = {collective::all_reduce, collective::reduce_scatter, collective::all_gather};
+  auto once = [&](collective op) {
+    if (op == collective::all_reduce) c.all_reduce(send.data(), recv.data(), count, zero::reduce_op::sum);
+    if (op == collective::reduce_scatter) c.reduce_scatter(send.data(), recv.data(), count / N, zero::reduce_op::sum);
+    if (op == collective::all_gather) c.all_gather(send.data(), recv.data(), count / N);
+  };
+  for (collective op : ops) once(op);  // page faults and first touches, untimed
+  const auto calls = static_cast<std::size_t>(s.ratio_calls);
+  std::vector<double> t[3];
+  for (std::size_t i = 0; i < calls; ++i)
+    for (int k = 0; k < 3; ++k) {
+      c.barrier();
+      const auto t0 = clock_type::now();
+      once(ops[k]);
+      t[k].push_back(max_over_ranks(c, seconds(t0, clock_type::now())));
+    }
+  if (c.rank() != 0) return;
+  const double bytes = static_cast<double>(count * sizeof(float));
+  auto busbw = [&](int k, double time) { return bytes / time / 1e9 * zero::comm::bus_factor(ops[k], n); };
+  auto spread = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return nlohmann::json{{"median", v[v.size() / 2]}, {"min", v.front()}, {"max", v.back()}};
+  };
+  nlohmann::json r = {{"record", "ratio"}, {"ranks", n}, {"dtype", "float"}, {"bytes", count * sizeof(float)},
+                      {"calls", calls}};
+  double best[3];
+  for (int k = 0; k < 3; ++k) {
+    best[k] = *std::min_element(t[k].begin(), t[k].end());
+    r[std::string(zero::comm::to_string(ops[k])) + "_best_busbw_gbps"] = busbw(k, best[k]);
+  }
+  for (int k = 1; k < 3; ++k) {
+    std::vector<double> per(calls);
+    for (std::size_t i = 0; i < calls; ++i) per[i] = busbw(k, t[k][i]) / busbw(0, t[0][i]);
+    const std::string name(zero::comm::to_string(ops[k]));
+    r[name + "_over_all_reduce"] = spread(per);
+    r[name + "_over_all_reduce_of_bests"] = busbw(k, best[k]) / busbw(0, best[0]);
+  }
+  r.update(tags);
+  emit(r);
+}
+
 // The 1-minute load average when the run started: other work on the machine shares the cores, and
 // the numbers are only as quiet as the machine was.
 double load_average() {
@@ -248,6 +303,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(4, 1 << 30))
       ->capture_default_str();
   app.add_flag("!--no-sweep", s.sweep, "only the latency record, no size sweep");
+  app.add_option("--ratio-calls", s.ratio_calls,
+                 "threads: this many rounds of all_reduce, reduce_scatter and all_gather of --max-bytes, timed call by "
+                 "call, for their busbw ratios")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   app.add_flag("--blocking", s.blocking,
                "comm::mpi with timeout 0: MPI's blocking collectives rather than nonblocking ones polled against "
                "the timeout");
@@ -262,6 +322,7 @@ int main(int argc, char** argv) {
       zero::comm::threads::launch(s.ranks, [&](zero::comm::threads& c) {
         if (s.latency_calls > 0) bench_latency(c, s, tags(s));
         if (s.sweep) bench_collectives(c, s, tags(s));
+        if (s.ratio_calls > 0) bench_ratios(c, s, tags(s));
       });
     } else {
 #if ZERO_WITH_MPI

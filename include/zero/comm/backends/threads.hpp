@@ -103,12 +103,17 @@ class threads {
   template <class T>
   void all_gather(const T* send, T* recv, std::size_t count) {
     enter<T>(detail::coll_kind::all_gather, send, recv, count, reduce_op::sum, 0);
-    const bool streaming = streams(count * static_cast<std::size_t>(size()) * sizeof(T));
+    // Rank r writes its own block into every rank's output (a push): its block is read once for the
+    // N copies, so a rank reads S/N bytes and writes S, where each rank copying every block into its
+    // own output (a pull) read S. A rank in place already holds its block where it goes.
+    const std::size_t mine = count * static_cast<std::size_t>(rank_);
+    std::size_t m = 0;
     for (int k = 0; k < size(); ++k) {
-      const T* src = static_cast<const T*>(world_->slot(k).send);
-      T* dst = recv + count * static_cast<std::size_t>(k);
-      if (src != dst && count > 0) copy(dst, src, count * sizeof(T), streaming);
+      T* dst = static_cast<T*>(world_->slot(k).recv) + mine;
+      if (dst != send) outs_[m++] = dst;
     }
+    const bool streaming = streams(count * static_cast<std::size_t>(size()) * sizeof(T));
+    if (count > 0) detail::copy_to_each(outs_.data(), m, send, count * sizeof(T), streaming);
     leave(detail::coll_kind::all_gather, streaming);
   }
 
@@ -223,8 +228,9 @@ class threads {
       const std::size_t g = std::min(group, len - i);
       const T* first = static_cast<const T*>(ins_[0]) + from + i;
       if constexpr (std::is_same_v<A, T>) {
-        std::memcpy(acc, first, g * sizeof(T));
-        for (std::size_t k = 1; k < n; ++k) detail::combine(acc, static_cast<const T*>(ins_[k]) + from + i, g, op);
+        if (n == 1) std::memcpy(acc, first, g * sizeof(T));
+        else detail::combine_pair(acc, first, static_cast<const T*>(ins_[1]) + from + i, g, op);
+        for (std::size_t k = 2; k < n; ++k) detail::combine(acc, static_cast<const T*>(ins_[k]) + from + i, g, op);
         if constexpr (std::is_floating_point_v<T>)
           for (std::size_t j = 0; j < g; ++j) acc[j] = store_as<T>(acc[j]);  // one NaN on every system
         for (std::size_t k = 0; k < outs; ++k) copy(static_cast<T*>(out[k]) + at + i, acc, g * sizeof(T), streaming);
@@ -277,7 +283,7 @@ class threads {
   detail::threads_world* world_;
   int rank_;
   std::vector<const void*> ins_;  // each rank's send buffer in the current collective
-  std::vector<void*> outs_;       // each rank's receive buffer (all_reduce)
+  std::vector<void*> outs_;       // the buffers this rank writes (all_reduce, all_gather)
   std::shared_ptr<detail::threads_world> owned_;  // a split's world, shared by its members
 };
 static_assert(CommBackend<threads>);

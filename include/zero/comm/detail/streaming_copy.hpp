@@ -41,6 +41,26 @@ inline void streaming_copy(void* dst, const void* src, std::size_t bytes) {
 #endif
 }
 
+// Copies src to each of the n destinations, reading src once: a block of it is copied to every
+// destination while it is in L1, so a fan-out of S bytes to N buffers reads S bytes from memory, not
+// N x S. `streaming`: non-temporal stores (see above). A destination's pieces end where its own
+// address is a multiple of 64, so with non-temporal stores no cache line is written in part by two
+// pieces (a plain store into a line the previous piece streamed would read it back from memory).
+inline void copy_to_each(void* const* dst, std::size_t n, const void* src, std::size_t bytes, bool streaming) {
+  constexpr std::size_t block = 4096;  // a multiple of the 64-byte line, well inside L1
+  const auto* s = static_cast<const unsigned char*>(src);
+  for (std::size_t b = 0; b <= bytes / block; ++b)
+    for (std::size_t k = 0; k < n; ++k) {
+      auto* d = static_cast<unsigned char*>(dst[k]);
+      const std::size_t shift = (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64;
+      const std::size_t lo = b == 0 ? 0 : std::min(bytes, b * block + shift);
+      const std::size_t hi = std::min(bytes, (b + 1) * block + shift);
+      if (lo >= hi) continue;
+      if (streaming) streaming_copy(d + lo, s + lo, hi - lo);
+      else std::memcpy(d + lo, s + lo, hi - lo);
+    }
+}
+
 // Non-temporal stores are weakly ordered (x86): this makes them visible before anything stored
 // after it, such as the rendezvous count that lets the peers read the output.
 inline void streaming_fence() {
