@@ -595,3 +595,41 @@ TEST_CASE("sys::host::allocate: large arrays on huge-page boundaries, advised as
   host::deallocate(nullptr, 0);
 }
 
+TEST_CASE("sys::host::allocate: a freed large block serves the next allocation of its size; a miss frees every kept block") {
+  using host = sys::host;
+  if (!host_pages::keeps_spares) return;  // (AddressSanitizer: every block really freed)
+  host_pages::release_spares();
+  const std::size_t big = host_pages::huge_bytes * 2, other = host_pages::huge_bytes * 3;
+  void* a = host::allocate(big);
+  host::deallocate(a, big);
+  CHECK(host_pages::spare_bytes() == big);
+  void* b = host::allocate(big);
+  CHECK(b == a);  // reused, not faulted in again
+  CHECK(host_pages::spare_bytes() == 0);
+  host::deallocate(b, big);
+  // Another size finds none: kept blocks of at least its size go back first (here the one, smaller),
+  // so the thread never holds more than its peak.
+  void* c = host::allocate(other);
+  CHECK(host_pages::spare_bytes() == 0);
+  host::deallocate(c, other);
+  host_pages::release_spares();
+  // At most spare_blocks::count kept, the oldest freed first; small blocks are never kept.
+  std::vector<void*> blocks;
+  for (std::size_t i = 0; i < host_pages::detail::spare_blocks::count + 2; ++i) blocks.push_back(host::allocate(big));
+  for (void* p : blocks) host::deallocate(p, big);
+  CHECK(host_pages::spare_bytes() == host_pages::detail::spare_blocks::count * big);
+  void* small = host::allocate(4096);
+  host::deallocate(small, 4096);
+  CHECK(host_pages::spare_bytes() == host_pages::detail::spare_blocks::count * big);
+  // The most recently freed comes back first.
+  void* last = host::allocate(big);
+  CHECK(last == blocks.back());
+  host::deallocate(last, big);
+  // A miss of 3 huge pages gives back the two oldest kept blocks (4 pages), no more.
+  void* c2 = host::allocate(other);
+  CHECK(host_pages::spare_bytes() == 2 * big);
+  host::deallocate(c2, other);
+  host_pages::release_spares();
+  CHECK(host_pages::spare_bytes() == 0);
+}
+

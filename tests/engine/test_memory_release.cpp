@@ -4,12 +4,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <string>
 
 #include "../toy_model.hpp"
+#include "zero/core/host_pages.hpp"
 
 namespace {
 
@@ -208,4 +211,20 @@ TEST_CASE("a restore refused for memory leaves the engine released, and succeeds
     if (comm.rank() == 0) out = std::move(p);
   });
   CHECK(bit_equal(out, straight));
+}
+
+TEST_CASE("what release_memory frees leaves the process: the host keeps no freed block of it for reuse") {
+  if (!zero::host_pages::keeps_spares) return;  // (AddressSanitizer: nothing is kept anyway)
+  zero::model_spec spec;
+  spec.unit("big").tensor("w", {std::size_t{1} << 20});  // 4 MiB per state array: blocks the host would keep
+  threads::launch(1, [&](threads& comm) {
+    zero::engine<zero::stage0, threads, adamw> e(comm, spec, {}, {});
+    e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, zero::range, std::span<float> v) {
+      std::fill(v.begin(), v.end(), 0.5f);
+    });
+    e.release_memory();
+    CHECK(e.released().bytes >= 3 * (std::size_t{4} << 20));
+    CHECK(zero::host_pages::spare_bytes() == 0);
+    e.restore_memory();
+  });
 }

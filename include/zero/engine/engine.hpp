@@ -446,6 +446,7 @@ class engine {
     auto parked = std::make_unique<detail::parked_buffers<system>>(ctx_.sys, o, rank_, total, host_acct);
     for_each_released_buffer([&](auto& b) { parked->park(b); });
     reducer_.reset();  // the gradient store: zeros between steps, made afresh by restore_memory()
+    if constexpr (requires { system::release_spares(); }) system::release_spares();  // freed blocks it keeps
     parked_ = std::move(parked);
     released_to_ = o.to;
   }

@@ -38,6 +38,9 @@ struct host {
   // Large arrays get huge pages (core/host_pages.hpp); deallocate is given the allocation's size.
   static void* allocate(std::size_t bytes) { return host_pages::allocate(bytes, alignment); }
   static void deallocate(void* p, std::size_t bytes) noexcept { host_pages::deallocate(p, bytes, alignment); }
+  // The large freed blocks the calling thread keeps for reuse (core/host_pages.hpp), back to the library:
+  // release_memory() calls it, so that what it frees leaves the process.
+  static void release_spares() noexcept { host_pages::release_spares(); }
   static void fill_zero(void* p, std::size_t bytes) {
     if (bytes) std::memset(p, 0, bytes);
   }
