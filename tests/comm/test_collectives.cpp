@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "../plain_threads.hpp"
 #include "zero/comm/any_backend.hpp"
 #include "zero/comm/conformance.hpp"
 #include "zero/comm/mesh.hpp"
@@ -252,26 +253,8 @@ TEST_CASE("verified: comm::threads passes the conformance suite under it, with a
 
 namespace {
 
-// comm::threads without all_to_all and split: what any_backend must refuse at the call.
-class plain_threads {
- public:
-  using system = threads::system;
-  explicit plain_threads(threads& t) : t_(&t) {}
-  int rank() const { return t_->rank(); }
-  int size() const { return t_->size(); }
-  template <class T>
-  void all_reduce(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->all_reduce(s, r, n, op); }
-  template <class T>
-  void reduce_scatter(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->reduce_scatter(s, r, n, op); }
-  template <class T>
-  void all_gather(const T* s, T* r, std::size_t n) { t_->all_gather(s, r, n); }
-  template <class T>
-  void broadcast(const T* s, T* r, std::size_t n, int root) { t_->broadcast(s, r, n, root); }
-  void barrier() { t_->barrier(); }
-
- private:
-  threads* t_;
-};
+// comm::threads without all_to_all and split (plain_threads.hpp): what any_backend must refuse at the call.
+using zero_test::plain_threads;
 
 }  // namespace
 

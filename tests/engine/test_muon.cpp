@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "../plain_threads.hpp"
 #include "../threads_runner.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
 #include "zero/comm/all_to_all.hpp"
@@ -444,26 +445,8 @@ TEST_CASE("muon: owners are balanced by work, and the exchange moves the bytes i
 
 namespace {
 
-// comm::threads without all_to_all: the matrices' exchange then gathers each unit whole.
-class gathering_threads {
- public:
-  using system = threads::system;
-  explicit gathering_threads(threads& t) : t_(&t) {}
-  int rank() const { return t_->rank(); }
-  int size() const { return t_->size(); }
-  template <class T>
-  void all_reduce(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->all_reduce(s, r, n, op); }
-  template <class T>
-  void reduce_scatter(const T* s, T* r, std::size_t n, zero::reduce_op op) { t_->reduce_scatter(s, r, n, op); }
-  template <class T>
-  void all_gather(const T* s, T* r, std::size_t n) { t_->all_gather(s, r, n); }
-  template <class T>
-  void broadcast(const T* s, T* r, std::size_t n, int root) { t_->broadcast(s, r, n, root); }
-  void barrier() { t_->barrier(); }
-
- private:
-  threads* t_;
-};
+// comm::threads without all_to_all (plain_threads.hpp): the matrices' exchange then gathers each unit whole.
+using gathering_threads = zero_test::plain_threads;
 static_assert(!zero::comm::has_all_to_all<gathering_threads>);
 
 }  // namespace
