@@ -15,6 +15,7 @@
 
 #include "mlp.hpp"  // the trainers' model, for their --layers/--hidden/--in/--classes flags
 #include "paper_tables.hpp"
+#include "paper_zero_r.hpp"
 #include "tool_cli.hpp"
 #include "trainer_cli.hpp"  // the trainers' ZeRO++ flags and their refusals
 #include "zero/plan_by_name.hpp"
@@ -381,6 +382,13 @@ int main(int argc, char** argv) {
       "instead of a model's plan: the ZeRO paper's Table 1 (model-state memory per device of its 7.5B, 128B and 1T "
       "models, K = 12, DP 1 to 1024) and Table 2 (the largest model in 32 GB per device with model parallelism), "
       "each figure computed by the planner beside the paper's; exit 1 if one differs (takes only --json)");
+  bool paper_zero_r = false;
+  auto* paper_zero_r_flag = app.add_flag(
+      "--paper-zero-r", paper_zero_r,
+      "instead of a model's plan: the ZeRO paper's ZeRO-R figures (section 6's activation checkpoints with Pa and "
+      "Pa+cpu and its fused buffer, section 10's ratios) on its 100B model at MP 16, and Table 3's configurations "
+      "C1-C5 per GPU, each figure computed by the planner beside the paper's; exit 1 if one differs (takes only "
+      "--json)");
   // Activation checkpoints (activation_store): their memory per rank and traffic per backward pass.
   std::vector<std::uint64_t> activations;
   auto* activations_flag = toolcli::add_integer_list<std::uint64_t>(
@@ -398,6 +406,24 @@ int main(int argc, char** argv) {
                                        "element (2 or 4)");
     return print_activation_plans(activations[0], activations[1], static_cast<std::size_t>(activations[2]), tp,
                                   json);
+  }
+  if (paper_zero_r) {
+    for (const CLI::Option* o : app.get_options())
+      if (o != paper_zero_r_flag && o != json_flag && o->count() > 0)
+        return toolcli::usage_error(app, "--paper-zero-r prints the paper's fixed model; it takes only --json, not " +
+                                             o->get_name());
+    try {
+      const paper::zero_r::result r = paper::zero_r::compute();
+      if (json)
+        std::cout << paper::zero_r::to_json(r).dump(2) << "\n";
+      else
+        paper::zero_r::print(r);
+      return r.agreeing == static_cast<int>(r.figures.size()) ? 0 : 1;
+    } catch (...) {
+      std::fprintf(stderr, "zero_plan: %s\n",
+                   toolcli::printable_message(zero::as_error(std::current_exception()).what()).c_str());
+      return 1;
+    }
   }
   if (paper_tables) {
     for (const CLI::Option* o : app.get_options())

@@ -157,8 +157,87 @@ r = run("--paper-tables", "--ranks", "4")
 if r.returncode != 2 or "takes only --json" not in r.stderr:
     fail(f"--paper-tables --ranks 4: exit {r.returncode}, expected 2 and a refusal naming --json")
 
+# zero_plan --paper-zero-r: section 6's and 10's figures on Table 4's 100B model (125 layers of hidden 8192,
+# 12 h^2 weights each), from the formulas here: checkpoints of batch x sequence x hidden elements per layer,
+# Pa's slices of ceil(E / MP) elements, the model states at the padded Psi of one MP rank's pieces at DP 25.
+L, H, BATCH, SEQ, MP, DP = 125, 8192, 32, 1024, 16, 25
+E = BATCH * SEQ * H
+SLICE = -(-E // MP)
+PIECE_UNIT = 12 * H * H // MP  # one layer's weights on one MP rank
+PSI = L * padded(PIECE_UNIT, DP)
+POS, POSG = formula_bytes(1, PSI, DP) // 1, 2 * PSI + (2 + K) * PSI // DP
+# (section, paper as printed, the number it stands for, unit, planner, compared, needs an assumption)
+ZERO_R = [
+    ("Table 4", "100B", "100B", 10**9, L * 12 * H * H, L * 12 * H * H, False),
+    ("6.1", "33", "33", GB, L * E * 2, L * E, True),
+    ("6.1", "2", "2", GB, L * SLICE * 2, L * SLICE, True),
+    ("6.1", "nearly zero", "0", GB, 0, 0, False),
+    ("6.1", "2", "2", GB, L * SLICE * 2, L * SLICE, True),
+    ("6.2", "12", "12", GB, 4 * 3 * 10**9, 4 * 3 * 10**9, False),
+    ("10.5", "16", "16", 1, 16, 16, False),
+    ("10.5", "halves", "0.5", 1000, POSG * 1000 // POS, POSG * 1000 // POS, False),
+]
+r = run("--paper-zero-r", "--json")
+try:
+    z = json.loads(r.stdout)
+except json.JSONDecodeError:
+    print(f"FAIL: zero_plan --paper-zero-r --json exited {r.returncode} without JSON: {r.stderr[-2000:]}")
+    sys.exit(1)
+if r.returncode != 0:
+    fail(f"zero_plan --paper-zero-r --json exited {r.returncode}, expected 0 (every figure agreeing)")
+m = z["model"]
+if (m["layers"], m["hidden"], m["parameters"], m["mp"], m["dp"], m["gpus"], m["checkpoint_elements"]) != (
+        L, H, L * 12 * H * H, MP, DP, 400, E):
+    fail(f"--paper-zero-r plans {m}, expected 125 x 8192 (100663296000 parameters), MP 16, DP 25, 400 GPUs")
+if len(z["figures"]) != len(ZERO_R):
+    fail(f"--paper-zero-r prints {len(z['figures'])} figures, expected {len(ZERO_R)}")
+for f, (section, paper, value, unit, planner, compared, assumed) in zip(z["figures"], ZERO_R):
+    where = f"section {section}, '{f['quantity']}'"
+    if (f["section"], f["paper"], f["value"], f["unit"]) != (section, paper, value, unit):
+        fail(f"{where}: the tool prints {f['paper']!r} ({f['value']} in units of {f['unit']}), expected {paper!r}")
+    if (f["planner"], f["compared"]) != (planner, compared):
+        fail(f"{where}: planner {f['planner']}, compared {f['compared']}; the formulas give {planner}, {compared}")
+    if bool(f["assumption"]) != assumed:
+        fail(f"{where}: assumption {f['assumption']!r}, expected {'one' if assumed else 'none'}")
+    if not agrees(value, unit, compared) or not f["agrees"]:
+        fail(f"{where}: {compared} in units of {unit} is not the paper's {paper} ({value}) rounded or truncated")
+if (z["figures_count"], z["agreeing"], z["agreeing_as_stated"]) != (8, 8, 5):
+    fail(f"--paper-zero-r counts {z['agreeing']} of {z['figures_count']} agreeing ({z['agreeing_as_stated']} as "
+         "stated), expected 8 of 8 (5)")
+# Table 3's configurations: the model states by the formulas; the checkpoints in GPU memory are those kept
+# plus one restored (L E b; L s b + MP s b; MP s b); Pa+cpu's L s b in CPU memory; one layer's fp16 bucket
+# where gradients are sharded.
+CONFIGS = [("C1", 1, "none"), ("C2", 1, "Pa"), ("C3", 2, "none"), ("C4", 2, "Pa"), ("C5", 2, "Pa+cpu")]
+if [c["name"] for c in z["configurations"]] != [c[0] for c in CONFIGS]:
+    fail(f"--paper-zero-r configurations {[c['name'] for c in z['configurations']]}, expected C1-C5")
+for c, (name, stage, mode) in zip(z["configurations"], CONFIGS):
+    states = POS if stage == 1 else POSG
+    checkpoints = {"none": L * E * 2, "Pa": L * SLICE * 2 + MP * SLICE * 2, "Pa+cpu": MP * SLICE * 2}[mode]
+    host = L * SLICE * 2 if mode == "Pa+cpu" else 0
+    bucket = padded(PIECE_UNIT, DP) * 2 if stage == 2 else 0
+    got = (c["stage"], c["activations"], c["model_state_bytes"], c["checkpoint_bytes"], c["host_bytes"],
+           c["bucket_bytes"])
+    if got != (stage, mode, states, checkpoints, host, bucket):
+        fail(f"{name}: (stage, Pa, states, checkpoints, host, bucket) = {got}, expected "
+             f"{(stage, mode, states, checkpoints, host, bucket)}")
+    if c["transient_bytes"] < bucket or c["gpu_bytes"] != states + c["transient_bytes"] + checkpoints:
+        fail(f"{name}: transients {c['transient_bytes']} below the bucket {bucket}, or GPU total {c['gpu_bytes']} "
+             "is not states + transients + checkpoints")
+r = run("--paper-zero-r")
+if r.returncode != 0:
+    fail(f"zero_plan --paper-zero-r exited {r.returncode}")
+for f in z["figures"]:
+    if f"| {f['paper']}" not in r.stdout or f"| {f['paper']} (differs)" in r.stdout:
+        fail(f"the printed figures lack '| {f['paper']}' as agreeing ({f['quantity']})")
+if "8 of 8 figures agree with the paper (5 as stated, 3 at the assumption named)." not in r.stdout:
+    fail("the printed figures do not end with '8 of 8 figures agree with the paper (5 as stated, 3 at ...)'")
+r = run("--paper-zero-r", "--tp", "2")
+if r.returncode != 2 or "takes only --json" not in r.stderr:
+    fail(f"--paper-zero-r --tp 2: exit {r.returncode}, expected 2 and a refusal naming --json")
+
 if failures:
     print(f"{failures} failure(s)")
     sys.exit(1)
 print("zero_plan --paper-tables: 54 figures of Table 1 and 20 of Table 2 equal the paper's under the rule, "
-      "and the paper's formulas byte for byte")
+      "and the paper's formulas byte for byte; --paper-zero-r: 8 figures of sections 6 and 10 and Table 3's "
+      "configurations equal the formulas")
