@@ -47,11 +47,15 @@ struct measured {
   bool exact = true;
 };
 
+// How the backward pass brings checkpoints back: by restore alone, by a prefetch just before it, or by a
+// prefetch of the next layer once this one is restored (plan_activations' prefetch_next).
+enum class prefetching { none, before_restore, next_layer };
+
 // L layers of E elements saved in the forward pass, restored in reverse and released, on a 2 x tp mesh of
 // threads; returns what each world rank's store measured.
 template <class T>
 std::vector<measured> checkpoint_loop(int tp, activation_mode mode, std::size_t layers, std::size_t elements,
-                                      bool prefetch = false) {
+                                      prefetching prefetch = prefetching::none) {
   const int world = 2 * tp;
   std::vector<measured> out(static_cast<std::size_t>(world));
   threads::launch(world, [&](threads& c) {
@@ -66,10 +70,11 @@ std::vector<measured> checkpoint_loop(int tp, activation_mode mode, std::size_t 
       inputs.push_back(activation<T>(m.coordinates().dp, l, elements));
     }
     for (std::size_t l = layers; l-- > 0;) {
-      if (prefetch) store.template prefetch<T>(l);
+      if (prefetch == prefetching::before_restore) store.template prefetch<T>(l);
       r.exact = r.exact && same_bits(store.template restore<T>(l), inputs[l]);
       // A second restore of the same layer is the same view: no more traffic.
       r.exact = r.exact && same_bits(store.template restore<T>(l), inputs[l]);
+      if (prefetch == prefetching::next_layer && l > 0) store.template prefetch<T>(l - 1);
       store.release(l);
     }
     r.memory = store.memory();
@@ -79,12 +84,14 @@ std::vector<measured> checkpoint_loop(int tp, activation_mode mode, std::size_t 
 }
 
 template <class T>
-void check_against_plan(int tp, activation_mode mode, std::size_t layers, std::size_t elements, bool prefetch = false) {
+void check_against_plan(int tp, activation_mode mode, std::size_t layers, std::size_t elements,
+                        prefetching prefetch = prefetching::none) {
   CAPTURE(tp);
   CAPTURE(zero::to_string(mode));
   CAPTURE(elements);
-  CAPTURE(prefetch);
-  const zero::activation_plan p = zero::plan_activations(layers, elements, sizeof(T), tp, mode);
+  CAPTURE(static_cast<int>(prefetch));
+  const zero::activation_plan p =
+      zero::plan_activations(layers, elements, sizeof(T), tp, mode, prefetch == prefetching::next_layer);
   const bool partitioned = mode != activation_mode::none, host = mode == activation_mode::partitioned_cpu;
   const auto f = zero::formula::activation_checkpoint_bytes(layers, elements, sizeof(T), tp, partitioned, host);
   CHECK(p.saved_bytes == f.system);
@@ -103,7 +110,7 @@ void check_against_plan(int tp, activation_mode mode, std::size_t layers, std::s
     CHECK(r.memory.restored == 0);
     CHECK(r.memory.peak_saved == p.saved_bytes);
     CHECK(r.memory.peak_host == p.host_bytes);
-    CHECK(r.memory.peak_restored == p.restore_bytes);
+    CHECK(r.memory.peak_restored == p.peak_restored_bytes);
     CHECK(r.memory.peak_system == p.peak_system_bytes);
     CHECK(r.traffic.gather.total_bytes() == gather);
     CHECK(r.traffic.gather[zero::comm::collective::all_gather] == p.gather[zero::comm::collective::all_gather]);
@@ -113,6 +120,9 @@ void check_against_plan(int tp, activation_mode mode, std::size_t layers, std::s
     CHECK(r.traffic.to_host_bytes == (host ? layers * slice * sizeof(T) : 0));
     CHECK(r.traffic.saves == layers);
     CHECK(r.traffic.restores == 2 * layers);
+    CHECK(r.traffic.prefetches == (prefetch == prefetching::none             ? 0
+                                   : prefetch == prefetching::before_restore ? layers
+                                                                             : layers - 1));
   }
 }
 
@@ -139,7 +149,37 @@ TEST_CASE("activation_store: bf16 and fp16 checkpoints, every bit pattern, at tp
 }
 
 TEST_CASE("activation_store: prefetch brings a checkpoint back ahead of restore, with the same bytes") {
-  for (activation_mode mode : modes) check_against_plan<float>(2, mode, 3, 1001, true);
+  for (activation_mode mode : modes) check_against_plan<float>(2, mode, 3, 1001, prefetching::before_restore);
+}
+
+TEST_CASE("activation_store: the next layer prefetched during this one's recomputation: same bits, two restores held") {
+  for (int tp : {2, 4})
+    for (activation_mode mode : modes) {
+      check_against_plan<float>(tp, mode, 3, 1001, prefetching::next_layer);
+      check_against_plan<zero::bf16>(tp, mode, 1, 77, prefetching::next_layer);  // one layer: nothing to prefetch
+    }
+  const auto p = zero::plan_activations(4, 1000, 2, 4, activation_mode::partitioned_cpu, true);
+  CHECK(p.peak_restored_bytes == 2 * p.restore_bytes);
+  CHECK(p.peak_system_bytes == 2 * 1000 * 2);  // Pa+cpu keeps nothing in the system's memory but the two restores
+}
+
+TEST_CASE("activation_store: a prefetched layer released or cleared without a restore frees everything") {
+  threads::launch(2, [](threads& c) {
+    zero::activation_store<threads> store(c, activation_mode::partitioned_cpu);
+    const auto a = activation<float>(0, 0, 9);
+    store.save(0, a.data(), a.size());
+    store.save(1, a.data(), a.size());
+    store.prefetch<float>(1);
+    store.prefetch<float>(1);  // already on its way: no second all-gather
+    CHECK(store.traffic().gather.calls[static_cast<std::size_t>(zero::comm::collective::all_gather)] == 1);
+    store.release(1);
+    store.prefetch<float>(0);
+    store.clear();
+    CHECK(store.layers_held() == 0);
+    CHECK(store.memory().restored == 0);
+    CHECK(store.memory().host == 0);
+    CHECK(store.traffic().gather.calls[static_cast<std::size_t>(zero::comm::collective::all_gather)] == 2);
+  });
 }
 
 TEST_CASE("activation_store: a layer of another size per call; the plan of a uniform loop per size adds up") {

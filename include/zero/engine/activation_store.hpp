@@ -32,10 +32,14 @@
 // restore and prefetch are collectives over the group (every rank calls them for the same layers in
 // the same order); save and release are always local.
 //
-// prefetch(layer) does the restore's work (the copy back from host memory and the all-gather) ahead
-// of restore(), which then returns at once. The system interface copies synchronously today (sys::host
-// and sys::cuda's copy_from_host wait for the copy), so prefetch is synchronous too: it moves the work
-// earlier in the program, it does not overlap it.
+// prefetch(layer) starts the restore's work ahead of restore(): it copies the slice back from host
+// memory (Pa+cpu) and starts the all-gather, which runs while the caller computes where the backend
+// overlaps (comm/nonblocking.hpp: comm::mpi, comm::nccl, comm::modeled; elsewhere it completes before
+// prefetch returns). restore() then only waits for it. The copy from host memory is synchronous in the
+// system interface (sys::host and sys::cuda's copy_from_host wait for it): prefetch moves it earlier,
+// out of the restore. A prefetch in flight is a collective started: every rank of the group prefetches
+// the same layers in the same order, among its restores; release() and clear() wait for one not
+// restored before freeing its buffer.
 //
 // Memory is counted by the store itself (memory()): the checkpoints in the system's memory, the
 // Pa+cpu slices in host memory (on a CPU system host memory is the system's: the two are the same
@@ -105,13 +109,14 @@ struct activation_traffic {
   comm::comm_stats gather;            // the restores' all-gathers over the group, as comm::counted counts them
   std::uint64_t to_host_bytes = 0;    // Pa+cpu: slices copied to host memory by save()
   std::uint64_t from_host_bytes = 0;  // Pa+cpu: slices copied back by restore() or prefetch()
-  std::uint64_t saves = 0, restores = 0;
+  std::uint64_t saves = 0, restores = 0, prefetches = 0;
 };
 
 template <CommBackend Comm>
 class activation_store {
  public:
   using system = typename Comm::system;
+  using request = typename comm::counted<Comm>::request;
 
   // `group`: the ranks that hold the same activations, the mesh's tensor-parallel group (m.tp()); it
   // must outlive the store. Mode none makes no collective and may be given any communicator.
@@ -166,7 +171,7 @@ class activation_store {
         if (real) system::copy(e.kept, src, real_bytes);
         if (real < slice) system::fill_zero(static_cast<unsigned char*>(e.kept) + real_bytes, bytes - real_bytes);
       }
-      layers_.emplace(layer, e);
+      layers_.emplace(layer, std::move(e));  // (on a throw nothing was moved: e is freed below)
     } catch (...) {
       free_kept(e);
       throw;
@@ -182,12 +187,14 @@ class activation_store {
   }
 
   // Starts bringing `layer`'s checkpoint back whole ahead of restore() (Pa and Pa+cpu: a collective over
-  // the group; none: nothing to do). Synchronous in this version (see the header's comment).
+  // the group, left in flight where the backend overlaps; none: nothing to do). A layer already
+  // prefetched or restored is not gathered again.
   template <class T>
   void prefetch(std::size_t layer) {
     static_assert(activation_element<T>, "zero::activation_store: checkpoints are float, zero::bf16 or zero::fp16");
     entry& e = find<T>(layer, "prefetch");
     if (mode_ != activation_mode::none && !e.whole) gather<T>(layer, e);
+    ++traffic_.prefetches;
   }
 
   // `layer`'s checkpoint, whole (n elements, bit for bit what was saved), in the system's memory,
@@ -199,15 +206,30 @@ class activation_store {
     ++traffic_.restores;
     if (mode_ == activation_mode::none) return {static_cast<const T*>(e.kept), e.elements};
     if (!e.whole) gather<T>(layer, e);
+    if (e.in_flight) {
+      e.in_flight = false;
+      comm_.wait(e.pending);
+    }
     return {static_cast<const T*>(e.whole), e.elements};
   }
 
-  // Frees `layer`'s checkpoint and its restored tensor (the backward pass is done with the layer).
+  // Frees `layer`'s checkpoint and its restored tensor (the backward pass is done with the layer). A
+  // prefetch never restored is waited for first; its failure is thrown after the layer is freed.
   void release(std::size_t layer) {
     auto it = layers_.find(layer);
     ZERO_CHECK(it != layers_.end(), protocol, who(), "release of layer ", layer, ", which is not saved");
-    drop(it->second);
-    layers_.erase(it);
+    struct erase_on_exit {
+      activation_store& s;
+      decltype(it) at;
+      ~erase_on_exit() {
+        s.drop(at->second);
+        s.layers_.erase(at);
+      }
+    } erase{*this, it};
+    if (it->second.in_flight) {
+      it->second.in_flight = false;
+      comm_.wait(it->second.pending);
+    }
   }
   // Frees every checkpoint (an abandoned step).
   void clear() noexcept {
@@ -237,6 +259,8 @@ class activation_store {
     std::size_t kept_bytes = 0;
     void* whole = nullptr;  // the restored tensor, padded to tp slices (Pa, Pa+cpu), until release
     std::size_t whole_bytes = 0;
+    request pending{};       // the all-gather into `whole`, started by prefetch and not yet waited for
+    bool in_flight = false;
   };
 
   static system system_of(Comm& c) {
@@ -261,7 +285,8 @@ class activation_store {
   }
 
   // The whole tensor from the group's slices: this rank's slice into its place (from host memory for
-  // Pa+cpu), then an in-place all-gather in rank order.
+  // Pa+cpu), then an in-place all-gather in rank order, started (restore() waits for it; on a backend
+  // that does not overlap it has completed on return).
   template <class T>
   void gather(std::size_t layer, entry& e) {
     const std::size_t slice = kept_elements(e.elements);
@@ -277,10 +302,11 @@ class activation_store {
       if (mode_ == activation_mode::partitioned_cpu) {
         sys_.copy_from_host(mine, e.kept, e.kept_bytes);
         traffic_.from_host_bytes += e.kept_bytes;
-        comm_.all_gather(static_cast<const T*>(mine), out, slice);
+        e.pending = comm_.start_all_gather(static_cast<const T*>(mine), out, slice);
       } else {
-        comm_.all_gather(static_cast<const T*>(e.kept), out, slice);
+        e.pending = comm_.start_all_gather(static_cast<const T*>(e.kept), out, slice);
       }
+      e.in_flight = true;
     } catch (...) {
       system::deallocate(whole, bytes);
       throw;
@@ -304,6 +330,13 @@ class activation_store {
     }
   }
   void drop(entry& e) noexcept {
+    if (e.in_flight) {  // an abandoned prefetch: the backend must stop writing before the buffer is freed
+      e.in_flight = false;
+      try {
+        comm_.wait(e.pending);
+      } catch (...) {  // (the step is being abandoned: its error is the one that matters)
+      }
+    }
     if (e.whole) {
       system::deallocate(e.whole, e.whole_bytes);
       memory_.restored -= e.whole_bytes;

@@ -839,7 +839,10 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
 // The activation checkpoints of an activation_store on one rank, planned: L layers, each a checkpoint
 // of E elements of b bytes, on a tensor-parallel group of tp ranks, for the loop of activation
 // checkpointing: save every layer in the forward pass, then in the backward pass restore, recompute and
-// release one layer at a time (in any order). Every field equals what the store then measures.
+// release one layer at a time (in any order). With `prefetch_next` the backward pass prefetches the next
+// layer's checkpoint once it has restored this one (restore(l), prefetch(l - 1), recompute, release(l)),
+// so that its transfer overlaps the recomputation: two restored checkpoints are then held at once.
+// Every field equals what the store then measures.
 struct activation_plan {
   activation_mode mode = activation_mode::none;
   int tp = 1;
@@ -849,8 +852,10 @@ struct activation_plan {
   // Held once the forward pass is done: = memory().peak_saved and memory().peak_host.
   std::uint64_t saved_bytes = 0;        // in the system's memory (none: L E b; Pa: L ceil(E/tp) b; Pa+cpu: 0)
   std::uint64_t host_bytes = 0;         // in host memory (Pa+cpu: L ceil(E/tp) b)
-  std::uint64_t restore_bytes = 0;      // one restored checkpoint, padded (Pa, Pa+cpu): = memory().peak_restored
-  std::uint64_t peak_system_bytes = 0;  // saved + one restore, at the first restore: = memory().peak_system
+  bool prefetch_next = false;
+  std::uint64_t restore_bytes = 0;        // one restored checkpoint, padded (Pa, Pa+cpu)
+  std::uint64_t peak_restored_bytes = 0;  // one restore, or two with prefetch_next: = memory().peak_restored
+  std::uint64_t peak_system_bytes = 0;    // saved + peak_restored, at the first restore: = memory().peak_system
   // Per backward pass: the restores' all-gathers (bus bytes and calls, = traffic().gather), and the
   // Pa+cpu copies to host memory (forward) and back (backward).
   comm::comm_stats gather;
@@ -858,7 +863,7 @@ struct activation_plan {
 };
 
 inline activation_plan plan_activations(std::uint64_t layers, std::uint64_t elements, std::size_t element_bytes, int tp,
-                                        activation_mode mode) {
+                                        activation_mode mode, bool prefetch_next = false) {
   ZERO_CHECK(tp >= 1, invalid_argument, "plan_activations: a tensor-parallel group of ", tp, " ranks");
   ZERO_CHECK(elements >= 1 && element_bytes >= 1, invalid_argument, "plan_activations: checkpoints of ", elements,
              " elements of ", element_bytes, " bytes");
@@ -869,13 +874,17 @@ inline activation_plan plan_activations(std::uint64_t layers, std::uint64_t elem
   p.layers = layers;
   p.elements = elements;
   p.element_bytes = element_bytes;
+  p.prefetch_next = prefetch_next;
   p.kept_elements = partitioned ? formula::activation_slice_elements(elements, tp) : elements;
   const formula::activation_bytes held =
       formula::activation_checkpoint_bytes(layers, elements, element_bytes, tp, partitioned, host);
   p.saved_bytes = held.system;
   p.host_bytes = held.host;
   p.restore_bytes = layers > 0 ? formula::activation_restore_bytes(elements, element_bytes, tp, partitioned) : 0;
-  p.peak_system_bytes = add_or_fail(p.saved_bytes, p.restore_bytes, "plan_activations: bytes");
+  p.peak_restored_bytes = prefetch_next && layers > 1
+                              ? add_or_fail(p.restore_bytes, p.restore_bytes, "plan_activations: bytes")
+                              : p.restore_bytes;
+  p.peak_system_bytes = add_or_fail(p.saved_bytes, p.peak_restored_bytes, "plan_activations: bytes");
   if (partitioned && layers > 0) {
     detail::plan_count(p.gather, comm::collective::all_gather, p.restore_bytes, tp, layers);
     if (host) p.to_host_bytes = p.from_host_bytes = held.host;
