@@ -506,3 +506,111 @@ TEST_CASE("comm::verified over a nonblocking backend: stage 3 with reduces and p
     CHECK(r.comm[k].protocol.bytes == ref.comm[k].protocol.bytes);  // verification's own traffic is not counted
   }
 }
+
+namespace {
+zero::engine_options gather_buckets(std::size_t elements, bool overlap_on) {
+  zero::engine_options o = overlap(overlap_on);
+  o.gather_bucket_elements = elements;
+  return o;
+}
+std::uint64_t all_gathers(const zero::comm::comm_stats& s) {
+  return s.calls[static_cast<std::size_t>(zero::comm::collective::all_gather)];
+}
+}  // namespace
+
+TEST_CASE("stage 3 gather buckets: the reference's bits, the formula's bytes, with and without overlap") {
+  const zero::optim::adamw opt;
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    const auto ref = toy::reference(n, steps, opt);
+    for (std::size_t budget : {std::size_t{1000}, std::size_t{1} << 20}) {
+      CAPTURE(budget);
+      const auto a = toy::run<zero::stage3, zero::optim::adamw>(n, steps, opt, gather_buckets(budget, false));
+      const auto b = toy::run<zero::stage3, zero::optim::adamw, zero::precision::fp32, deferred>(
+          n, steps, opt, gather_buckets(budget, true));
+      CHECK(bit_equal(a.params, ref));
+      CHECK(bit_equal(b.params, ref));
+      for (const auto& c : a.comm) CHECK(c.last_step.total_bytes() == a.comm_formula);
+      for (const auto& c : b.comm) CHECK(c.last_step.total_bytes() == b.comm_formula);
+    }
+  }
+}
+
+// The toy's units padded at N = 2 (multiples of 64): 448, 64, 448, 192. With a budget of 1000 the
+// recorded order 0 1 2 3 | 3 2 1 0 gathers {0 1 2}, {3}, {3 2 1}, {0}: 4 all-gathers instead of 8, two
+// of them buckets whose 4 further units are taken by their gather(u) (prefetch hits).
+TEST_CASE("stage 3 gather buckets: the units the order gathers next, within the budget, in one all-gather") {
+  zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
+    zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {},
+                                                                         gather_buckets(1000, false));
+    e.initialize(toy::initializer());
+    toy::train_step(e, comm.rank(), 0);
+    CHECK(all_gathers(e.comm().last_step) == 2 * units);  // the first step records the order: unit by unit
+    CHECK(e.overlap().gather_buckets == 0);
+    for (int t = 1; t < steps; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    CHECK(all_gathers(e.comm().last_step) == 4);
+    const auto o = e.overlap();
+    CHECK(!o.active);  // no overlap on threads: the buckets are the gathers' own
+    CHECK(o.gather_buckets == (steps - 1) * 2);
+    CHECK(o.prefetches == (steps - 1) * 4);
+    CHECK(o.prefetch_hits == o.prefetches);
+    CHECK(o.prefetch_misses == 0);
+    CHECK(e.memory().bytes(zero::mem_category::transient) == 0);  // every bucket's buffers and wire freed
+  });
+}
+
+TEST_CASE("stage 3 gather buckets: 100 small units gather in two all-gathers per step, the same bits") {
+  zero::model_spec s;
+  for (int u = 0; u < 100; ++u) s.unit("layer " + std::to_string(u)).tensor("w", {10});
+  const auto init = [](const zero::unit_spec& u, const zero::tensor_spec&, std::span<float> v) {
+    const auto k = static_cast<float>(std::stoi(u.name.substr(6)));
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = 0.01f * k - 0.001f * static_cast<float>(j);
+  };
+  std::vector<std::vector<float>> params(2);
+  for (std::size_t budget : {std::size_t{0}, std::size_t{1} << 20}) {
+    zero::comm::threads::launch(4, [&](zero::comm::threads& comm) {
+      zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, s, {}, gather_buckets(budget, false));
+      e.initialize(init);
+      for (std::uint64_t t = 0; t < 3; ++t) {
+        for (std::size_t u = 0; u < 100; ++u) e.gather(zero::unit_id{u}).release();
+        for (std::size_t u = 100; u-- > 0;) {
+          auto p = e.gather(zero::unit_id{u});
+          auto g = e.grads(zero::unit_id{u});
+          for (std::size_t j = 0; j < 10; ++j)
+            g.view().data()[j] = toy::gradient(p.view().data()[j], comm.rank(), t, u * 10 + j);
+          e.reduce(zero::unit_id{u});
+        }
+        e.step();
+      }
+      CHECK(all_gathers(e.comm().last_step) == (budget == 0 ? 200 : 2));
+      auto full = e.full_params();
+      if (comm.rank() == 0) params[budget == 0 ? 0 : 1] = std::move(full);
+    });
+  }
+  CHECK(bit_equal(params[0], params[1]));
+}
+
+TEST_CASE("stage 3 gather buckets: max_live_parameters bounds a bucket; with qwZ or hpZ it is refused") {
+  zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
+    zero::engine_options o = gather_buckets(1 << 20, false);
+    o.max_live_parameters = 600;  // the toy's units at N = 2: 448, 64, 448, 192
+    zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+    e.initialize(toy::initializer());
+    for (int t = 0; t < 3; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
+    // {0 1}, {2}, {3}, {3}, {2 1}, {0}: a bucket never holds more than 600 elements live.
+    CHECK(all_gathers(e.comm().last_step) == 6);
+    CHECK(e.overlap().gather_buckets == 2 * 2);
+  });
+  std::string m;
+  zero::comm::threads::launch(2, [&](zero::comm::threads& comm) {
+    zero::engine_options o = gather_buckets(1000, false);
+    o.zeropp.qwz = true;
+    try {
+      zero::engine<zero::stage3, zero::comm::threads, zero::optim::adamw> e(comm, toy::spec(), {}, o);
+    } catch (const zero::error& e) {
+      if (comm.rank() == 0) m = e.what();
+    }
+  });
+  CHECK(m.find("rank 0: engine_options: gather_bucket_elements") == 0);
+  CHECK(m.find("qwz") != std::string::npos);
+}

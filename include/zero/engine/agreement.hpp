@@ -93,6 +93,7 @@ inline settings options_settings(const engine_options& o) {
   s.add("engine_options::max_live_parameters", o.max_live_parameters);
   s.add("engine_options::reduces_in_flight", o.reduces_in_flight);
   s.add("engine_options::reduce_bucket_elements", o.reduce_bucket_elements);
+  s.add("engine_options::gather_bucket_elements", o.gather_bucket_elements);
   s.add("engine_options::persist_below_elements", o.persist_below_elements);
   s.add("engine_options::offload.tier", static_cast<int>(o.offload.tier));
   s.add("engine_options::offload.slice_elements", o.offload.slice_elements);

@@ -75,6 +75,10 @@ engine_options checked_options(const engine_options& o, int rank) {
              ": engine_options: persist_below_elements (stage 3's persistent units) and ZeRO++ "
              "(zeropp.qwz, qgz, hpz) cannot be combined yet: a persistent unit's gathers and its traffic would "
              "bypass the quantized and hierarchical paths; set one of them");
+  ZERO_CHECK(o.gather_bucket_elements == 0 || !(o.zeropp.qwz || o.zeropp.hpz), invalid_argument, "rank ", rank,
+             ": engine_options: gather_bucket_elements (stage 3's gather buckets) and ZeRO++'s gathers (zeropp.qwz, "
+             "hpz) cannot be combined yet: a bucket all-gathers the exact shards on the data-parallel link; set one "
+             "of them");
   // qgZ replaces the exact sum by a quantized one, and qwZ quantizes each rank's shard (blocks that
   // move with N): neither keeps the bits at another world size. hpZ is exact but not yet carried
   // through the binned path and its formulas.

@@ -82,6 +82,14 @@ struct engine_options {
   // the bucket starts when full or at step()). Independent of `overlap`; the same bits. 0: every
   // unit is reduced on its own.
   std::size_t reduce_bucket_elements = 0;
+  // Stage 3 (CB for the gathers): a gather that starts an all-gather, on demand or as a prefetch,
+  // takes the units the last step's order gathers next into the same collective while their padded
+  // elements reach at most this many (engine/schedule.hpp): one latency instead of one per small unit,
+  // the same bytes and bits. The others wait gathered for their gather(u) (under max_live_parameters
+  // and the memory budget); each rank's shards are copied into a wire of the bucket's elements and
+  // out of it into each unit's buffer. From the second step (the first records the order). Not
+  // combined with qwZ or hpZ. 0: every unit is gathered on its own; other stages: no effect.
+  std::size_t gather_bucket_elements = 0;
   // Stage 3: units of at most this many (unpadded) elements keep their gathered parameters between
   // steps, as stages 1-2 keep all of them: gather(u) is a view, and step() all-gathers their updated
   // shards once (started as each unit is updated, in flight until its next gather). Small units cost

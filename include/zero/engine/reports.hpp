@@ -60,6 +60,9 @@ struct overlap_report {
   std::uint64_t max_reduces_in_flight = 0;
   std::uint64_t parameter_gathers_started = 0;  // stages 1-2: step()'s all-gathers left in flight
   std::uint64_t fused_reduces = 0;  // reduce-scatters that carried several units (reduce_bucket_elements)
+  // Stage 3's all-gathers that carried several units (gather_bucket_elements); the units after the
+  // first of each count as prefetches (hits when their gather(u) takes them), on any backend.
+  std::uint64_t gather_buckets = 0;
 };
 
 }  // namespace zero
