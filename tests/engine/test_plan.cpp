@@ -191,6 +191,27 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
   CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight, 2, order).error == "");
   tight.memory_limit_bytes = p.peak_bytes - 1;
   CHECK_FALSE(p.fits(tight.memory_limit_bytes));
+  // Gather buckets admit their further units only where the budget has room: under a smaller limit
+  // they shrink, down to the peak of gathering unit by unit, below which the engine is refused.
+  if (Stage::shards_parameters && options.gather_bucket_elements > 0) {
+    zero::engine_options single = options;
+    single.gather_bucket_elements = 0;
+    const std::uint64_t floor = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, single, order).peak_bytes;
+    for (const std::uint64_t limit : {p.peak_bytes - 1, (p.peak_bytes + floor) / 2, floor, floor - 1}) {
+      CAPTURE(limit);
+      tight.memory_limit_bytes = limit;
+      const zero::plan_report q = zero::plan_for<Stage, Comm, Opt, Prec>(s, n, tight, order);
+      const measured t = train<Stage, Opt, Prec, Overlapping>(n, tight, 2, order);
+      CHECK(q.fits(limit) == !t.out_of_memory);
+      if (!p.overlapping) CHECK(q.fits(limit) == (limit >= floor));
+      if (t.out_of_memory) continue;
+      CHECK(t.error == "");
+      CHECK(q.step_transient_peak == t.transient_peak);
+      CHECK(q.peak_bytes == t.peak_total);
+      check_stats(q.step_comm, t.last_step);
+    }
+    return;
+  }
   if (!p.overlapping) {
     CHECK(train<Stage, Opt, Prec, Overlapping>(n, tight, 2, order).out_of_memory);
     return;
@@ -270,6 +291,13 @@ void check_all_options(int n) {
       check_plan<Stage, Opt, Prec>(n, o, "persistent units");
       o.micro_batches = 2;
       check_plan<Stage, Opt, Prec>(n, o, "persistent units, 2 micro-batches");
+      o = {};
+      o.gather_bucket_elements = 1500;
+      check_plan<Stage, Opt, Prec>(n, o, "gather buckets of 1500 elements");
+      o.persist_below_elements = 1;  // tiny stays gathered, outside the order
+      o.max_live_parameters = 1200;
+      o.micro_batches = 2;
+      check_plan<Stage, Opt, Prec>(n, o, "gather buckets, at most 1200 live parameters, a persistent unit, 2 micro-batches");
     }
   } else {
     o.accumulate = zero::accumulation::local_then_reduce;
@@ -320,6 +348,13 @@ void check_overlap(int n) {
     o = {};
     o.persist_below_elements = 600;
     check_plan<Stage, adamw, Prec, true>(n, o, "overlap, persistent units");
+    o = {};
+    o.gather_bucket_elements = 1500;
+    check_plan<Stage, adamw, Prec, true>(n, o, "overlap, gather buckets of 1500 elements");
+    o.prefetch_units = 1;
+    o.max_live_parameters = 2000;
+    o.reduce_bucket_elements = 1500;
+    check_plan<Stage, adamw, Prec, true>(n, o, "overlap, gather and reduce buckets, one prefetch, 2000 live");
   }
   o = {};
   o.reproducible = true;

@@ -247,14 +247,17 @@ class loop_replay {
     bool gathered = false, prefetching = false, secondary_ready = false;
     std::uint64_t held = 0;                           // the gathered unit's buffer
     std::uint64_t prefetched = 0, prefetch_wire = 0;  // a prefetch's buffer and qwZ wire
+    std::size_t gather_bucket = no_bucket;            // the gather bucket it arrives in (gather_wires_)
     std::uint64_t bucket = 0;                         // grads(u)'s bucket until reduce(u)
   };
+  static constexpr std::size_t no_bucket = static_cast<std::size_t>(-1);
 
   bool qgz() const { return o_.zeropp.qgz; }
   bool hierarchical() const { return qgz() && s_.node_size > 1 && s_.node_size < s_.ranks; }
   std::uint64_t nodes() const { return static_cast<std::uint64_t>(s_.ranks / s_.node_size); }
   bool sharded_params(std::size_t u) const { return s_.stage == 3 && !units_[u].persistent; }
   bool prefetching() const { return s_.stage == 3 && s_.overlapping && o_.prefetch_units > 0 && order_holds_; }
+  bool bucketing() const { return s_.stage == 3 && o_.gather_bucket_elements > 0; }
 
   void alloc(std::uint64_t b) {
     cur_ = add_or_fail(cur_, b, "plan: transient bytes");
@@ -342,13 +345,25 @@ class loop_replay {
     const bool secondary = o_.zeropp.hpz && t.secondary_ready;
     std::uint64_t wire = 0;
     if (t.prefetching) {
+      if (t.gather_bucket != no_bucket) release(gather_wires_[t.gather_bucket]);  // copied out, freed
+      t.gather_bucket = no_bucket;
       t.held = t.prefetched;
       wire = t.prefetch_wire;
       t.prefetched = t.prefetch_wire = 0;
       t.prefetching = false;
     } else {
       make_room(gather_bytes(u, secondary));
-      wire = start_gather(u, secondary, t.held);
+      if (bucketing() && order_holds_) {  // (no qwZ, no hpZ: the exact shards on the data-parallel link)
+        t.held = units_[u].padded * s_.param_bytes;
+        alloc(t.held);
+        const auto others = bucket_after(position, units_[u].padded, t.held);
+        if (others.empty())
+          count(comm::collective::all_gather, t.held, s_.ranks, s_.node_size);
+        else
+          release(gather_wires_[start_bucket(units_[u].padded, others)]);  // taken now: copied out, freed
+      } else {
+        wire = start_gather(u, secondary, t.held);
+      }
     }
     step_order_.push_back(u);
     if (order_holds_ && next_prefetch_ <= position) next_prefetch_ = position + 1;
@@ -364,7 +379,7 @@ class loop_replay {
     if (step_order_.empty()) return;
     const std::size_t last = step_order_.size() - 1;
     const std::size_t end = std::min(gather_order_.size(), last + 1 + static_cast<std::size_t>(o_.prefetch_units));
-    for (; next_prefetch_ < end; ++next_prefetch_) {
+    while (next_prefetch_ < end) {
       const std::size_t v = gather_order_[next_prefetch_];
       unit_state& t = live_[v];
       if (t.prefetching) return;
@@ -372,9 +387,56 @@ class loop_replay {
       if (secondary && !t.secondary_ready) return;
       if (o_.max_live_parameters > 0 && live_parameters() + units_[v].padded > o_.max_live_parameters) return;
       if (over(gather_bytes(v, secondary))) return;
-      t.prefetch_wire = start_gather(v, secondary, t.prefetched);
+      const auto others = bucketing() ? bucket_after(next_prefetch_, units_[v].padded, 0) : std::vector<std::size_t>{};
+      if (others.empty()) {
+        t.prefetch_wire = start_gather(v, secondary, t.prefetched);
+      } else {
+        t.prefetched = units_[v].padded * s_.param_bytes;
+        alloc(t.prefetched);
+        t.gather_bucket = start_bucket(units_[v].padded, others);
+      }
       t.prefetching = true;
+      next_prefetch_ += 1 + others.size();
     }
+  }
+  // engine's gather_schedule::bucket_after: the units a gather bucket at `position` takes besides its first.
+  std::vector<std::size_t> bucket_after(std::size_t position, std::uint64_t first_padded, std::uint64_t credit) const {
+    std::vector<std::size_t> others;
+    const std::uint64_t live = live_parameters() + first_padded;
+    std::uint64_t elements = first_padded, added = 0;
+    for (std::size_t p = position + 1; p < gather_order_.size(); ++p) {
+      const std::size_t v = gather_order_[p];
+      const std::uint64_t padded = units_[v].padded;
+      if (v == gather_order_[position] || std::find(others.begin(), others.end(), v) != others.end()) break;
+      if (live_[v].gathered || live_[v].prefetching) break;
+      if (elements + padded > o_.gather_bucket_elements) break;
+      if (o_.max_live_parameters > 0 && live + added + padded > o_.max_live_parameters) break;
+      if (over(2 * (elements + padded) * s_.param_bytes - credit)) break;
+      others.push_back(v);
+      elements += padded;
+      added += padded;
+    }
+    return others;
+  }
+  // engine's gather_schedule::start_bucket, after the first unit's buffer: the others' buffers (each
+  // then prefetched) and the wire of every member, one all-gather; returns the wire's index.
+  std::size_t start_bucket(std::uint64_t first_padded, const std::vector<std::size_t>& others) {
+    std::uint64_t elements = first_padded;
+    for (std::size_t v : others) {
+      unit_state& t = live_[v];
+      t.prefetched = units_[v].padded * s_.param_bytes;
+      alloc(t.prefetched);
+      elements += units_[v].padded;
+    }
+    const std::uint64_t wire = elements * s_.param_bytes;
+    alloc(wire);
+    count(comm::collective::all_gather, wire, s_.ranks, s_.node_size);
+    gather_wires_.push_back(wire);
+    for (std::size_t v : others) {
+      live_[v].gather_bucket = gather_wires_.size() - 1;
+      live_[v].prefetching = true;
+    }
+    return gather_wires_.size() - 1;
   }
   std::uint64_t live_parameters() const {
     std::uint64_t n = 0;
@@ -388,6 +450,8 @@ class loop_replay {
       if (t.prefetching) {
         release(t.prefetched);
         release(t.prefetch_wire);
+        if (t.gather_bucket != no_bucket) release(gather_wires_[t.gather_bucket]);  // (once: then 0)
+        t.gather_bucket = no_bucket;
         t.prefetching = false;
       }
   }
@@ -555,6 +619,7 @@ class loop_replay {
   std::vector<std::size_t> fusing_;
   std::uint64_t fusing_elements_ = 0;
   std::vector<std::size_t> gather_order_, step_order_, first_position_;
+  std::vector<std::uint64_t> gather_wires_;  // each gather bucket's wire, 0 once copied out or dropped
   std::size_t next_prefetch_ = 0;
   bool order_holds_ = true;
 };
@@ -624,6 +689,8 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   if (z.qgz) quant::validate(z.gradients, "plan: zeropp.gradients");
   ZERO_CHECK(options.persist_below_elements == 0 || !zeropp, invalid_argument,
              "plan: persist_below_elements and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
+  ZERO_CHECK(options.gather_bucket_elements == 0 || !(options.zeropp.qwz || options.zeropp.hpz), invalid_argument,
+             "plan: gather_bucket_elements and ZeRO++'s gathers (zeropp.qwz, hpz) cannot be combined");
   ZERO_CHECK(!repro || !zeropp, invalid_argument,
              "plan: reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
   const int node_size = z.node_size == 0 ? ranks : z.node_size;
