@@ -556,7 +556,7 @@ TEST_CASE("reproducible: the default mode is not, so the equality above means so
   CHECK_FALSE(same_bits(run_default(1), run_default(4)));
 }
 
-TEST_CASE("reproducible: overlap, reduces in flight and fused reduce buckets give the same bits") {
+TEST_CASE("reproducible: overlap, reduces in flight, fused reduce and gather buckets give the same bits") {
   const repro_result base = run_repro<zero::stage0>(1, clipped());
   zero::stages::for_each([&]<class Stage>() {
     CAPTURE(Stage::stage);
@@ -564,12 +564,14 @@ TEST_CASE("reproducible: overlap, reduces in flight and fused reduce buckets giv
       CAPTURE(bucket);
       zero::engine_options eo = clipped();
       eo.reduce_bucket_elements = bucket;
+      eo.gather_bucket_elements = bucket;  // stage 3's gathers too (no effect elsewhere)
       eo.reduces_in_flight = 2;
       const repro_result r = run_repro<Stage, zero::precision::fp32, testing::deferred>(4, eo);
       CHECK(same_bits(r.params, base.params));
       CHECK(r.overlap.active);
       CHECK(r.overlap.reduces_started > 0);
       if (Stage::stage >= 2 && bucket > 0) CHECK(r.overlap.fused_reduces > 0);
+      if (Stage::stage == 3) CHECK((r.overlap.gather_buckets > 0) == (bucket > 0));
       if (Stage::stage == 3) CHECK(r.overlap.prefetch_hits > 0);
       for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
     }
