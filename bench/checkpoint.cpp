@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
 
     comm.barrier();
     t0 = clock_type::now();
-    e.release_memory({.to = zero::release_target::host});
+    e.release_memory({.to = zero::release_target::host, .directory = {}});
     const double release_host_s = seconds_since(t0);
     t0 = clock_type::now();
     e.restore_memory();
