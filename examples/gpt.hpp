@@ -145,17 +145,72 @@ class fp32_unit {
 // backward pass. It is an all-gather of the partial sums, added on every rank in rank order, so that
 // every rank of the group gets the same bits on any backend (the replicated tensors' gradients, which
 // the engine requires equal across the group, are computed from them).
+//
+// With sequence parallelism (Korthikanti et al.) the residual stream between the blocks' tensor-parallel
+// layers, the layer norms and the residual additions, is split along the rows (batch x positions):
+// rank t computes rows [t R/tp, (t+1) R/tp) and keeps only those of what the backward pass needs. The
+// sums at the row-parallel layers' outputs become reduce-scatters of the rows (each rank adds its rows'
+// partial sums in rank order: the same bits), and an all-gather of the rows feeds each column-parallel
+// layer. The layer norms' weight and bias gradients, sums over every row, are accumulated through the
+// ranks in rank order (in_rank_order), so they are the bits of one pass over all rows. Exact against
+// tp without it; a pass whose rows the group does not divide runs without it.
 class tp_group {
  public:
   tp_group() = default;  // no group: one rank holds every piece
   // `group` must outlive this object.
   template <class Comm>
-  explicit tp_group(Comm& group)
+  explicit tp_group(Comm& group, bool sequence_parallel = false)
       : size_(group.size()),
         rank_(group.rank()),
-        all_gather_([&group](const float* send, float* recv, std::size_t n) { group.all_gather(send, recv, n); }) {}
+        sequence_parallel_(sequence_parallel && group.size() > 1),
+        all_gather_([&group](const float* send, float* recv, std::size_t n) { group.all_gather(send, recv, n); }) {
+    if constexpr (zero::comm::has_all_to_all<Comm>)
+      all_to_all_ = [&group](const float* send, float* recv, std::size_t n) {
+        group.all_to_all(reinterpret_cast<const std::uint8_t*>(send), reinterpret_cast<std::uint8_t*>(recv),
+                         n * sizeof(float));
+      };
+  }
   int size() const { return size_; }
   int rank() const { return rank_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+  // Whether a pass of `rows` rows splits its residual stream by rows over the group.
+  bool splits_rows(int rows) const { return sequence_parallel_ && rows % size_ == 0; }
+
+  // full (size() blocks of rows, each `mine`'s size) <- every rank's `mine`, in rank order.
+  void all_gather_rows(const std::vector<float>& mine, std::vector<float>& full) const {
+    full.resize(mine.size() * static_cast<std::size_t>(size_));
+    all_gather_(mine.data(), full.data(), mine.size());
+  }
+  // mine <- this rank's block of rows of the sum over the group of every rank's `partial`, added in
+  // rank order: an all-to-all of the blocks (an all-gather of the whole where the backend has none).
+  void reduce_scatter_rows(const std::vector<float>& partial, std::vector<float>& mine) const {
+    const std::size_t n = partial.size() / static_cast<std::size_t>(size_);
+    std::vector<float> blocks(partial.size());
+    std::size_t stride = n, at = 0;  // where rank r's block of this rank's rows is in `blocks`
+    if (all_to_all_) {
+      all_to_all_(partial.data(), blocks.data(), n);
+    } else {
+      blocks.resize(partial.size() * static_cast<std::size_t>(size_));  // every rank's whole partial
+      all_gather_(partial.data(), blocks.data(), partial.size());
+      stride = partial.size();
+      at = static_cast<std::size_t>(rank_) * n;
+    }
+    mine.assign(blocks.data() + at, blocks.data() + at + n);
+    for (int r = 1; r < size_; ++r)
+      for (std::size_t i = 0; i < n; ++i) mine[i] += blocks[static_cast<std::size_t>(r) * stride + at + i];
+  }
+  // f(acc) on each rank in turn, rank 0 first, each starting from the previous rank's acc (m floats):
+  // a sum f adds its rows to is the one pass over every rank's rows in order would give. Every rank
+  // ends with the last rank's acc. Collective over the group (size() all-gathers of m floats).
+  template <class F>
+  void in_rank_order(float* acc, std::size_t m, F&& f) const {
+    std::vector<float> all(m * static_cast<std::size_t>(size_));
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_) f(acc);
+      all_gather_(acc, all.data(), m);
+      std::copy_n(all.data() + static_cast<std::size_t>(k) * m, m, acc);
+    }
+  }
   // v <- the sum over the group of every rank's v, ((v_0 + v_1) + v_2) + ... Collective over the group
   // (every rank with the same v.size()); nothing at size 1.
   void sum(std::vector<float>& v) const {
@@ -170,7 +225,8 @@ class tp_group {
 
  private:
   int size_ = 1, rank_ = 0;
-  std::function<void(const float*, float*, std::size_t)> all_gather_;
+  bool sequence_parallel_ = false;
+  std::function<void(const float*, float*, std::size_t)> all_gather_, all_to_all_;
 };
 
 // Throws zero::error (invalid_argument), naming the unit and tensor, unless `pieces` (an engine's
@@ -234,9 +290,17 @@ inline void row_parallel_forward(const tp_group& tp, std::vector<float>& out, co
   for (int r = 0; r < rows; ++r) kernels::axpy(out.data() + static_cast<std::size_t>(r) * n_out, 1.0f, b, n_out);
 }
 
-// What the backward pass needs from the forward pass of one block.
+// What the backward pass needs from the forward pass of one block. With sequence parallelism in, ln1,
+// x1, ln2 and the norms' means and deviations hold this rank's rows only.
 struct block_acts {
   std::vector<float> in, ln1, ln1_mean, ln1_rstd, qkv, probs, att, x1, ln2, ln2_mean, ln2_rstd, fc, gelu;
+  std::size_t floats() const {
+    std::size_t n = 0;
+    for (const auto* v : {&in, &ln1, &ln1_mean, &ln1_rstd, &qkv, &probs, &att, &x1, &ln2, &ln2_mean, &ln2_rstd, &fc,
+                          &gelu})
+      n += v->size();
+    return n;
+  }
 };
 
 // A forward pass over `rows` sequences of `t_len` positions, and what its backward pass needs.
@@ -247,6 +311,13 @@ struct activations {
   std::vector<block_acts> blocks;
   std::vector<float> xf_in, xf, xf_mean, xf_rstd;  // ln_f's input and output
   std::vector<float> logits;                       // [rows x t_len, vocab]
+  bool sequence_parallel = false;                  // the blocks ran with their residual stream split by rows
+  // What the blocks keep for the backward pass, bytes (the part sequence parallelism divides).
+  std::uint64_t block_bytes() const {
+    std::uint64_t n = 0;
+    for (const block_acts& b : blocks) n += b.floats();
+    return n * sizeof(float);
+  }
 };
 
 // x <- x + block(x), keeping what the backward needs in s. In a tensor-parallel group this rank
@@ -310,6 +381,100 @@ inline void block_backward(const config& c, const tp_group& tp, const fp32_unit&
                         s.ln1_rstd.data(), w["ln_1.weight"], R, C);
 }
 
+// block_forward with sequence parallelism: x holds this rank's rows of the residual stream, R / tp of
+// rows x t_len. The same bits as block_forward for those rows.
+inline void block_forward_sp(const config& c, const tp_group& tp, const fp32_unit& w, int rows, int t_len,
+                             std::vector<float>& x, block_acts& s) {
+  namespace k = kernels;
+  const int R = rows * t_len, Rp = R / tp.size(), C = c.embd, Cp = C / tp.size(), heads = c.heads / tp.size();
+  const auto np = static_cast<std::size_t>(R) * Cp, mine = static_cast<std::size_t>(Rp) * C;
+  s.in = x;
+  s.ln1.resize(mine), s.ln1_mean.resize(Rp), s.ln1_rstd.resize(Rp);
+  k::layernorm_forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.in.data(), w["ln_1.weight"],
+                       w["ln_1.bias"], Rp, C);
+  std::vector<float> full, partial(static_cast<std::size_t>(R) * C);
+  tp.all_gather_rows(s.ln1, full);
+  s.qkv.resize(3 * np);
+  k::linear_forward(s.qkv.data(), full.data(), w["attn.c_attn.weight"], w["attn.c_attn.bias"], R, C, 3 * Cp);
+  s.probs.resize(static_cast<std::size_t>(rows) * heads * t_len * t_len), s.att.resize(np);
+  k::attention_forward(s.att.data(), s.probs.data(), s.qkv.data(), rows, t_len, Cp, heads);
+  k::linear_forward(partial.data(), s.att.data(), w["attn.c_proj.weight"], nullptr, R, Cp, C);
+  tp.reduce_scatter_rows(partial, s.x1);
+  for (int r = 0; r < Rp; ++r) k::axpy(s.x1.data() + static_cast<std::size_t>(r) * C, 1.0f, w["attn.c_proj.bias"], C);
+  for (std::size_t i = 0; i < mine; ++i) s.x1[i] += s.in[i];
+  s.ln2.resize(mine), s.ln2_mean.resize(Rp), s.ln2_rstd.resize(Rp);
+  k::layernorm_forward(s.ln2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), s.x1.data(), w["ln_2.weight"],
+                       w["ln_2.bias"], Rp, C);
+  tp.all_gather_rows(s.ln2, full);
+  s.fc.resize(4 * np), s.gelu.resize(4 * np);
+  k::linear_forward(s.fc.data(), full.data(), w["mlp.c_fc.weight"], w["mlp.c_fc.bias"], R, C, 4 * Cp);
+  k::gelu_forward(s.gelu.data(), s.fc.data(), 4 * np);
+  k::linear_forward(partial.data(), s.gelu.data(), w["mlp.c_proj.weight"], nullptr, R, 4 * Cp, C);
+  tp.reduce_scatter_rows(partial, x);
+  for (int r = 0; r < Rp; ++r) k::axpy(x.data() + static_cast<std::size_t>(r) * C, 1.0f, w["mlp.c_proj.bias"], C);
+  for (std::size_t i = 0; i < mine; ++i) x[i] += s.x1[i];
+}
+
+// A layer norm's backward over this rank's rows, its weight and bias gradients accumulated through
+// the group's ranks in order (the bits of one pass over every row).
+inline void layernorm_backward_sp(const tp_group& tp, float* dx, float* dw, float* db, const float* dout,
+                                  const float* in, const float* mean, const float* rstd, const float* w, int rows,
+                                  int C) {
+  const auto c = static_cast<std::size_t>(C);
+  std::vector<float> acc(2 * c);
+  std::copy_n(dw, c, acc.data());
+  std::copy_n(db, c, acc.data() + c);
+  tp.in_rank_order(acc.data(), acc.size(), [&](float* a) {
+    std::copy_n(a, c, dw);
+    std::copy_n(a + c, c, db);
+    kernels::layernorm_backward(dx, dw, db, dout, in, mean, rstd, w, rows, C);
+    std::copy_n(dw, c, a);
+    std::copy_n(db, c, a + c);
+  });
+  std::copy_n(acc.data(), c, dw);
+  std::copy_n(acc.data() + c, c, db);
+}
+
+// block_backward with sequence parallelism: dx holds this rank's rows. The same bits as block_backward.
+inline void block_backward_sp(const config& c, const tp_group& tp, const fp32_unit& w, fp32_unit& g, int rows,
+                              int t_len, const block_acts& s, std::vector<float>& dx) {
+  namespace k = kernels;
+  const int R = rows * t_len, Rp = R / tp.size(), C = c.embd, Cp = C / tp.size(), heads = c.heads / tp.size();
+  const auto n = static_cast<std::size_t>(R) * C, np = static_cast<std::size_t>(R) * Cp;
+  std::vector<float> dx1 = dx, dy, full, dln_mine;
+  std::vector<float> dgelu(4 * np, 0.0f), dfc(4 * np, 0.0f), dln(n, 0.0f);
+  tp.all_gather_rows(dx, dy);
+  k::linear_backward(dgelu.data(), g["mlp.c_proj.weight"], g["mlp.c_proj.bias"], dy.data(), s.gelu.data(),
+                     w["mlp.c_proj.weight"], R, 4 * Cp, C);
+  k::gelu_backward(dfc.data(), s.fc.data(), dgelu.data(), 4 * np);
+  tp.all_gather_rows(s.ln2, full);
+  k::linear_backward(dln.data(), g["mlp.c_fc.weight"], g["mlp.c_fc.bias"], dfc.data(), full.data(),
+                     w["mlp.c_fc.weight"], R, C, 4 * Cp);
+  tp.reduce_scatter_rows(dln, dln_mine);
+  layernorm_backward_sp(tp, dx1.data(), g["ln_2.weight"], g["ln_2.bias"], dln_mine.data(), s.x1.data(),
+                        s.ln2_mean.data(), s.ln2_rstd.data(), w["ln_2.weight"], Rp, C);
+  dx = dx1;
+  std::vector<float> datt(np, 0.0f), dqkv(3 * np, 0.0f);
+  tp.all_gather_rows(dx1, dy);
+  k::linear_backward(datt.data(), g["attn.c_proj.weight"], g["attn.c_proj.bias"], dy.data(), s.att.data(),
+                     w["attn.c_proj.weight"], R, Cp, C);
+  k::attention_backward(dqkv.data(), datt.data(), s.qkv.data(), s.probs.data(), rows, t_len, Cp, heads);
+  std::fill(dln.begin(), dln.end(), 0.0f);
+  tp.all_gather_rows(s.ln1, full);
+  k::linear_backward(dln.data(), g["attn.c_attn.weight"], g["attn.c_attn.bias"], dqkv.data(), full.data(),
+                     w["attn.c_attn.weight"], R, C, 3 * Cp);
+  tp.reduce_scatter_rows(dln, dln_mine);
+  layernorm_backward_sp(tp, dx.data(), g["ln_1.weight"], g["ln_1.bias"], dln_mine.data(), s.in.data(),
+                        s.ln1_mean.data(), s.ln1_rstd.data(), w["ln_1.weight"], Rp, C);
+}
+
+// This rank's block of rows of a full [R x C] tensor, and the full tensor back from every rank's block.
+inline std::vector<float> my_rows(const tp_group& tp, const std::vector<float>& full) {
+  const std::size_t n = full.size() / static_cast<std::size_t>(tp.size());
+  return {full.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(tp.rank()) * n),
+          full.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(tp.rank() + 1) * n)};
+}
+
 // tutorial:begin forward
 // The forward pass. with_unit(u, f) calls f with unit u's parameters in fp32; in training it is
 // `gathered` below (gather, widen, release), so at most one unit is gathered at a time. The token
@@ -328,8 +493,16 @@ void forward(const config& c, const tp_group& tp, WithUnit&& with_unit, activati
       kernels::axpy(a.x.data() + static_cast<std::size_t>(r) * C, 1.0f, w["weight"] + static_cast<std::size_t>(r % a.t_len) * C, C);
   });
   a.blocks.resize(static_cast<std::size_t>(c.layers));
-  for (int l = 0; l < c.layers; ++l)
-    with_unit(block(l), [&](const fp32_unit& w) { block_forward(c, tp, w, a.rows, a.t_len, a.x, a.blocks[l]); });
+  a.sequence_parallel = tp.splits_rows(R);
+  if (a.sequence_parallel) {  // the blocks on this rank's rows; then the rows of every rank again
+    std::vector<float> x = my_rows(tp, a.x);
+    for (int l = 0; l < c.layers; ++l)
+      with_unit(block(l), [&](const fp32_unit& w) { block_forward_sp(c, tp, w, a.rows, a.t_len, x, a.blocks[l]); });
+    tp.all_gather_rows(x, a.x);
+  } else {
+    for (int l = 0; l < c.layers; ++l)
+      with_unit(block(l), [&](const fp32_unit& w) { block_forward(c, tp, w, a.rows, a.t_len, a.x, a.blocks[l]); });
+  }
   with_unit(ln_f(c), [&](const fp32_unit& w) {
     a.xf_in = a.x;
     a.xf.resize(a.x.size()), a.xf_mean.resize(R), a.xf_rstd.resize(R);
@@ -386,15 +559,24 @@ void backward(Engine& e, const config& c, const tp_group& tp, const activations&
     p.release();
     dx.swap(din);
   }
+  if (a.sequence_parallel) dx = my_rows(tp, dx);
   for (int l = c.layers - 1; l >= 0; --l) {
     auto p = e.gather(block(l));
     auto g = e.grads(block(l));
     const fp32_unit w(p.view());
     fp32_unit dw(g.view(), true);
-    block_backward(c, tp, w, dw, a.rows, a.t_len, a.blocks[static_cast<std::size_t>(l)], dx);
+    const block_acts& s = a.blocks[static_cast<std::size_t>(l)];
+    if (a.sequence_parallel)
+      block_backward_sp(c, tp, w, dw, a.rows, a.t_len, s, dx);
+    else
+      block_backward(c, tp, w, dw, a.rows, a.t_len, s, dx);
     dw.add_to(g.view());
     e.reduce(block(l));
     p.release();
+  }
+  if (a.sequence_parallel) {
+    std::vector<float> mine = std::move(dx);
+    tp.all_gather_rows(mine, dx);
   }
   // The embeddings do not read their parameters in the backward pass; they are gathered anyway,
   // as the protocol (and the stage 3 traffic formula) has every unit gathered in both passes.
@@ -425,6 +607,7 @@ struct step_result {
   double loss = 0.0;  // mean over this rank's tokens, nats
   int correct = 0;    // next-token predictions whose argmax was right
   zero::step_report report;
+  std::uint64_t block_activation_bytes = 0;  // what a micro-batch's blocks kept for the backward pass, this rank
 };
 
 // Fills a's tokens and targets with the training sequences first .. first + rows - 1 (global indices)
@@ -471,6 +654,7 @@ step_result train_step(Engine& e, const config& c, const tp_group& tp, const cor
         kernels::cross_entropy(a.logits.data(), a.targets.data(), dlogits.data(), grad_scale, R, c.vocab, correct);
     res.loss += loss_sum / R / micro_batches;
     res.correct += correct;
+    res.block_activation_bytes = std::max(res.block_activation_bytes, a.block_bytes());
     backward(e, c, tp, a, dlogits);
   }
   res.report = e.step();

@@ -34,6 +34,7 @@ using trainer::options;
 struct gpt_options {
   gpt::config model;
   int tp = 1;  // --tp: ranks per tensor-parallel group (Megatron's layout; 1: none)
+  bool sequence_parallel = false;  // --sequence-parallel: the residual stream split by rows over the group
   std::vector<std::string> data;  // empty: this repository's README.md and docs/
   double held_out = 0.1;
   // AdamW's second-moment decay: 0.99 rather than the library's 0.999, as nanoGPT sets it for its
@@ -66,6 +67,7 @@ struct gpt_summary {
   std::uint64_t comm_paper_formula = 0;    // the paper's bytes per step, one gather per unit and pass
   std::uint64_t eval_comm_bytes = 0, eval_comm_formula = 0;  // evaluation and sampling: measured, formula per pass
   std::uint64_t eval_passes = 0;           // forward passes in the evaluation scope
+  std::uint64_t block_activation_bytes = 0;  // the largest rank's block activations of a micro-batch
 };
 
 template <class Comm>
@@ -106,7 +108,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   using engine = zero::engine<Stage, Comm, Opt, Prec>;
   engine e = mesh ? engine(*mesh, spec, opt, eo) : engine(comm, spec, opt, eo);
   Comm& dp = mesh ? mesh->dp() : comm;
-  const gpt::tp_group tp = mesh ? gpt::tp_group(mesh->tp()) : gpt::tp_group();
+  const gpt::tp_group tp = mesh ? gpt::tp_group(mesh->tp(), g.sequence_parallel) : gpt::tp_group();
   // A resumed run continues from the checkpoint's weights, optimizer state and step, whatever world
   // size and stage saved it; otherwise each rank initializes the part it holds (of its pieces).
   const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, zero::from_whole_tensors(gpt::initializer(c)));
@@ -151,6 +153,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     const double loss = global_sum(dp, r.loss) / ranks;
     const double correct = global_sum(dp, r.correct);
     if (i == 0) s.loss_first = loss;
+    out.block_activation_bytes = static_cast<std::uint64_t>(global_max(comm, static_cast<double>(r.block_activation_bytes)));
     s.loss_last = loss;
     s.accuracy_last = correct / tokens_per_step;
     s.grad_norm = r.report.grad_norm;
@@ -347,6 +350,8 @@ nlohmann::json gpt_json(const options& o, const gpt_options& g, const gpt::corpu
                 {"layers", c.layers}, {"batch", c.batch}};
   j["tp"] = g.tp;
   j["dp"] = o.ranks / g.tp;
+  j["sequence_parallel"] = g.sequence_parallel;
+  j["block_activation_bytes"] = s.block_activation_bytes;
   j["corpus"] = {{"files", data.files.size()}, {"bytes", data.text.size()}, {"train_tokens", data.train_size()},
                  {"held_out_tokens", data.held_out_size()}};
   j["loss_train_eval"] = s.loss_train_eval;
@@ -406,6 +411,10 @@ int main(int argc, char** argv) {
                        "ranks per tensor-parallel group (Megatron's layout: attention heads and the MLP split over "
                        "them); it divides the ranks and --heads, and ZeRO runs over the ranks / --tp data-parallel "
                        "ranks");
+  app.add_flag("--sequence-parallel", g.sequence_parallel,
+               "with --tp: the residual stream between the blocks' tensor-parallel layers (layer norms, residual "
+               "additions) split along the rows over the group, reduce-scatters and all-gathers in place of the sums; "
+               "the same bits as --tp alone, 1 / --tp of those activations per rank");
   app.add_option("--data", g.data,
                  "text files (any byte but NUL; not empty), or directories whose *.md and *.txt files are read in "
                  "name order (default: this repository's README.md and docs/)")
@@ -450,6 +459,8 @@ int main(int argc, char** argv) {
   if (g.model.heads % g.tp != 0)
     return usage_error("--tp " + std::to_string(g.tp) + " must divide --heads " + std::to_string(g.model.heads) +
                        ": each tensor-parallel rank computes whole attention heads");
+  if (g.sequence_parallel && g.tp == 1)
+    return usage_error("--sequence-parallel splits the rows over a tensor-parallel group: give --tp > 1");
   if (g.prompt.empty()) return usage_error("--prompt must not be empty");
   if (o.resume.empty() && g.warmup > o.steps)
     return usage_error("--warmup " + std::to_string(g.warmup) + " is longer than the run (--steps " +

@@ -42,6 +42,35 @@ stages "2 x 2 fp16" --ranks 4 --tp 2 --batch 8 --precision fp16
 stages "4 x 2 accum 2 clip 0.5" --ranks 8 --tp 2 --batch 16 --accum 2 --clip 0.5
 echo "$runs runs: stages bit-identical at a fixed mesh"
 
+# --sequence-parallel: the residual stream split by rows over the tensor-parallel group, exact against
+# --tp alone (the same hash at every stage), with the blocks' row-split activations divided by tp.
+blocks_bytes() {  # reads the JSON line; prints block_activation_bytes
+  python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["block_activation_bytes"])'
+}
+e2e_run "$train_gpt" "${small[@]}" --steps 6 --stage 0 --ranks 4 --tp 2 --batch 8
+e2e_filter without_sp number blocks_bytes
+stages "2 x 2 sequence parallel" --ranks 4 --tp 2 --batch 8 --sequence-parallel
+e2e_same "$first" "$hash_22" "--sequence-parallel against --tp 2 alone"
+e2e_run "$train_gpt" "${small[@]}" --steps 6 --stage 0 --ranks 4 --tp 2 --batch 8 --sequence-parallel
+e2e_filter with_sp number blocks_bytes
+# Per rank, 4 micro-batch rows x 16 positions x (4 x 32 channels + 4 norm statistics) of the 1 layer
+# are split: 4 x 16 x 132 x 4 bytes, halved.
+echo "block activations per rank: $without_sp bytes, with --sequence-parallel $with_sp"
+[ "$((without_sp - with_sp))" = "$((4 * 16 * 132 * 4 / 2))" ] ||
+  e2e_fail "--sequence-parallel keeps $with_sp bytes of block activations, expected $without_sp - $((4 * 16 * 132 * 2))"
+e2e_run "$train_gpt" "${small[@]}" --steps 6 --ranks 8 --tp 2 --batch 16 --accum 2 --clip 0.5 --precision bf16
+e2e_filter a hex check
+e2e_run "$train_gpt" "${small[@]}" --steps 6 --ranks 8 --tp 2 --batch 16 --accum 2 --clip 0.5 --precision bf16 \
+  --stage 3 --sequence-parallel
+e2e_filter b hex check
+e2e_same "$b" "$a" "--sequence-parallel at 4 x 2, bf16, accum 2, stage 3 against --tp 2 alone at stage 0"
+e2e_run "$train_gpt" "${small[@]}" --steps 6 --ranks 4 --tp 4 --batch 4
+e2e_filter a hex check
+e2e_run "$train_gpt" "${small[@]}" --steps 6 --ranks 4 --tp 4 --batch 4 --sequence-parallel --stage 2
+e2e_filter b hex check
+e2e_same "$b" "$a" "--sequence-parallel at 1 x 4 against --tp 4 alone"
+echo "sequence parallel: the same bits as --tp alone at 2 x 2 (stages 0-3), 4 x 2 bf16 and 1 x 4"
+
 # Against --tp 1 at the same dp = 2: the first step's loss (the same initial weights) differs only by
 # the forward's grouping of sums, about 1e-8 relative; after 40 steps of AdamW the runs have drifted
 # apart by rounding, measured at most ~2e-6 relative in the loss over 300 steps (docs/parallelism.md).
@@ -85,6 +114,8 @@ e2e_differ "$h" "$hash_22" "--tp 2 at seeds 1 and 2"
 # Usage errors, exit 2, before any rank starts.
 e2e_expect 2 "--tp 8 must divide --heads 4" "$train_gpt" "${small[@]}" --ranks 8 --tp 8 --batch 8
 e2e_expect 2 "--tp 2 must divide --ranks 3" "$train_gpt" "${small[@]}" --ranks 3 --tp 2 --batch 6
+e2e_expect 2 "--sequence-parallel splits the rows over a tensor-parallel group: give --tp > 1" \
+  "$train_gpt" "${small[@]}" --ranks 2 --batch 8 --sequence-parallel
 e2e_expect 2 "multiple of the 2 data-parallel ranks \(--ranks 4 / --tp 2\) times --accum 3" \
   "$train_gpt" "${small[@]}" --ranks 4 --tp 2 --batch 8 --accum 3
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -185,11 +186,12 @@ zero::model_spec relabeled(const zero::model_spec& whole, const std::string& uni
 struct tp_run {
   std::vector<float> whole;  // full_model_params() after one step
   double loss = 0;           // the step's loss
+  std::uint64_t block_bytes = 0;  // what rank 0's blocks kept for the backward pass
 };
 
 // One SGD step (lr 100, no momentum: the update is 100 x the gradient, far above the parameters'
 // rounding) of the GPT on a 1 x tp mesh of threads, stage 0 (in a mesh every stage is the same bits).
-tp_run one_step(const gpt::config& c, int tp, const zero::model_spec& spec) {
+tp_run one_step(const gpt::config& c, int tp, const zero::model_spec& spec, bool sequence_parallel = false) {
   const gpt::corpus data = tiny_corpus(c);
   tp_run out;
   threads::launch(tp, [&](threads& comm) {
@@ -199,10 +201,10 @@ tp_run one_step(const gpt::config& c, int tp, const zero::model_spec& spec) {
     opt.momentum = 0.0f;
     zero::engine<zero::stage0, threads, zero::optim::sgd> e(m, spec, opt);
     e.initialize(zero::from_whole_tensors(gpt::initializer(c)));
-    const gpt::tp_group group(m.tp());
+    const gpt::tp_group group(m.tp(), sequence_parallel);
     const gpt::step_result r = gpt::train_step(e, c, group, data, 0, 0, 1, 1);
     std::vector<float> whole = e.full_model_params();
-    if (comm.rank() == 0) out = {std::move(whole), r.loss};
+    if (comm.rank() == 0) out = {std::move(whole), r.loss, r.block_activation_bytes};
   });
   return out;
 }
@@ -271,4 +273,23 @@ TEST_CASE("gpt at tp = 2: a tensor declared with the wrong tensor-parallel layou
   CHECK(split.find("tensor 'h.0.attn.c_proj.bias' is held as [4], piece ") != std::string::npos);
   CHECK(split.find(" of 2 the model computes with [8], replicated (piece 0 of 1)") != std::string::npos);
   CHECK(failure(spec) == "no error");
+}
+
+TEST_CASE("gpt with sequence parallelism: the same bits as tp alone, the row-split activations divided by tp") {
+  gpt::config c = small();
+  c.heads = 4;
+  c.context = 6;  // 2 sequences of 6 positions: 12 rows, which 2 and 4 ranks divide
+  const zero::model_spec spec = gpt::make_spec(c);
+  for (int tp : {2, 4}) {
+    CAPTURE(tp);
+    const tp_run plain = one_step(c, tp, spec), sp = one_step(c, tp, spec, true);
+    CHECK(sp.loss == plain.loss);
+    REQUIRE(sp.whole.size() == plain.whole.size());
+    CHECK(std::memcmp(sp.whole.data(), plain.whole.data(), sp.whole.size() * sizeof(float)) == 0);
+    // Split by rows: the block's input, both norms' outputs, the residual after attention (C floats per
+    // row each) and the norms' means and deviations (4 per row).
+    const auto rows = static_cast<std::uint64_t>(c.batch) * static_cast<std::uint64_t>(c.context);
+    const std::uint64_t split = static_cast<std::uint64_t>(c.layers) * rows * (4 * c.embd + 4) * sizeof(float);
+    CHECK(plain.block_bytes - sp.block_bytes == split - split / static_cast<std::uint64_t>(tp));
+  }
 }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # train_gpt --backend mpi under mpirun -np 3 prints the threads backend's param_hash for every stage
 # (fp32, and bf16 in stage 3); only rank 0 prints. Under mpirun -np 4 --tp 2 (a 2 x 2 mesh) too: the
-# tensor-parallel sums are added in rank order on every backend.
+# tensor-parallel sums are added in rank order on every backend, with --sequence-parallel as without.
 # Usage: train_gpt_mpi.sh MPIRUN TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
@@ -41,5 +41,12 @@ for stage in 0 3; do
   echo "--tp 2 stage $stage: threads $want, mpi $got"
   e2e_same "$got" "$want" "--tp 2 stage $stage: param_hash under MPI against threads"
   e2e_same "$got_sample" "$want_sample" "--tp 2 stage $stage: the sample under MPI against threads"
+  [ "$stage" = 0 ] && tp_hash=$want
 done
+# --sequence-parallel under MPI (the rows' all-to-alls and all-gathers over the tensor-parallel
+# communicator): the hash of --tp 2 alone.
+e2e_run "$mpirun" --oversubscribe -np 4 "$exe" --backend mpi "${small_tp[@]}" --stage 2 --sequence-parallel
+e2e_json got param_hash hex
+echo "--tp 2 --sequence-parallel stage 2 under MPI: $got (--tp 2 alone: $tp_hash)"
+e2e_same "$got" "$tp_hash" "--sequence-parallel under MPI against --tp 2 alone on threads"
 echo "ok"
