@@ -580,18 +580,16 @@ int main(int argc, char** argv) {
                  "cuda_threads: ranks as threads sharing one GPU; nccl: one rank and one GPU per MPI process")
       ->check(toolcli::one_of({"cuda_threads", "nccl"}))
       ->capture_default_str();
-  trainer::add_common_flags(app, o);
   // A tensor-wise optimizer (optim::lamb) needs each tensor's norms and a matrix optimizer (optim::muon) each matrix
   // whole, which the device system does not compute yet.
-  app.get_option("--optimizer")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            bool tensorwise = false;
-            zero::optimizers::for_each(
-                [&]<class O>() { tensorwise = tensorwise || (O::name == v && !zero::ElementwiseOptimizer<O>); });
-            return tensorwise ? "--optimizer " + v + " runs on host systems only (train_mlp, train_gpt)" : "";
-          },
-          "", "on the device"));
+  trainer::optimizer_offer device_optimizers;
+  device_optimizers.offered = [](const std::string& v) {
+    bool elementwise = false;
+    zero::optimizers::for_each([&]<class O>() { elementwise = elementwise || (O::name == v && zero::ElementwiseOptimizer<O>); });
+    return elementwise;
+  };
+  device_optimizers.why_not = "runs on host systems only (train_mlp, train_gpt)";
+  trainer::add_common_flags(app, o, device_optimizers);
   roofline rl;
   app.add_flag("--roofline", rl.wanted,
                "also time the step's GEMMs alone and the device copy bandwidth, and report the step against "

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cinttypes>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <ctime>
 #include <iostream>
 #include <optional>
@@ -22,6 +24,7 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "mlp.hpp"
 #include "tool_cli.hpp"
@@ -309,9 +312,16 @@ inline CLI::Validator compiled_only(const std::string& flag, const std::string& 
       "");
 }
 
+// The optimizers a trainer offers: every one in the library's catalog, or those `offered` says it runs,
+// the others refused with `why_not` (the help lists the offered ones only).
+struct optimizer_offer {
+  std::function<bool(const std::string&)> offered = [](const std::string&) { return true; };
+  std::string why_not;
+};
+
 // The flags every trainer takes (--ranks and --backend are the trainer's own: their meaning depends
 // on the backends it offers). Combinations are checked after parsing, by options_problem().
-inline void add_common_flags(CLI::App& app, options& o) {
+inline void add_common_flags(CLI::App& app, options& o, const optimizer_offer& offer = {}) {
   toolcli::add_integer(app, "--stage", o.stage, 0, 3, "ZeRO stage")
       ->check(compiled_only("--stage", built_stage >= 0 ? std::to_string(built_stage) : ""));
   toolcli::add_integer(app, "--steps", o.steps, 0, 100000000,
@@ -322,8 +332,18 @@ inline void add_common_flags(CLI::App& app, options& o) {
   toolcli::add_integer(app, "--classes", o.model.classes, 2, 1 << 20, "classes");
   toolcli::add_integer(app, "--batch", o.model.batch, 1, 1 << 24,
                        "global batch, a multiple of the ranks times --accum");
+  std::vector<std::string> offered;
+  for (const auto& n : zero::optimizers::names())
+    if (offer.offered(n)) offered.push_back(n);
   app.add_option("--optimizer", o.optimizer, "optimizer")
-      ->check(toolcli::one_of(zero::optimizers::names()))
+      ->check(CLI::Validator(
+          [offer](std::string& v) -> std::string {
+            const auto all = zero::optimizers::names();
+            const bool known = std::find(all.begin(), all.end(), v) != all.end();
+            return known && !offer.offered(v) ? "--optimizer " + v + " " + offer.why_not : "";
+          },
+          ""))
+      ->check(toolcli::one_of(offered))
       ->check(compiled_only("--optimizer", std::string(built_optimizer)))
       ->capture_default_str();
   app.add_option_function<std::string>(

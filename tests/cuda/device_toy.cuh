@@ -53,6 +53,7 @@ struct run_result {
   std::vector<std::size_t> engine_bytes_after_init;        // the engine's current bytes at that point
   std::vector<std::vector<zero::step_report>> reports;
   std::uint64_t model_state_formula = 0;
+  zero::overlap_report overlap;  // rank 0's
 };
 
 // Trains the toy model for `steps` steps on N ranks sharing device 0, as toy::run does on threads.
@@ -83,6 +84,7 @@ run_result run(int n, int steps, Opt opt, zero::engine_options options = {}) {
       if (comm.rank() == 0) {
         res.params = std::move(full);
         res.model_state_formula = e.model_state_formula_bytes();
+        res.overlap = e.overlap();
       }
     }
   });

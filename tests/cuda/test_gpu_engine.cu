@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "device_toy.cuh"
+#include "zero/engine/activation_store.hpp"
+#include "zero/engine/plan.hpp"
 
 namespace {
 
@@ -262,10 +264,11 @@ namespace {
 
 // The toy model on NCCL ranks, one per device of this machine (in one process).
 template <class Stage, class Prec>
-std::vector<float> run_on_nccl(const std::vector<int>& devices, int steps_to_run) {
+std::vector<float> run_on_nccl(const std::vector<int>& devices, int steps_to_run,
+                               zero::engine_options options = toy_options()) {
   std::vector<float> params;
   zero::comm::nccl::launch(devices, [&](zero::comm::nccl& comm) {
-    zero::engine<Stage, zero::comm::nccl, adamw, Prec> e(comm, toy::spec(), toy_adamw(), toy_options());
+    zero::engine<Stage, zero::comm::nccl, adamw, Prec> e(comm, toy::spec(), toy_adamw(), options);
     e.initialize(toy::initializer());
     for (int t = 0; t < steps_to_run; ++t) device_toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
     auto full = e.full_params();
@@ -289,5 +292,123 @@ TEST_CASE_TEMPLATE("GPU nccl: the engine on NCCL ranks gives the bits of comm::c
   const auto s3 = run_on_nccl<zero::stage3, Prec>(devices, steps);
   CHECK_MESSAGE(bit_equal(s0, ref), "NCCL stage 0 differs first at ", first_difference(s0, ref));
   CHECK_MESSAGE(bit_equal(s3, ref), "NCCL stage 3 differs first at ", first_difference(s3, ref));
+  // Stage 3's gathers in buckets (gather_bucket_elements), left in flight by NCCL: the same bits.
+  zero::engine_options o = toy_options();
+  o.gather_bucket_elements = 1000;
+  const auto b3 = run_on_nccl<zero::stage3, Prec>(devices, steps, o);
+  CHECK_MESSAGE(bit_equal(b3, ref), "NCCL stage 3 with gather buckets differs first at ", first_difference(b3, ref));
 }
 #endif
+
+// Stage 3's gather buckets on the device: the units the recorded order gathers next, within the budget, in one
+// all-gather, their shards copied side by side into a device wire and out into each unit's buffer.
+TEST_CASE_TEMPLATE("GPU: stage 3 gather buckets give the bits of unit-by-unit gathers and of the CPU engine", Prec,
+                   zero::precision::fp32, zero::precision::bf16) {
+  for (bool overlap_on : {false, true})
+    for (int n : {2, 4}) {
+      CAPTURE(overlap_on);
+      CAPTURE(n);
+      zero::engine_options o = toy_options();
+      o.overlap = overlap_on;
+      const auto plain = device_toy::run<zero::stage3, adamw, Prec>(n, steps, toy_adamw(), o);
+      o.gather_bucket_elements = 1000;
+      const auto bucketed = device_toy::run<zero::stage3, adamw, Prec>(n, steps, toy_adamw(), o);
+      const auto host = toy::run<zero::stage3, adamw, Prec>(n, steps, toy_adamw(), o).params;
+      CHECK(plain.overlap.gather_buckets == 0);
+      CHECK(bucketed.overlap.gather_buckets > 0);
+      CHECK(bucketed.overlap.prefetch_misses == 0);
+      CHECK_MESSAGE(bit_equal(bucketed.params, plain.params), "buckets differ from unit by unit first at ",
+                    first_difference(bucketed.params, plain.params));
+      CHECK_MESSAGE(bit_equal(bucketed.params, host), "GPU buckets differ from the CPU first at ",
+                    first_difference(bucketed.params, host));
+      for (std::size_t r = 0; r < bucketed.memory.size(); ++r)
+        CHECK(bucketed.memory[r].bytes(zero::mem_category::transient) == 0);  // every wire freed
+    }
+}
+
+namespace {
+
+// A layer's checkpoint: any bit pattern (NaNs and subnormals included), different per layer.
+template <class T>
+std::vector<T> checkpoint_values(std::size_t layer, std::size_t n) {
+  std::vector<T> v(n);
+  std::uint64_t x = 0x9e3779b97f4a7c15ull * (layer + 1);
+  for (auto& e : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(&e, &x, sizeof(T));
+  }
+  return v;
+}
+
+// L checkpoints saved from device memory, brought back in reverse (the next one prefetched while this one is
+// "recomputed", when asked), compared bit for bit on the host; the store's memory and traffic against the plan.
+template <class T>
+void device_checkpoint_loop(int tp, zero::activation_mode mode, bool prefetch_next) {
+  CAPTURE(tp);
+  CAPTURE(zero::to_string(mode));
+  CAPTURE(prefetch_next);
+  constexpr std::size_t layers = 3, elements = 1001;  // 1001: the last slice is padded at tp 2 and 4
+  const zero::activation_plan plan =
+      zero::plan_activations(layers, elements, sizeof(T), tp, mode, prefetch_next);
+  std::vector<int> exact(static_cast<std::size_t>(tp), 1);
+  std::vector<zero::activation_memory> memory(static_cast<std::size_t>(tp));
+  std::vector<zero::activation_traffic> traffic(static_cast<std::size_t>(tp));
+  zero::comm::cuda_threads::launch(tp, [&](zero::comm::cuda_threads& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    {
+      zero::activation_store<zero::comm::cuda_threads> store(c, mode);
+      const std::size_t bytes = elements * sizeof(T);
+      void* scratch = zero::sys::cuda::allocate(bytes);
+      for (std::size_t l = 0; l < layers; ++l) {
+        const auto v = checkpoint_values<T>(l, elements);
+        zero::sys::cuda::copy(scratch, v.data(), bytes);
+        store.save(l, static_cast<const T*>(scratch), elements);
+        zero::sys::cuda::fill_zero(scratch, bytes);  // the store keeps its own copy
+      }
+      zero::sys::cuda::deallocate(scratch, bytes);
+      std::vector<T> back(elements);
+      for (std::size_t l = layers; l-- > 0;) {
+        const auto view = store.template restore<T>(l);
+        if (view.size() != elements) {
+          exact[r] = 0;
+        } else {
+          zero::sys::cuda::copy(back.data(), view.data(), bytes);
+          const auto v = checkpoint_values<T>(l, elements);
+          exact[r] = exact[r] && std::memcmp(back.data(), v.data(), bytes) == 0;
+        }
+        if (prefetch_next && l > 0) store.template prefetch<T>(l - 1);
+        store.release(l);
+      }
+      memory[r] = store.memory();
+      traffic[r] = store.traffic();
+    }
+  });
+  for (int r = 0; r < tp; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(exact[i] == 1);
+    CHECK(memory[i].saved == 0);
+    CHECK(memory[i].host == 0);
+    CHECK(memory[i].restored == 0);
+    CHECK(memory[i].peak_saved == plan.saved_bytes);
+    CHECK(memory[i].peak_host == plan.host_bytes);
+    CHECK(memory[i].peak_restored == plan.peak_restored_bytes);
+    CHECK(traffic[i].gather.total_bytes() == plan.gather.total_bytes());
+    CHECK(traffic[i].to_host_bytes == plan.to_host_bytes);
+    CHECK(traffic[i].from_host_bytes == plan.from_host_bytes);
+  }
+}
+
+}  // namespace
+
+// ZeRO-R's Pa and Pa+cpu on the device: slices cut from device memory, kept in device memory or pinned host
+// memory, all-gathered back by comm::cuda_threads.
+TEST_CASE_TEMPLATE("GPU: the activation store (none, Pa, Pa+cpu) restores device checkpoints bit for bit", T, float,
+                   zero::bf16) {
+  for (int tp : {1, 2, 4})
+    for (zero::activation_mode mode : {zero::activation_mode::none, zero::activation_mode::partitioned,
+                                       zero::activation_mode::partitioned_cpu})
+      for (bool prefetch_next : {false, true}) device_checkpoint_loop<T>(tp, mode, prefetch_next);
+}

@@ -24,4 +24,8 @@ expect 2 'steps 0 only makes sense with --resume' --steps 0
 expect 2 'precision' --precision fp8
 expect 2 'resume' --resume /nonexistent/checkpoint
 expect 0 'Usage' --help
+# The help lists the optimizers the device runs, and no other (train_mlp_cuda_stages.sh trains each one it lists).
+e2e_sed listed 's/.*--optimizer TEXT:{\([^}]*\)}.*/\1/p'
+e2e_same "$listed" "sgd, adamw, adamw_bf16, lion" "the optimizers --help lists"
+echo "ok   train_mlp_cuda --help lists $listed"
 echo "1 passed, 0 failed"
