@@ -20,6 +20,7 @@
 #include "char_corpus.hpp"
 #include "gpt_kernels.hpp"
 #include "mlp.hpp"  // mlp::key and mlp::uniform: the counter-based generator
+#include "zero/engine/activation_store.hpp"
 #include "zero/zero.hpp"
 
 namespace gpt {
@@ -312,12 +313,49 @@ struct activations {
   std::vector<float> xf_in, xf, xf_mean, xf_rstd;  // ln_f's input and output
   std::vector<float> logits;                       // [rows x t_len, vocab]
   bool sequence_parallel = false;                  // the blocks ran with their residual stream split by rows
-  // What the blocks keep for the backward pass, bytes (the part sequence parallelism divides).
+  bool checkpointed = false;  // the blocks kept their inputs in a checkpoint store, not `blocks`
+  std::size_t recompute_floats = 0;  // checkpointed: the most one block's forward held at once
+  // What the blocks keep for the backward pass, bytes (the part sequence parallelism divides): every
+  // block's, or with checkpointing the one block recomputed at a time (the inputs are the store's).
   std::uint64_t block_bytes() const {
-    std::uint64_t n = 0;
+    std::uint64_t n = recompute_floats;
     for (const block_acts& b : blocks) n += b.floats();
     return n * sizeof(float);
   }
+};
+
+// Activation checkpointing of the blocks: the forward pass keeps only each block's input, in a
+// checkpoint store (zero::activation_store: whole on every rank, or ZeRO-R's Pa and Pa+cpu, this rank's
+// 1 / tp of it over the tensor-parallel group, in the system's or host memory), and the backward pass
+// restores it and recomputes the block, just before the block's backward. The recomputation is the
+// forward's arithmetic on the same inputs and weights, its collectives included, so the gradients have
+// the bits of a pass without checkpointing. While block l is recomputed, block l - 1's input is
+// prefetched (the store's all-gather in flight where the backend overlaps).
+class block_checkpoints {
+ public:
+  block_checkpoints() = default;  // off: the blocks keep what their backward needs
+  // `store` (a zero::activation_store over the tensor-parallel group) must outlive this object.
+  template <class Store>
+  explicit block_checkpoints(Store& store)
+      : on_(true),
+        partitions_(store.mode() != zero::activation_mode::none),
+        save_([&store](std::size_t l, const float* x, std::size_t n) { store.save(l, x, n); }),
+        restore_([&store](std::size_t l) { return store.template restore<float>(l); }),
+        prefetch_([&store](std::size_t l) { store.template prefetch<float>(l); }),
+        release_([&store](std::size_t l) { store.release(l); }) {}
+  bool on() const { return on_; }
+  // Whether the store splits a checkpoint over the group (Pa, Pa+cpu): every rank must save the same tensor.
+  bool partitions() const { return partitions_; }
+  void save(int layer, const std::vector<float>& x) const { save_(static_cast<std::size_t>(layer), x.data(), x.size()); }
+  std::span<const float> restore(int layer) const { return restore_(static_cast<std::size_t>(layer)); }
+  void prefetch(int layer) const { prefetch_(static_cast<std::size_t>(layer)); }
+  void release(int layer) const { release_(static_cast<std::size_t>(layer)); }
+
+ private:
+  bool on_ = false, partitions_ = false;
+  std::function<void(std::size_t, const float*, std::size_t)> save_;
+  std::function<std::span<const float>(std::size_t)> restore_;
+  std::function<void(std::size_t)> prefetch_, release_;
 };
 
 // x <- x + block(x), keeping what the backward needs in s. In a tensor-parallel group this rank
@@ -481,7 +519,8 @@ inline std::vector<float> my_rows(const tp_group& tp, const std::vector<float>& 
 // embedding is gathered twice: at the start, and again at the end as the output layer. tp: the
 // tensor-parallel group the blocks are split over (tp_group{} when there is none).
 template <class WithUnit>
-void forward(const config& c, const tp_group& tp, WithUnit&& with_unit, activations& a) {
+void forward(const config& c, const tp_group& tp, WithUnit&& with_unit, activations& a,
+             const block_checkpoints& checkpoints = {}) {
   const int R = a.rows * a.t_len, C = c.embd;
   a.x.assign(static_cast<std::size_t>(R) * C, 0.0f);
   with_unit(wte, [&](const fp32_unit& w) {  // x = wte[token] + wpe[position]
@@ -492,16 +531,34 @@ void forward(const config& c, const tp_group& tp, WithUnit&& with_unit, activati
     for (int r = 0; r < R; ++r)
       kernels::axpy(a.x.data() + static_cast<std::size_t>(r) * C, 1.0f, w["weight"] + static_cast<std::size_t>(r % a.t_len) * C, C);
   });
-  a.blocks.resize(static_cast<std::size_t>(c.layers));
   a.sequence_parallel = tp.splits_rows(R);
+  a.checkpointed = checkpoints.on();
+  a.recompute_floats = 0;
+  a.blocks.assign(a.checkpointed ? 0 : static_cast<std::size_t>(c.layers), block_acts{});
+  // Each block's input into the store, and what the block's forward keeps into a scratch freed after it.
+  const auto run_block = [&](int l, std::vector<float>& x, auto&& block_pass) {
+    if (!a.checkpointed) return with_unit(block(l), [&](const fp32_unit& w) { block_pass(w, x, a.blocks[l]); });
+    checkpoints.save(l, x);
+    block_acts scratch;
+    with_unit(block(l), [&](const fp32_unit& w) { block_pass(w, x, scratch); });
+    a.recompute_floats = std::max(a.recompute_floats, scratch.floats());
+  };
   if (a.sequence_parallel) {  // the blocks on this rank's rows; then the rows of every rank again
+    // (Pa would mix the ranks' different rows: sequence parallelism already splits them.)
+    ZERO_CHECK(!a.checkpointed || !checkpoints.partitions(), invalid_argument,
+               "gpt::forward: with sequence parallelism each rank's block inputs are its own rows; a checkpoint "
+               "store that partitions them over the group (Pa, Pa+cpu) would mix them");
     std::vector<float> x = my_rows(tp, a.x);
     for (int l = 0; l < c.layers; ++l)
-      with_unit(block(l), [&](const fp32_unit& w) { block_forward_sp(c, tp, w, a.rows, a.t_len, x, a.blocks[l]); });
+      run_block(l, x, [&](const fp32_unit& w, std::vector<float>& xs, block_acts& s) {
+        block_forward_sp(c, tp, w, a.rows, a.t_len, xs, s);
+      });
     tp.all_gather_rows(x, a.x);
   } else {
     for (int l = 0; l < c.layers; ++l)
-      with_unit(block(l), [&](const fp32_unit& w) { block_forward(c, tp, w, a.rows, a.t_len, a.x, a.blocks[l]); });
+      run_block(l, a.x, [&](const fp32_unit& w, std::vector<float>& xs, block_acts& s) {
+        block_forward(c, tp, w, a.rows, a.t_len, xs, s);
+      });
   }
   with_unit(ln_f(c), [&](const fp32_unit& w) {
     a.xf_in = a.x;
@@ -534,7 +591,8 @@ auto gathered(Engine& e) {
 // the output layer's, first, and the token embedding's, last; grads(wte) hands out the same buffer
 // both times (zero at its first use in the step), and wte is reduced once, after both.
 template <class Engine>
-void backward(Engine& e, const config& c, const tp_group& tp, const activations& a, const std::vector<float>& dlogits) {
+void backward(Engine& e, const config& c, const tp_group& tp, const activations& a, const std::vector<float>& dlogits,
+              const block_checkpoints& checkpoints = {}) {
   const int R = a.rows * a.t_len, C = c.embd;
   std::vector<float> dx(static_cast<std::size_t>(R) * C, 0.0f);
   {  // the output layer: dx = dlogits wte, dwte += dlogits^T xf; not reduced yet
@@ -565,11 +623,22 @@ void backward(Engine& e, const config& c, const tp_group& tp, const activations&
     auto g = e.grads(block(l));
     const fp32_unit w(p.view());
     fp32_unit dw(g.view(), true);
-    const block_acts& s = a.blocks[static_cast<std::size_t>(l)];
+    block_acts recomputed;
+    if (a.checkpointed) {  // the block's input back from the store, the next one's on its way, the block again
+      const std::span<const float> in = checkpoints.restore(l);
+      std::vector<float> x(in.begin(), in.end());
+      if (l > 0) checkpoints.prefetch(l - 1);
+      if (a.sequence_parallel)
+        block_forward_sp(c, tp, w, a.rows, a.t_len, x, recomputed);
+      else
+        block_forward(c, tp, w, a.rows, a.t_len, x, recomputed);
+    }
+    const block_acts& s = a.checkpointed ? recomputed : a.blocks[static_cast<std::size_t>(l)];
     if (a.sequence_parallel)
       block_backward_sp(c, tp, w, dw, a.rows, a.t_len, s, dx);
     else
       block_backward(c, tp, w, dw, a.rows, a.t_len, s, dx);
+    if (a.checkpointed) checkpoints.release(l);
     dw.add_to(g.view());
     e.reduce(block(l));
     p.release();
@@ -637,7 +706,7 @@ inline void training_batch(const config& c, const corpus& data, std::uint64_t st
 // rank and ranks are the data-parallel ones: the ranks of a tensor-parallel group share their batch.
 template <class Engine>
 step_result train_step(Engine& e, const config& c, const tp_group& tp, const corpus& data, std::uint64_t step,
-                       int rank, int ranks, int micro_batches) {
+                       int rank, int ranks, int micro_batches, const block_checkpoints& checkpoints = {}) {
   check_pieces(c, tp, e.spec());
   const int rows = c.batch / ranks / micro_batches;  // sequences per micro-batch on this rank
   const int R = rows * c.context;
@@ -646,7 +715,7 @@ step_result train_step(Engine& e, const config& c, const tp_group& tp, const cor
   std::vector<float> dlogits(static_cast<std::size_t>(R) * c.vocab);
   for (int m = 0; m < micro_batches; ++m) {
     training_batch(c, data, step, (rank * micro_batches + m) * rows, rows, a);
-    forward(c, tp, gathered(e), a);
+    forward(c, tp, gathered(e), a, checkpoints);
     const float per_step = e.options().reproducible ? 1.0f : static_cast<float>(micro_batches);
     const float grad_scale = e.loss_scale() / static_cast<float>(R) / per_step;
     int correct = 0;
@@ -655,7 +724,7 @@ step_result train_step(Engine& e, const config& c, const tp_group& tp, const cor
     res.loss += loss_sum / R / micro_batches;
     res.correct += correct;
     res.block_activation_bytes = std::max(res.block_activation_bytes, a.block_bytes());
-    backward(e, c, tp, a, dlogits);
+    backward(e, c, tp, a, dlogits, checkpoints);
   }
   res.report = e.step();
   return res;

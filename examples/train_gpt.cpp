@@ -20,6 +20,7 @@
 #include "trainer_cli.hpp"
 #include "zero/comm/any_backend.hpp"
 #include "zero/comm/mesh.hpp"
+#include "zero/engine/activation_store.hpp"
 #include "zero/zero.hpp"
 #if ZERO_WITH_MPI
 #include "zero/comm/backends/mpi.hpp"
@@ -35,6 +36,10 @@ struct gpt_options {
   gpt::config model;
   int tp = 1;  // --tp: ranks per tensor-parallel group (Megatron's layout; 1: none)
   bool sequence_parallel = false;  // --sequence-parallel: the residual stream split by rows over the group
+  // --checkpoint-activations: each block's input kept "whole" on every rank, or as ZeRO-R's "pa" (this
+  // rank's 1 / tp of it) or "pa-cpu" (that slice in host memory); "": no checkpointing.
+  std::string checkpoint_activations;
+  std::size_t gather_bucket_elements = 0;  // --gather-bucket-elements: stage 3's gathers fused (CB)
   std::vector<std::string> data;  // empty: this repository's README.md and docs/
   double held_out = 0.1;
   // AdamW's second-moment decay: 0.99 rather than the library's 0.999, as nanoGPT sets it for its
@@ -68,7 +73,21 @@ struct gpt_summary {
   std::uint64_t eval_comm_bytes = 0, eval_comm_formula = 0;  // evaluation and sampling: measured, formula per pass
   std::uint64_t eval_passes = 0;           // forward passes in the evaluation scope
   std::uint64_t block_activation_bytes = 0;  // the largest rank's block activations of a micro-batch
+  // --checkpoint-activations: the store's bytes and traffic (the largest rank's), and its plan.
+  zero::activation_memory checkpoint_memory;
+  zero::activation_traffic checkpoint_traffic;  // the last step's
+  zero::activation_plan checkpoint_plan;        // one micro-batch's loop
+  // The engine against its plan (zero::plan of this rank's pieces, the loop train_step runs): the step's
+  // transient peak and traffic; stage 3's all-gathers per step and the gather buckets among them.
+  std::uint64_t plan_transient_peak = 0, plan_step_bytes = 0, plan_all_gathers = 0;
+  std::uint64_t all_gathers_last_step = 0, gather_buckets = 0;
 };
+
+zero::activation_mode checkpoint_mode_of(const std::string& flag) {
+  if (flag == "pa") return zero::activation_mode::partitioned;
+  if (flag == "pa-cpu") return zero::activation_mode::partitioned_cpu;
+  return zero::activation_mode::none;
+}
 
 template <class Comm>
 double global_sum(Comm& comm, double v) {
@@ -93,6 +112,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   // --clip (the global gradient norm's limit), --accum (reduce() calls per unit per step),
   // --memory-limit (bytes a rank may hold: model states are checked before they are allocated)
   zero::engine_options eo = trainer::engine_options_of(o);
+  eo.gather_bucket_elements = g.gather_bucket_elements;  // --gather-bucket-elements (stage 3)
   // No weight decay for biases and norms; Muon's embeddings on its AdamW (gpt.hpp).
   eo.param_groups = gpt::param_groups(zero::MatrixOptimizer<Opt>);
   // --offload disk under --memory-limit: the largest slice that fits, planned for this rank's pieces.
@@ -109,6 +129,14 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   engine e = mesh ? engine(*mesh, spec, opt, eo) : engine(comm, spec, opt, eo);
   Comm& dp = mesh ? mesh->dp() : comm;
   const gpt::tp_group tp = mesh ? gpt::tp_group(mesh->tp(), g.sequence_parallel) : gpt::tp_group();
+  // --checkpoint-activations: the blocks' inputs in a store over the tensor-parallel group (activation_store),
+  // the blocks recomputed in the backward pass.
+  std::optional<zero::activation_store<Comm>> store;
+  gpt::block_checkpoints checkpoints;
+  if (!g.checkpoint_activations.empty()) {
+    store.emplace(mesh ? mesh->tp() : comm, checkpoint_mode_of(g.checkpoint_activations));
+    checkpoints = gpt::block_checkpoints(*store);
+  }
   // A resumed run continues from the checkpoint's weights, optimizer state and step, whatever world
   // size and stage saved it; otherwise each rank initializes the part it holds (of its pieces).
   const std::uint64_t t0 = trainer::resume_or_initialize(e, comm, o, zero::from_whole_tensors(gpt::initializer(c)));
@@ -146,7 +174,8 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     const auto step_start = std::chrono::steady_clock::now();
     // tutorial:begin loop
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
-    const auto r = gpt::train_step(e, c, tp, data, t, rank, ranks, o.accum);
+    if (store) store->reset_traffic();
+    const auto r = gpt::train_step(e, c, tp, data, t, rank, ranks, o.accum, checkpoints);
     saves.after_step(e, comm, o, i);  // --save-every K: a checkpoint every K steps (--save-async: in the background)
     // tutorial:end
     trainer::report(saves, comm.rank() == 0 ? &notes : nullptr, log ? &*log : nullptr);
@@ -182,6 +211,32 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     }
   }
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (store) {
+    // One micro-batch's checkpoints: its rows' residual stream per block (this rank's rows with sequence
+    // parallelism), in fp32, restored with the next one prefetched.
+    const int rows = c.batch / ranks / o.accum;
+    const bool split_rows = tp.splits_rows(rows * c.context);
+    const std::uint64_t elements = static_cast<std::uint64_t>(rows) * c.context * c.embd / (split_rows ? g.tp : 1);
+    out.checkpoint_plan = zero::plan_activations(static_cast<std::uint64_t>(c.layers), elements, sizeof(float), g.tp,
+                                                 store->mode(), true);
+    const auto m = store->memory();
+    const auto tr = store->traffic();
+    const auto most = [&](std::uint64_t v) { return static_cast<std::uint64_t>(global_max(comm, static_cast<double>(v))); };
+    out.checkpoint_memory.peak_saved = most(m.peak_saved);
+    out.checkpoint_memory.peak_host = most(m.peak_host);
+    out.checkpoint_memory.peak_restored = most(m.peak_restored);
+    out.checkpoint_memory.peak_system = most(m.peak_system);
+    out.checkpoint_memory.saved = most(m.saved + m.host + m.restored);  // held after the run: 0
+    out.checkpoint_traffic.gather.calls[static_cast<std::size_t>(zero::comm::collective::all_gather)] =
+        most(tr.gather.calls[static_cast<std::size_t>(zero::comm::collective::all_gather)]);
+    out.checkpoint_traffic.gather.bytes[static_cast<std::size_t>(zero::comm::collective::all_gather)] =
+        most(tr.gather.total_bytes());
+    out.checkpoint_traffic.to_host_bytes = most(tr.to_host_bytes);
+    out.checkpoint_traffic.from_host_bytes = most(tr.from_host_bytes);
+    out.checkpoint_traffic.saves = most(tr.saves);
+    out.checkpoint_traffic.restores = most(tr.restores);
+    out.checkpoint_traffic.prefetches = most(tr.prefetches);
+  }
   // The step's traffic and memory before evaluation adds its own gathers and buffers.
   const auto& mem = e.memory();
   s.model_state_bytes = global_max(comm, static_cast<double>(mem.model_state_bytes()));
@@ -190,6 +245,18 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     s.by_category[k] = global_max(comm, static_cast<double>(mem.current[k]));
   s.transient_peak = global_max(comm, static_cast<double>(mem.peak[static_cast<int>(zero::mem_category::transient)]));
   s.comm_bytes = global_max(comm, static_cast<double>(step_bytes.bytes));
+  {
+    const auto ag = static_cast<std::size_t>(zero::comm::collective::all_gather);
+    const zero::plan_report p = zero::plan(spec.piece(g.tp, mesh ? mesh->coordinates().tp : 0), ranks, Stage::stage,
+                                           zero::plan_precision::of<Prec>(), zero::plan_optimizer::of<Opt>(), eo,
+                                           comm.overlaps());
+    out.plan_transient_peak = static_cast<std::uint64_t>(global_max(comm, static_cast<double>(p.step_transient_peak)));
+    out.plan_step_bytes = static_cast<std::uint64_t>(global_max(comm, static_cast<double>(p.step_bytes_sent())));
+    out.plan_all_gathers = static_cast<std::uint64_t>(global_max(comm, static_cast<double>(p.step_comm.calls[ag])));
+    out.all_gathers_last_step =
+        static_cast<std::uint64_t>(global_max(comm, static_cast<double>(e.comm().last_step.calls[ag])));
+    out.gather_buckets = static_cast<std::uint64_t>(global_max(comm, static_cast<double>(e.overlap().gather_buckets)));
+  }
   s.comm_formula = static_cast<double>(e.comm_formula_bytes());
   s.exchange_bytes = global_max(comm, static_cast<double>(step_bytes.exchange));
   s.exchange_formula = static_cast<double>(e.optimizer_exchange_formula_bytes());
@@ -331,6 +398,18 @@ void print_gpt_summary(const options& o, const gpt_options& g, const gpt::corpus
               "not counted in the steps'\n",
               static_cast<unsigned long long>(s.eval_passes), static_cast<unsigned long long>(s.eval_comm_bytes),
               static_cast<unsigned long long>(s.eval_comm_formula));
+  if (!g.checkpoint_activations.empty()) {
+    const auto& m = s.checkpoint_memory;
+    const auto& p = s.checkpoint_plan;
+    std::printf("  activation checkpoints (%s): %d blocks' inputs of %llu elements, %llu kept per rank; bytes held "
+                "per rank: %llu in the system's memory, %llu in host memory, %llu restored at once (plan: %llu, %llu, "
+                "%llu)\n",
+                g.checkpoint_activations.c_str(), g.model.layers, static_cast<unsigned long long>(p.elements),
+                static_cast<unsigned long long>(p.kept_elements), static_cast<unsigned long long>(m.peak_saved),
+                static_cast<unsigned long long>(m.peak_host), static_cast<unsigned long long>(m.peak_restored),
+                static_cast<unsigned long long>(p.saved_bytes), static_cast<unsigned long long>(p.host_bytes),
+                static_cast<unsigned long long>(p.peak_restored_bytes));
+  }
   std::printf("  %.1f ms per step, %.0f tokens/s\n", o.steps > 0 ? 1e3 * s.base.seconds / o.steps : 0.0,
               s.base.seconds > 0 ? o.steps * double(g.model.batch) * g.model.context / s.base.seconds : 0.0);
   std::printf("  corpus: %zu files, %zu bytes, vocabulary %d; %zu tokens for training, %zu held out\n",
@@ -352,6 +431,45 @@ nlohmann::json gpt_json(const options& o, const gpt_options& g, const gpt::corpu
   j["dp"] = o.ranks / g.tp;
   j["sequence_parallel"] = g.sequence_parallel;
   j["block_activation_bytes"] = s.block_activation_bytes;
+  j["gather_bucket_elements"] = g.gather_bucket_elements;
+  j["gather_buckets"] = s.gather_buckets;
+  j["all_gathers_last_step"] = s.all_gathers_last_step;
+  j["plan"] = {{"transient_peak_bytes", s.plan_transient_peak},
+               {"step_bytes", s.plan_step_bytes},
+               {"all_gathers_per_step", s.plan_all_gathers}};
+  if (!g.checkpoint_activations.empty()) {
+    // Measured (the largest rank's; traffic: the last step's, --accum loops) beside the plan of one loop.
+    const auto& m = s.checkpoint_memory;
+    const auto& t = s.checkpoint_traffic;
+    const auto& p = s.checkpoint_plan;
+    const auto ag = static_cast<std::size_t>(zero::comm::collective::all_gather);
+    j["activation_checkpoints"] = {
+        {"mode", g.checkpoint_activations},
+        {"elements_per_checkpoint", p.elements},
+        {"kept_elements_per_checkpoint", p.kept_elements},
+        {"measured",
+         {{"peak_saved_bytes", m.peak_saved},
+          {"peak_host_bytes", m.peak_host},
+          {"peak_restored_bytes", m.peak_restored},
+          {"peak_system_bytes", m.peak_system},
+          {"held_at_end_bytes", m.saved},
+          {"gather_bytes_per_step", t.gather.bytes[ag]},
+          {"gathers_per_step", t.gather.calls[ag]},
+          {"to_host_bytes_per_step", t.to_host_bytes},
+          {"from_host_bytes_per_step", t.from_host_bytes},
+          {"saves_per_step", t.saves},
+          {"restores_per_step", t.restores},
+          {"prefetches_per_step", t.prefetches}}},
+        {"plan_per_micro_batch",
+         {{"saved_bytes", p.saved_bytes},
+          {"host_bytes", p.host_bytes},
+          {"peak_restored_bytes", p.peak_restored_bytes},
+          {"peak_system_bytes", p.peak_system_bytes},
+          {"gather_bytes", p.gather.total_bytes()},
+          {"gathers", p.gather.calls[ag]},
+          {"to_host_bytes", p.to_host_bytes},
+          {"from_host_bytes", p.from_host_bytes}}}};
+  }
   j["corpus"] = {{"files", data.files.size()}, {"bytes", data.text.size()}, {"train_tokens", data.train_size()},
                  {"held_out_tokens", data.held_out_size()}};
   j["loss_train_eval"] = s.loss_train_eval;
@@ -415,6 +533,15 @@ int main(int argc, char** argv) {
                "with --tp: the residual stream between the blocks' tensor-parallel layers (layer norms, residual "
                "additions) split along the rows over the group, reduce-scatters and all-gathers in place of the sums; "
                "the same bits as --tp alone, 1 / --tp of those activations per rank");
+  app.add_option("--checkpoint-activations", g.checkpoint_activations,
+                 "keep only each block's input in the forward pass and recompute the block in the backward pass (the "
+                 "same bits): whole (every rank keeps it), pa (ZeRO-R's Pa: each rank of the tensor-parallel group "
+                 "keeps 1 / --tp of it, all-gathered back) or pa-cpu (Pa+cpu: that slice in host memory)")
+      ->check(toolcli::one_of({"whole", "pa", "pa-cpu"}));
+  toolcli::add_integer(app, "--gather-bucket-elements", g.gather_bucket_elements, std::size_t{0}, std::size_t{1} << 40,
+                       "stage 3: the units the recorded order gathers next, up to this many padded elements, in one "
+                       "all-gather (ZeRO-R's constant-size buffers; the same bits); 0: unit by unit; other stages: "
+                       "no effect");
   app.add_option("--data", g.data,
                  "text files (any byte but NUL; not empty), or directories whose *.md and *.txt files are read in "
                  "name order (default: this repository's README.md and docs/)")
@@ -461,6 +588,16 @@ int main(int argc, char** argv) {
                        ": each tensor-parallel rank computes whole attention heads");
   if (g.sequence_parallel && g.tp == 1)
     return usage_error("--sequence-parallel splits the rows over a tensor-parallel group: give --tp > 1");
+  if (checkpoint_mode_of(g.checkpoint_activations) != zero::activation_mode::none && g.tp == 1)
+    return usage_error("--checkpoint-activations " + g.checkpoint_activations +
+                       " partitions each checkpoint over a tensor-parallel group: give --tp > 1 (or use whole)");
+  if (checkpoint_mode_of(g.checkpoint_activations) != zero::activation_mode::none && g.sequence_parallel)
+    return usage_error("--checkpoint-activations " + g.checkpoint_activations +
+                       " with --sequence-parallel: the blocks' inputs are already split along the rows over the "
+                       "group, each rank's own; use whole");
+  if (g.gather_bucket_elements > 0 && (o.qwz || o.hpz > 0))
+    return usage_error("--gather-bucket-elements with " + std::string(o.qwz ? "--qwz" : "--hpz") +
+                       ": stage 3's gather buckets and ZeRO++'s gathers are not combined");
   if (g.prompt.empty()) return usage_error("--prompt must not be empty");
   if (o.resume.empty() && g.warmup > o.steps)
     return usage_error("--warmup " + std::to_string(g.warmup) + " is longer than the run (--steps " +

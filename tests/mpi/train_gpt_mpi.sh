@@ -2,6 +2,7 @@
 # train_gpt --backend mpi under mpirun -np 3 prints the threads backend's param_hash for every stage
 # (fp32, and bf16 in stage 3); only rank 0 prints. Under mpirun -np 4 --tp 2 (a 2 x 2 mesh) too: the
 # tensor-parallel sums are added in rank order on every backend, with --sequence-parallel as without.
+# With --checkpoint-activations pa-cpu and --gather-bucket-elements at 2 x 2 as well, against the plans.
 # Usage: train_gpt_mpi.sh MPIRUN TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
@@ -49,4 +50,18 @@ e2e_run "$mpirun" --oversubscribe -np 4 "$exe" --backend mpi "${small_tp[@]}" --
 e2e_json got param_hash hex
 echo "--tp 2 --sequence-parallel stage 2 under MPI: $got (--tp 2 alone: $tp_hash)"
 e2e_same "$got" "$tp_hash" "--sequence-parallel under MPI against --tp 2 alone on threads"
+# ZeRO-R under MPI: Pa+cpu's all-gathers and stage 3's gather buckets in flight (MPI overlaps), the hash of
+# --tp 2 alone; the store's and the engine's bytes equal their plans (tests/e2e/train_gpt_plan_check.py).
+zero_r=(--embd 32 --heads 4 --layers 2 --context 16 --batch 8 --steps 4 --eval-windows 8 --sample 0 --json --tp 2)
+e2e_run "$exe" --backend threads --ranks 4 "${zero_r[@]}" --stage 0
+e2e_json want param_hash hex
+for stage in 0 3; do
+  e2e_run "$mpirun" --oversubscribe -np 4 "$exe" --backend mpi "${zero_r[@]}" --stage $stage \
+    --checkpoint-activations pa-cpu --gather-bucket-elements 8192
+  e2e_filter line any python3 "$(dirname "${BASH_SOURCE[0]}")/../e2e/train_gpt_plan_check.py"
+  read -r got gathers buckets _ <<<"$line"
+  echo "--tp 2 stage $stage, Pa+cpu and gather buckets under MPI: $got ($gathers all-gathers per step, $buckets" \
+    "buckets), threads without them: $want"
+  e2e_same "$got" "$want" "Pa+cpu with gather buckets under MPI at stage $stage against threads without"
+done
 echo "ok"
