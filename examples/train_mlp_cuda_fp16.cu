@@ -1,0 +1,6 @@
+// train_mlp_cuda's fp16 engines (every stage and element-wise optimizer), one of its three translation units.
+#include "train_mlp_cuda_train.cuh"
+
+void train_mlp_cuda::dispatch_fp16(comm_type& comm, const trainer::options& o, trainer::summary& out, roofline& rl) {
+  dispatch_precision<zero::precision::fp16>(comm, o, out, rl);
+}
