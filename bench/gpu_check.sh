@@ -23,8 +23,8 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohea
 emit "{\"check\": \"machine\", \"gpu\": $(json_string "${gpu:-unknown}"), \"nvcc\": $(json_string "$(nvcc --version 2>/dev/null | tail -1)"), \"cpus\": $(nproc), \"date\": $(json_string "$(date -u +%FT%TZ)")}"
 
 # ---- configure: NCCL and the header-only dependencies from wherever they are ------------------------
-# gpu_trainer_optimization=3: train_mlp_cuda's host code at -O3 for the device figures (the default, 1,
-# is for compile time; device code is -O3 either way). train_mlp, needed only by the checkpoint test,
+# gpu_trainer_optimization=3: train_mlp_cuda's host code at -O3 for the device figures (the default is
+# 1, scripts/test.sh's g; device code is -O3 either way). train_mlp, needed only by the checkpoint test,
 # stays at -O1: at -O3 it compiled for more than 300 s on the H200 machine's 16 cores, alone.
 setup_args=(-Dcuda=enabled "-Dgpu_arch=$arch" -Dmpi=disabled -Dbuildtype=release -Dgpu_trainer_optimization=3
             -Dexamples_optimization=1)

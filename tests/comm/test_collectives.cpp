@@ -23,6 +23,7 @@
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/detail/streaming_copy.hpp"
+#include "zero/comm/detail/threads_world.hpp"
 #include "zero/comm/backends/modeled.hpp"
 #include "zero/comm/backends/threads.hpp"
 #include "zero/comm/verified.hpp"
@@ -1281,4 +1282,46 @@ TEST_CASE("threads: a rank that throws or leaves ends its peers' waits inside a 
     CHECK(seen[1].kind == zero::error_kind::comm);
     CHECK(seconds_since(t0) < 10.0);
   }
+}
+
+// The rendezvous that ends a data phase (where ranks write into each other's buffers) holds a rank until
+// every peer has arrived, even when the world is aborted meanwhile: a rank released at once would unwind
+// and free its output while a slower peer still copies into it.
+TEST_CASE("threads_world: an abort during a data phase releases no rank before its peers have arrived") {
+  zero::comm::detail::threads_world world(2, std::chrono::seconds(60));
+  std::atomic<bool> peer_done{false};
+  bool saw_peer_done = false, threw = false;
+  std::thread peer([&] {
+    world.arrive_and_wait(1, zero::comm::detail::coll_kind::all_gather);  // the data phase begins
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));         // still writing
+    peer_done.store(true);
+    world.arrive_after_data_phase(1, zero::comm::detail::coll_kind::all_gather);
+  });
+  world.arrive_and_wait(0, zero::comm::detail::coll_kind::all_gather);
+  world.abort("injected: another rank failed");
+  try {
+    world.arrive_after_data_phase(0, zero::comm::detail::coll_kind::all_gather);
+    saw_peer_done = peer_done.load();
+  } catch (const zero::error&) {
+    threw = true;
+  }
+  peer.join();
+  CHECK_FALSE(threw);
+  CHECK(saw_peer_done);
+  // The abort is reported at the next rendezvous.
+  CHECK_THROWS_AS(world.arrive_and_wait(0, zero::comm::detail::coll_kind::all_gather), zero::error);
+}
+
+TEST_CASE("threads_world: a peer that fails inside a data phase ends the wait at its end with an error") {
+  zero::comm::detail::threads_world world(2, std::chrono::seconds(60));
+  const auto t0 = clock_type::now();
+  std::thread peer([&] {
+    world.arrive_and_wait(1, zero::comm::detail::coll_kind::all_gather);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    world.record_failure(1, std::make_exception_ptr(std::runtime_error("injected")), "injected");
+  });
+  world.arrive_and_wait(0, zero::comm::detail::coll_kind::all_gather);
+  CHECK_THROWS_AS(world.arrive_after_data_phase(0, zero::comm::detail::coll_kind::all_gather), zero::error);
+  peer.join();
+  CHECK(seconds_since(t0) < 10.0);
 }

@@ -212,7 +212,7 @@ class cuda_threads {
         if (k < rank_) ++sub_rank;
         ++members;
       }
-    world().arrive_and_wait(rank_, detail::coll_kind::all_gather);  // every color read before any changes
+    world().arrive_after_data_phase(rank_, detail::coll_kind::all_gather);  // every color read before any changes
     world().finish(rank_);
     detail::threads_world& parent = world();
     auto sub = parent.meet<shared>(
@@ -233,7 +233,7 @@ class cuda_threads {
     detail::check_agreement(world(), rank_);
     for (int k = 0; k < size(); ++k)
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(context().compute(), peer(k).compute_ready_event(), 0));
-    world().arrive_and_wait(rank_, detail::coll_kind::barrier);
+    world().arrive_after_data_phase(rank_, detail::coll_kind::barrier);
     world().finish(rank_);
   }
 
@@ -344,7 +344,7 @@ class cuda_threads {
   // agreement.
   void leave(detail::coll_kind kind) {
     context().record_comm_done();
-    world().arrive_and_wait(rank_, kind);
+    world().arrive_after_data_phase(rank_, kind);
     world().finish(rank_);
   }
   // Nobody's compute stream goes on (and reuses or frees a buffer) before every rank's part is done.

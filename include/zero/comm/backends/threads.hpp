@@ -173,7 +173,7 @@ class threads {
     world_->announce_barrier(rank_);
     world_->arrive_and_wait(rank_, detail::coll_kind::barrier);
     check_agreement();
-    world_->arrive_and_wait(rank_, detail::coll_kind::barrier);
+    world_->arrive_after_data_phase(rank_, detail::coll_kind::barrier);
     world_->finish(rank_);
   }
 
@@ -191,10 +191,11 @@ class threads {
     check_agreement();
     for (int k = 0; k < size(); ++k) ins_[static_cast<std::size_t>(k)] = world_->slot(k).send;
   }
-  // Nobody returns (and reuses a buffer) until every rank has finished reading and writing.
+  // Nobody returns (and reuses or frees a buffer) until every rank has finished reading and writing,
+  // even when the world was aborted meanwhile.
   void leave(detail::coll_kind kind, bool streamed) {
     if (streamed) detail::streaming_fence();  // the output is visible to the peers that see this rank arrive
-    world_->arrive_and_wait(rank_, kind);
+    world_->arrive_after_data_phase(rank_, kind);
     world_->finish(rank_);
   }
 

@@ -126,24 +126,16 @@ class threads_world {
 
   // Blocks until every rank arrives. Throws zero::error (comm) instead of waiting forever when the
   // world is aborted, a rank has already returned from its function, or the timeout passes.
-  void arrive_and_wait(int rank, coll_kind what) {
-    if (aborted_.load(std::memory_order_acquire)) {
-      std::lock_guard lk(m_);
-      throw_if_aborted(rank, what);
-    }
-    const std::uint64_t e = ++state(rank).rendezvous;
-    arrivals_.arrive(rank, e);
-    // A parked peer needs a wake-up; a spinning one sees the count by itself, and the usual case, no
-    // sleeper, costs no system call.
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard lk(m_);
-      cv_.notify_all();
-    }
-    if (arrivals_.complete(e)) return;
-    const auto start = std::chrono::steady_clock::now();
-    if (spin_.count() > 0 && spin_until_complete(e, start + spin_)) return;
-    park(rank, what, e, start + timeout_);
-  }
+  void arrive_and_wait(int rank, coll_kind what) { rendezvous(rank, what, false); }
+
+  // The rendezvous that ends a collective's data phase, where ranks read and write each other's buffers:
+  // after the rendezvous that began it, every rank is in that phase, which does not wait for anyone, so
+  // each arrives here in bounded time. An abort does not release this rank before its peers have
+  // arrived (or left their functions): a rank that threw at once would unwind and free its buffers
+  // while a peer still copies into them. Once all have arrived the call returns; the abort is reported
+  // at the next rendezvous. A peer that left before arriving (it failed in the data phase) makes it
+  // throw; one that cannot be seen to have left, in a world formed by a split, ends at the timeout.
+  void arrive_after_data_phase(int rank, coll_kind what) { rendezvous(rank, what, true); }
 
   void abort(const std::string& reason) {
     std::lock_guard lk(m_);
@@ -184,8 +176,27 @@ class threads_world {
   rank_state& state(int r) { return *ranks_[static_cast<std::size_t>(r)]; }
   const rank_state& state(int r) const { return *ranks_[static_cast<std::size_t>(r)]; }
 
+  void rendezvous(int rank, coll_kind what, bool draining) {
+    if (!draining && aborted_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(m_);
+      throw_if_aborted(rank, what);
+    }
+    const std::uint64_t e = ++state(rank).rendezvous;
+    arrivals_.arrive(rank, e);
+    // A parked peer needs a wake-up; a spinning one sees the count by itself, and the usual case, no
+    // sleeper, costs no system call.
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard lk(m_);
+      cv_.notify_all();
+    }
+    if (arrivals_.complete(e)) return;
+    const auto start = std::chrono::steady_clock::now();
+    if (spin_.count() > 0 && spin_until_complete(e, start + spin_, draining)) return;
+    park(rank, what, e, start + timeout_, draining);
+  }
+
   // Polls the peers' counts until rendezvous e completes (true) or `until` passes or the world is
-  // aborted (false: the caller parks, and throws there).
+  // aborted (false: the caller parks, and throws there; draining, only `until` ends the polls).
   //
   // The first few polls only pause: a peer running on another core arrives within a fraction of a
   // microsecond in a loop of collectives. After that every poll yields the core: when the ranks
@@ -193,7 +204,7 @@ class threads_world {
   // be waiting for this very core, and a longer pure spin is time it cannot run. Measured at a load
   // average of 8-11 on 2 cores, 1 KiB all_reduce, median: 4.4 us (N = 2) and 17 us (N = 4) when the
   // core was yielded every 64 pauses, 2.1 and 7.9 us when yielded every poll.
-  bool spin_until_complete(std::uint64_t e, std::chrono::steady_clock::time_point until) const {
+  bool spin_until_complete(std::uint64_t e, std::chrono::steady_clock::time_point until, bool draining) const {
     constexpr unsigned pure_polls = 4;
     for (unsigned i = 0;; ++i) {
       if (arrivals_.complete(e)) return true;
@@ -201,7 +212,8 @@ class threads_world {
         cpu_relax();
         continue;
       }
-      if (aborted_.load(std::memory_order_relaxed) || std::chrono::steady_clock::now() >= until) return false;
+      if ((!draining && aborted_.load(std::memory_order_relaxed)) || std::chrono::steady_clock::now() >= until)
+        return false;
       std::this_thread::yield();
     }
   }
@@ -213,17 +225,24 @@ class threads_world {
   // last time, and an arriving rank stores its count before it reads the number of sleepers; with
   // both seq_cst, either this rank sees the count or the arriving one sees the sleeper, and then
   // notifies under m_, which this rank holds until the wait has begun.
-  void park(int rank, coll_kind what, std::uint64_t e, std::chrono::steady_clock::time_point deadline) {
+  //
+  // Draining (arrive_after_data_phase), an abort alone does not end the wait: only every peer's arrival,
+  // a peer that left its function without arriving, or the deadline.
+  void park(int rank, coll_kind what, std::uint64_t e, std::chrono::steady_clock::time_point deadline,
+            bool draining) {
     std::unique_lock lk(m_);
     for (;;) {
       if (arrivals_.complete(e)) return;
-      throw_if_aborted(rank, what);
-      // A peer that returned before arriving never will: fail now rather than at the timeout. (One
-      // that arrived and then returned cannot be seen here: it returned only after e completed.)
+      if (!draining) throw_if_aborted(rank, what);
+      // A peer that returned (or threw) before arriving never will: fail now rather than at the
+      // timeout. (One that arrived and then returned cannot be seen here: it returned only after e
+      // completed.)
       for (int k = 0; k < n_; ++k)
-        if (state(k).departed && !arrivals_.has_arrived(k, e)) {
-          abort_locked(zero::detail::concat("rank ", k, " returned after ", state(k).seq, " collective(s) while rank ",
-                                            rank, " waits in ", current_call(rank, what)));
+        if ((state(k).departed || state(k).failed) && !arrivals_.has_arrived(k, e)) {
+          if (!state(k).failed)
+            abort_locked(zero::detail::concat("rank ", k, " returned after ", state(k).seq,
+                                              " collective(s) while rank ", rank, " waits in ",
+                                              current_call(rank, what)));
           throw_if_aborted(rank, what);
         }
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
