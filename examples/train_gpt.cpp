@@ -18,6 +18,7 @@
 #include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
+#include "trainer_elastic.hpp"
 #include "zero/comm/any_backend.hpp"
 #include "zero/comm/mesh.hpp"
 #include "zero/engine/activation_store.hpp"
@@ -172,6 +173,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
   for (int i = 0; i < o.steps; ++i) {
     if (g.warmup > 0) e.set_learning_rate(schedule.at(e.steps()));
     const auto step_start = std::chrono::steady_clock::now();
+    trainer::step_begins(o, comm.rank(), t0 + static_cast<std::uint64_t>(i));  // --fail: a planted failure
     // tutorial:begin loop
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);  // the data position: the step since the start
     if (store) store->reset_traffic();
@@ -190,6 +192,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     s.overflow_steps += r.report.skipped ? 1 : 0;
     step_bytes.add(r.report);
     s.last_step = t + 1;
+    trainer::step_done(o, comm.rank(), t + 1);
     const auto now = std::chrono::steady_clock::now();
     if (log) {
       trainer::step_record rec = trainer::engine_record(e, r.report);
@@ -573,9 +576,14 @@ int main(int argc, char** argv) {
   auto* temperature_flag = toolcli::add_float(app, "--temperature", g.temperature, 0.0f, 100.0f,
                                               "sampling temperature (0: always the most likely byte)");
   auto* prompt_flag = app.add_option("--prompt", g.prompt, "text the sample continues")->capture_default_str();
+  trainer::add_elastic_flags(app, o);
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
   if (const std::string p = trainer::options_problem(app, o); !p.empty()) return usage_error(p);
+  if (const std::string p = trainer::elastic_problem(app, o); !p.empty()) return usage_error(p);
+  if (o.elastic && o.ranks < 2 * g.tp)
+    return usage_error("--elastic with --tp " + std::to_string(g.tp) + " needs --ranks " + std::to_string(2 * g.tp) +
+                       " or more: a failure takes a whole tensor-parallel group out of the world");
   const auto comm_timeout = std::chrono::milliseconds(std::llround(o.comm_timeout * 1000.0));
   g.model.layers = o.model.layers;
   g.model.batch = o.model.batch;
@@ -626,6 +634,7 @@ int main(int argc, char** argv) {
       return usage_error("--prompt: the byte " + std::to_string(ch) + " does not occur in the corpus");
 
   gpt_summary s;
+  std::optional<trainer::elastic_supervisor> elastic;  // --elastic: the launches and what changed
 #if ZERO_WITH_MPI
   std::optional<zero::comm::mpi_session> session;  // finalizes MPI when main returns
 #endif
@@ -666,25 +675,51 @@ int main(int argc, char** argv) {
         !problem.empty())
       return usage_error(problem);
     if (const std::string p = trainer::zeropp_problem(o, o.ranks / g.tp); !p.empty()) return usage_error(p);
-    try {
+    // One launch of the ranks; a rank leaving by an exception tells the monitor first (--fail, --elastic).
+    auto launch = [&](const trainer::options& run, trainer::summary& base) {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;
       zero::comm::threads::launch(
-          o.ranks,
+          run.ranks,
           [&](zero::comm::threads& comm) {
-            gpt_summary local;
-            zero::comm::any_backend<zero::sys::host> backend(comm);
-            dispatch(backend, o, g, data, local);
-            if (comm.rank() == 0) s = local;
+            try {
+              gpt_summary local;
+              zero::comm::any_backend<zero::sys::host> backend(comm);
+              dispatch(backend, run, g, data, local);
+              if (comm.rank() == 0) s = local;
+            } catch (...) {
+              if (run.monitor) run.monitor->rank_failed(comm.rank());
+              throw;
+            }
           },
           threads_opt);
+      base = s.base;
+    };
+    try {
+      trainer::summary base;
+      if (o.elastic) {
+        elastic.emplace(o, g.tp).run(launch);
+      } else {
+        std::optional<trainer::elastic_monitor> planted;  // --fail without --elastic: the run fails
+        if (!o.planted.empty()) {
+          planted.emplace(o.planted).launch(o.ranks);
+          o.monitor = &*planted;
+        }
+        launch(o, base);
+      }
     } catch (...) {
       std::cerr << "train_gpt: " << trainer::printable_failure(std::current_exception()) << "\n";
       return 1;
     }
   }
   print_gpt_summary(o, g, data, s);
+  if (elastic)
+    for (const std::string& line : elastic->lines()) std::cout << line << "\n";
   // The sample is bytes: a multi-byte character may be cut, so invalid UTF-8 is replaced in the JSON.
-  if (o.json) std::cout << gpt_json(o, g, data, s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  if (o.json) {
+    nlohmann::json j = gpt_json(o, g, data, s);
+    if (elastic) j["elastic"] = elastic->json();
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  }
   return 0;
 }

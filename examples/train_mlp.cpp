@@ -17,6 +17,7 @@
 #include "run_log.hpp"
 #include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
+#include "trainer_elastic.hpp"
 #include "zero/comm/any_backend.hpp"
 #include "zero/comm/backends/modeled.hpp"
 #include "zero/zero.hpp"
@@ -93,6 +94,7 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
   double sum_step = 0, sum_compute = 0, sum_comm = 0, sum_optimizer = 0, sum_other = 0, sum_modeled = 0, sum_waited = 0;
   for (int i = 0; i < o.steps; ++i) {
     const std::uint64_t t = t0 + static_cast<std::uint64_t>(i);
+    trainer::step_begins(o, rank, t);  // --fail: a planted failure
     const zero::comm::link_stats link_before = comm.stats();
     const auto step_start = std::chrono::steady_clock::now();
     const auto r = mlp::train_step(e, o.model, t, rank, ranks, o.accum, how);
@@ -120,6 +122,7 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
     out.overflow_steps += r.report.skipped ? 1 : 0;
     step_bytes.add(r.report);
     out.last_step = t + 1;
+    trainer::step_done(o, rank, t + 1);
     if (rank == 0) {
       if (log) {
         trainer::step_record rec = trainer::engine_record(e, r.report);
@@ -242,16 +245,19 @@ int main(int argc, char** argv) {
                  "reduces in flight, stage 3 prefetch; the same bits either way")
       ->check(toolcli::one_of({"on", "off"}))
       ->capture_default_str();
+  trainer::add_elastic_flags(app, o);
   if (const auto code = trainer::parse(app, argc, argv)) return *code;
 #if MLP_WITH_OPENBLAS
   mlp::blas::single_threaded();  // before the ranks start: one thread per rank
 #endif
   auto usage_error = [&](const std::string& msg) { return trainer::usage_error(app, msg); };
   if (const std::string p = trainer::options_problem(app, o); !p.empty()) return usage_error(p);
+  if (const std::string p = trainer::elastic_problem(app, o); !p.empty()) return usage_error(p);
   // Checked as parsed (a double in [0.001, 604800]) and used as whole milliseconds, at least 1.
   const auto comm_timeout = std::chrono::milliseconds(std::llround(o.comm_timeout * 1000.0));
 
   summary s;
+  std::optional<trainer::elastic_supervisor> elastic;  // --elastic: the launches and what changed
 #if ZERO_WITH_MPI
   std::optional<zero::comm::mpi_session> session;  // finalizes MPI when main returns
 #endif
@@ -289,26 +295,48 @@ int main(int argc, char** argv) {
         !problem.empty())
       return usage_error(problem);
     if (const std::string p = trainer::zeropp_problem(o, o.ranks); !p.empty()) return usage_error(p);
-    try {
+    // One launch of the ranks; a rank leaving by an exception tells the monitor first (the first to
+    // do so is the cause: its peers fail after it, when the world aborts).
+    auto launch = [&](const options& run, summary& out) {
       zero::comm::threads::options threads_opt;
       threads_opt.timeout = comm_timeout;
       zero::comm::threads::launch(
-          o.ranks,
+          run.ranks,
           [&](zero::comm::threads& comm) {
-            summary local;
-            zero::comm::any_backend<zero::sys::host> backend(comm);
-            dispatch(backend, o, local);
-            if (comm.rank() == 0) s = local;
+            try {
+              summary local;
+              zero::comm::any_backend<zero::sys::host> backend(comm);
+              dispatch(backend, run, local);
+              if (comm.rank() == 0) out = local;
+            } catch (...) {
+              if (run.monitor) run.monitor->rank_failed(comm.rank());
+              throw;
+            }
           },
           threads_opt);
+    };
+    try {
+      if (o.elastic) {
+        s = elastic.emplace(o).run(launch);
+      } else {
+        std::optional<trainer::elastic_monitor> planted;  // --fail without --elastic: the run fails
+        if (!o.planted.empty()) {
+          planted.emplace(o.planted).launch(o.ranks);
+          o.monitor = &*planted;
+        }
+        launch(o, s);
+      }
     } catch (...) {
       std::cerr << "train_mlp: " << trainer::printable_failure(std::current_exception()) << "\n";
       return 1;
     }
   }
   print_summary(o, s);
+  if (elastic)
+    for (const std::string& line : elastic->lines()) std::cout << line << "\n";
   if (o.json) {
-    const nlohmann::json j = trainer::summary_json(o, s);
+    nlohmann::json j = trainer::summary_json(o, s);
+    if (elastic) j["elastic"] = elastic->json();
     std::cout << j.dump() << std::endl;
   }
   return 0;

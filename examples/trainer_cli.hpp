@@ -60,6 +60,15 @@ constexpr bool compiled() {
          (built_precision.empty() || P::name == built_precision);
 }
 
+// --fail RANK:STEP (trainer_elastic.hpp): rank `rank` of the launch that reaches global step `step`
+// (1-based) throws as it begins it, once.
+struct planted_failure {
+  int rank = -1;
+  std::uint64_t step = 0;
+  bool fired = false;
+};
+class elastic_monitor;  // trainer_elastic.hpp
+
 struct options {
   int stage = built_stage >= 0 ? built_stage : 3, ranks = 4, steps = 200;
   mlp::config model;
@@ -102,6 +111,12 @@ struct options {
   int shard_group = 0;
   int host_threads = 1;  // engine_options::host_threads: threads of each rank's host update
   int nodes_of() const { return hpz > 0 ? hpz : node_size; }
+  // --elastic, --fail, --rejoin-step (trainer_elastic.hpp); `monitor`: what a launch's ranks report
+  // to its supervisor (set by it, null otherwise).
+  bool elastic = false;
+  std::vector<planted_failure> planted;
+  std::uint64_t rejoin_step = 0;  // 0: a lost rank does not come back
+  elastic_monitor* monitor = nullptr;
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).

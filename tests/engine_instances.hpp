@@ -3,10 +3,10 @@
 
 // A suite that includes this header before it uses these engines compiles none of their member
 // functions at -O0, the suites' level (and ASan's): the explicit instantiation declarations below say
-// they are compiled in engine_instances.cpp, which the unit suites link. An optimizing build
-// (TSan's -O1, a suite at the release level) instantiates what it inlines anyway, so there the
-// declarations and the definitions are both left out: each suite compiles its own, as without this
-// header. The list: the types four or more suites instantiate.
+// they are compiled in engine_instances.cpp, which the unit suites (the CUDA ones too, whose host code
+// is at -O0) link. An optimizing build (a suite at the release level) instantiates what it inlines
+// anyway, so there the declarations and the definitions are both left out: each suite compiles its
+// own, as without this header. The list: the types four or more suites instantiate.
 
 #include "deferred_comm.hpp"
 #include "zero/comm/backends/threads.hpp"

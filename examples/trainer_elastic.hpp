@@ -1,0 +1,324 @@
+// --elastic, --fail RANK:STEP and --rejoin-step: a run on threads that loses a rank goes on at N - 1 from its last
+// checkpoint and takes the rank back at a later one; with --reproducible, to the bits of a run that never failed.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "trainer_cli.hpp"
+#include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/versions.hpp"
+#include "zero/error.hpp"
+
+namespace trainer {
+
+// What one launch's ranks share with the supervisor: the failures planted for it, which rank failed
+// first (the cause: its peers fail only after it, when the world aborts), and its progress.
+class elastic_monitor {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  explicit elastic_monitor(std::vector<planted_failure> planted) : planted_(std::move(planted)) {}
+
+  // A new launch of `ranks` ranks begins.
+  void launch(int ranks) {
+    std::lock_guard lk(m_);
+    ranks_ = ranks;
+    failed_rank_ = -1;
+    first_step_.reset();
+    steps_done_.reset();
+    first_step_end_.reset();
+  }
+  // Rank `rank` begins global step t + 1 (t steps done): the next planted failure fires there, once.
+  // They fire in the order given, each only after the one before it: a second one at an earlier step
+  // is a failure during the recovery from the first.
+  void step_begins(int rank, std::uint64_t t) {
+    std::lock_guard lk(m_);
+    if (!first_step_) first_step_ = t;
+    for (auto& p : planted_) {
+      if (p.fired) continue;
+      if (p.rank == rank && p.step == t + 1) {
+        p.fired = true;
+        throw std::runtime_error("planted failure (--fail " + std::to_string(p.rank) + ":" +
+                                 std::to_string(p.step) + "): rank " + std::to_string(rank) +
+                                 " stops as it begins step " + std::to_string(p.step));
+      }
+      break;  // only the first not yet fired is armed
+    }
+  }
+  // Rank 0 has finished global step `steps`.
+  void step_done(int rank, std::uint64_t steps) {
+    if (rank != 0) return;
+    std::lock_guard lk(m_);
+    steps_done_ = steps;
+    if (!first_step_end_) first_step_end_ = clock::now();
+  }
+  // Rank `rank` is leaving its function by an exception: the first to do so is the cause.
+  void rank_failed(int rank) {
+    std::lock_guard lk(m_);
+    if (failed_rank_ < 0) failed_rank_ = rank;
+  }
+
+  int ranks() const { return ranks_; }
+  int failed_rank() const { return failed_rank_; }
+  std::optional<std::uint64_t> first_step() const { return first_step_; }      // the launch's t0
+  std::optional<std::uint64_t> steps_done() const { return steps_done_; }      // none before its first step
+  std::optional<clock::time_point> first_step_end() const { return first_step_end_; }
+
+ private:
+  mutable std::mutex m_;
+  std::vector<planted_failure> planted_;
+  int ranks_ = 0, failed_rank_ = -1;
+  std::optional<std::uint64_t> first_step_, steps_done_;
+  std::optional<clock::time_point> first_step_end_;
+};
+
+// --elastic, --fail RANK:STEP (repeatable) and --rejoin-step STEP (train_mlp, train_gpt).
+inline void add_elastic_flags(CLI::App& app, options& o) {
+  app.add_flag("--elastic", o.elastic,
+               "when a rank fails (--backend threads), go on at one rank fewer from the newest checkpoint in --save "
+               "(at most --save-every steps redone); with --reproducible, to the bits of a run that never failed");
+  app.add_option_function<std::vector<std::string>>(
+         "--fail",
+         [&o](const std::vector<std::string>& specs) {
+           for (const std::string& spec : specs) {
+             const auto colon = spec.find(':');
+             planted_failure p;
+             const auto parse = [&](std::string_view text, auto& out) {
+               const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+               return ec == std::errc{} && end == text.data() + text.size() && !text.empty();
+             };
+             if (colon == std::string::npos || !parse(std::string_view(spec).substr(0, colon), p.rank) ||
+                 !parse(std::string_view(spec).substr(colon + 1), p.step) || p.rank < 0 || p.step < 1 ||
+                 p.step > (std::uint64_t{1} << 40))
+               throw CLI::ValidationError("--fail", "expected RANK:STEP (rank >= 0, step >= 1), got " +
+                                                        toolcli::quote(spec));
+             o.planted.push_back(p);
+           }
+         },
+         "plant a failure: rank RANK throws as it begins step STEP (counted from 1 over the whole run; ranks "
+         "numbered in the world that reaches it); repeatable: each fires after the one before it, so a second one "
+         "at an earlier step fails the recovery from the first; for tests and demos of --elastic")
+      ->type_name("RANK:STEP");
+  toolcli::add_integer(app, "--rejoin-step", o.rejoin_step, std::uint64_t{1}, std::uint64_t{1} << 40,
+                       "with --elastic: a lost rank comes back at this step (the smaller world saves there and the "
+                       "whole world goes on from that checkpoint)");
+}
+
+// What is wrong with the elastic flags ("" when nothing).
+inline std::string elastic_problem(const CLI::App& app, const options& o) {
+  const bool any = o.elastic || !o.planted.empty() || given(app, "--rejoin-step");
+  if (any && o.backend != "threads")
+    return "--elastic, --fail and --rejoin-step run on --backend threads (under MPI a failed process ends the job: "
+           "start mpirun again with one process fewer and --resume DIR; docs/elasticity.md)";
+  if (o.elastic && o.save.empty())
+    return "--elastic needs --save DIR: the checkpoints a smaller world goes on from (with --save-every K, at most "
+           "K steps are trained again)";
+  if (o.elastic && o.ranks < 2) return "--elastic needs --ranks 2 or more: a world of one rank has none to spare";
+  if (given(app, "--rejoin-step") && !o.elastic) return "--rejoin-step needs --elastic";
+  for (const auto& p : o.planted) {
+    if (p.rank >= o.ranks)
+      return "--fail " + std::to_string(p.rank) + ":" + std::to_string(p.step) + ": the run has ranks 0-" +
+             std::to_string(o.ranks - 1);
+    if (o.resume.empty() && p.step > static_cast<std::uint64_t>(o.steps))
+      return "--fail " + std::to_string(p.rank) + ":" + std::to_string(p.step) + ": the run trains steps 1-" +
+             std::to_string(o.steps);
+  }
+  if (o.resume.empty() && o.rejoin_step > static_cast<std::uint64_t>(o.steps))
+    return "--rejoin-step " + std::to_string(o.rejoin_step) + ": the run trains steps 1-" + std::to_string(o.steps);
+  return "";
+}
+
+// The trainers' step loops call these: no-ops unless the run has a monitor (--elastic or --fail).
+inline void step_begins(const options& o, int rank, std::uint64_t t) {
+  if (o.monitor) o.monitor->step_begins(rank, t);
+}
+inline void step_done(const options& o, int rank, std::uint64_t steps) {
+  if (o.monitor) o.monitor->step_done(rank, steps);
+}
+
+// One change of the world's membership.
+struct membership_change {
+  std::string kind;  // "shrink": a rank failed; "grow": the lost rank came back at a checkpoint
+  int from = 0, to = 0;
+  int rank = -1;                  // shrink: the rank that failed, in its launch's numbering
+  std::string cause;              // shrink: its error
+  std::uint64_t at_step = 0;      // steps done when the world changed
+  std::uint64_t resumed_at = 0;   // the step the next launch continued from (its checkpoint's)
+  std::uint64_t redone = 0;       // steps trained a second time: at_step - resumed_at
+  double recovery_s = -1;         // from the change to the end of the next launch's first step; < 0: none
+};
+
+// Runs the launches of an --elastic run: the first at --ranks; after a rank fails, one rank (or group)
+// fewer from the newest checkpoint in --save (or from the start, before the first one); at --rejoin-step,
+// back to --ranks from the checkpoint the smaller world saved there. Each launch is the trainer's own
+// (`launch(options)`, which runs the ranks and throws what the first failing rank threw); the
+// supervisor only chooses their options and records what changed.
+class elastic_supervisor {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  // `group`: the ranks a failure takes out of the world, a multiple of which the world stays: 1, or a
+  // tensor-parallel group's size (train_gpt --tp: a lost rank takes its group's shards of the layers).
+  explicit elastic_supervisor(const options& o, int group = 1) : base_(o), group_(group), monitor_(o.planted) {}
+
+  elastic_monitor& monitor() { return monitor_; }
+  const std::vector<membership_change>& changes() const { return changes_; }
+  int launches() const { return launches_; }
+
+  // Runs launches until the steps are done (returns the last launch's summary) or a failure cannot be
+  // recovered from (throws it, with the reason in front). `launch(o, s)` runs the ranks of one launch.
+  template <class Launch>
+  summary run(const Launch& launch) {
+    options o = base_;
+    o.monitor = &monitor_;
+    std::optional<std::uint64_t> end;  // the step the run ends at: the first launch's start + --steps
+    int ranks = base_.ranks;
+    bool rejoin_pending = false;
+    for (;;) {
+      ++launches_;
+      monitor_.launch(ranks);
+      o.ranks = ranks;
+      if (const std::string p = split_batch(o, o.model.batch, ranks / group_,
+                                            std::to_string(ranks / group_) + " data-parallel ranks");
+          !p.empty())
+        throw zero::error(zero::error_kind::invalid_argument, "--elastic: the run cannot go on at " +
+                                                                 std::to_string(ranks) + " ranks: " + p);
+      summary s;
+      try {
+        launch(o, s);
+      } catch (...) {
+        const auto failed_at = clock::now();
+        const std::string why = cannot_shrink(ranks);
+        if (!why.empty()) throw zero::error(zero::as_error(std::current_exception()).kind(),
+                                            "--elastic: " + why + "; the failure: " +
+                                                printable_failure(std::current_exception()));
+        if (!end) end = *monitor_.first_step() + static_cast<std::uint64_t>(base_.steps);
+        note_resumed();
+        membership_change c;
+        c.kind = "shrink";
+        c.from = ranks;
+        c.to = ranks - group_;
+        c.rank = monitor_.failed_rank();
+        c.cause = printable_failure(std::current_exception());
+        c.at_step = *monitor_.steps_done();
+        changes_.push_back(c);
+        change_started_ = failed_at;
+        ranks -= group_;
+        o.resume = newest_checkpoint(o);
+        const std::uint64_t from = o.resume.empty() ? 0 : checkpoint_step(o.resume);
+        // The lost rank rejoins at --rejoin-step when the smaller world starts before it.
+        rejoin_pending = base_.rejoin_step > from && base_.rejoin_step < *end;
+        o.steps = static_cast<int>((rejoin_pending ? base_.rejoin_step : *end) - from);
+        continue;
+      }
+      if (!end) end = s.first_step + static_cast<std::uint64_t>(base_.steps);
+      note_resumed();
+      if (!rejoin_pending || s.last_step >= *end) return s;
+      // The smaller world saved its last step (--save): the whole world continues from it.
+      membership_change c;
+      c.kind = "grow";
+      c.from = ranks;
+      c.to = base_.ranks;
+      c.at_step = s.last_step;
+      changes_.push_back(c);
+      change_started_ = clock::now();
+      ranks = base_.ranks;
+      rejoin_pending = false;
+      o.resume = base_.save;
+      o.steps = static_cast<int>(*end - s.last_step);
+    }
+  }
+
+  // The run's membership for --json: each change, and the launches it took.
+  nlohmann::json json() const {
+    nlohmann::json changes = nlohmann::json::array();
+    for (const auto& c : changes_) {
+      nlohmann::json j = {{"kind", c.kind}, {"from", c.from}, {"to", c.to}, {"at_step", c.at_step},
+                          {"resumed_at", c.resumed_at}, {"steps_redone", c.redone}};
+      if (c.kind == "shrink") j["rank"] = c.rank, j["cause"] = c.cause;
+      j["recovery_s"] = c.recovery_s >= 0 ? nlohmann::json(c.recovery_s) : nlohmann::json(nullptr);
+      changes.push_back(std::move(j));
+    }
+    return {{"launches", launches_}, {"changes", std::move(changes)}};
+  }
+
+  // One line per change, for the human summary.
+  std::vector<std::string> lines() const {
+    std::vector<std::string> out;
+    for (const auto& c : changes_) {
+      char line[400];
+      if (c.kind == "shrink")
+        std::snprintf(line, sizeof line,
+                      "elastic: rank %d failed after step %llu; %d ranks went on from the checkpoint of step %llu "
+                      "(%llu step%s redone), %.3f s from the failure to the end of the next step",
+                      c.rank, static_cast<unsigned long long>(c.at_step), c.to,
+                      static_cast<unsigned long long>(c.resumed_at), static_cast<unsigned long long>(c.redone),
+                      c.redone == 1 ? "" : "s", c.recovery_s);
+      else
+        std::snprintf(line, sizeof line,
+                      "elastic: back to %d ranks at the checkpoint of step %llu, %.3f s to the end of the next step",
+                      c.to, static_cast<unsigned long long>(c.at_step), c.recovery_s);
+      out.push_back(line);
+    }
+    return out;
+  }
+
+ private:
+  // Why a failed launch cannot go on at one rank fewer ("" when it can).
+  std::string cannot_shrink(int ranks) const {
+    if (monitor_.failed_rank() < 0) return "no rank is known to have failed";
+    if (!monitor_.steps_done())
+      return changes_.empty() ? "the run failed before its first step (a failure of the set-up, not of a rank)"
+                              : "a second failure came during the recovery, before the smaller world's first step "
+                                "(the checkpoints in --save are kept: --resume continues from them)";
+    if (ranks <= group_) return group_ == 1 ? "no rank is left" : "no tensor-parallel group is left";
+    return "";
+  }
+  // --save when it holds a committed checkpoint, else where the run started (--resume, or nothing).
+  std::string newest_checkpoint(const options& o) const {
+    std::error_code ec;
+    if (std::filesystem::is_directory(base_.save, ec))
+      for (const auto& v : zero::checkpoint::list_versions(base_.save))
+        if (v.committed) return base_.save;
+    return base_.resume.empty() ? o.resume : base_.resume;
+  }
+  // The step a launch from `dir` starts at: its newest committed version's data position (steps,
+  // skipped ones included), as the launch's resume_or_initialize reads it.
+  static std::uint64_t checkpoint_step(const std::string& dir) {
+    const zero::checkpoint::manifest m = zero::checkpoint::read_manifest(dir);
+    return m.state.step + m.state.skipped_steps;
+  }
+  // The launch after the last change has trained a step (whether it then ended or failed): where it
+  // continued from, and how long the change took until then.
+  void note_resumed() {
+    if (changes_.empty() || changes_.back().recovery_s >= 0 || !monitor_.first_step_end()) return;
+    auto& c = changes_.back();
+    c.resumed_at = *monitor_.first_step();
+    c.redone = c.at_step - c.resumed_at;
+    c.recovery_s = std::chrono::duration<double>(*monitor_.first_step_end() - change_started_).count();
+  }
+
+  options base_;
+  int group_ = 1;
+  elastic_monitor monitor_;
+  std::vector<membership_change> changes_;
+  clock::time_point change_started_{};
+  int launches_ = 0;
+};
+
+}  // namespace trainer

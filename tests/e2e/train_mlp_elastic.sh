@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# train_mlp --elastic on threads: a rank planted to fail (--fail RANK:STEP) at a step drawn at random, the run
+# going on at N - 1 from its newest checkpoint and back to N at --rejoin-step, ends with the param_hash of the
+# run that never failed (--reproducible) in every stage, fp32 and bf16, with and without --offload host; the
+# JSON records each change and the steps redone; a second failure during the recovery ends the run with an
+# error and leaves the checkpoints loadable; the flags' refusals.
+# Usage: train_mlp_elastic.sh TRAIN_MLP
+source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
+train_mlp=$1
+work=$e2e_work
+# 24 rows per step in micro-batches of 2: 3 per rank at N = 4, 4 at N = 3, 6 at N = 2.
+common=(--layers 3 --hidden 48 --batch 24 --micro-batch 2 --reproducible --steps 12 --json)
+seed=${ELASTIC_SEED:-$RANDOM}
+echo "failure steps drawn with seed $seed (ELASTIC_SEED=$seed repeats them)"
+RANDOM=$seed
+
+# The membership changes of the last run's JSON, as "kind from->to at resumed redone" lines.
+changes() {
+  e2e_filter "$1" any python3 -c '
+import json, sys
+e = json.loads(sys.stdin.read().strip().splitlines()[-1])["elastic"]
+assert e["launches"] == len(e["changes"]) + 1, e
+for c in e["changes"]:
+    assert c["steps_redone"] == c["at_step"] - c["resumed_at"], c
+    assert c["recovery_s"] is not None and c["recovery_s"] >= 0, c
+    print("%s %d->%d at %d from %d redone %d" % (c["kind"], c["from"], c["to"], c["at_step"], c["resumed_at"],
+                                                  c["steps_redone"]))
+'
+}
+
+case_no=0
+for precision in fp32 bf16; do
+  for stage in 0 1 2 3; do
+    e2e_run "$train_mlp" "${common[@]}" --ranks 4 --stage $stage --precision $precision
+    e2e_json want param_hash hex
+    offload=()
+    case_no=$((case_no + 1))
+    # Half the cases with the optimizer's state in host memory (stages 1-3: the tier needs shards).
+    if [ $stage -gt 0 ] && [ $((case_no % 2)) -eq 0 ]; then offload=(--offload host); fi
+    fail_step=$((2 + RANDOM % 8))  # steps 2-9: a checkpoint every 3 steps before it, or none yet
+    rank=$((RANDOM % 4))
+    rm -rf "$work/ckpt"
+    e2e_run "$train_mlp" "${common[@]}" --ranks 4 --stage $stage --precision $precision "${offload[@]}" \
+      --save "$work/ckpt" --save-every 3 --elastic --fail "$rank:$fail_step" --rejoin-step 11
+    e2e_json got param_hash hex
+    changes seen
+    done_before=$((fail_step - 1))
+    resumed=$((done_before / 3 * 3))
+    expected="shrink 4->3 at $done_before from $resumed redone $((done_before - resumed))"$'\n'"grow 3->4 at 11 from 11 redone 0"
+    echo "$precision stage $stage ${offload[*]}: rank $rank failed at step $fail_step: $got (uninterrupted: $want)"
+    e2e_same "$seen" "$expected" "$precision stage $stage: the membership changes"
+    e2e_same "$got" "$want" "$precision stage $stage ${offload[*]}: param_hash after 4 -> 3 -> 4 against the uninterrupted run"
+    grep -q "^elastic: rank $rank failed after step $done_before; 3 ranks went on" <<<"$e2e_out" ||
+      e2e_fail "$precision stage $stage: no summary line of the failure"
+  done
+done
+
+# Two failures, the second after the recovery: 4 -> 3 -> 2, no rejoin.
+e2e_run "$train_mlp" "${common[@]}" --ranks 4 --stage 3
+e2e_json want param_hash hex
+rm -rf "$work/ckpt"
+e2e_run "$train_mlp" "${common[@]}" --ranks 4 --stage 3 --save "$work/ckpt" --save-every 3 --elastic --fail 3:5 \
+  --fail 0:10
+e2e_json got param_hash hex
+changes seen
+e2e_same "$seen" "shrink 4->3 at 4 from 3 redone 1"$'\n'"shrink 3->2 at 9 from 9 redone 0" "4 -> 3 -> 2: the changes"
+e2e_same "$got" "$want" "4 -> 3 -> 2: param_hash"
+
+# A second failure during the recovery (before the smaller world's first step): a clear error, and the
+# checkpoint of step 6 still loads and continues to the same bits.
+rm -rf "$work/ckpt"
+e2e_expect 1 "a second failure came during the recovery.*--fail 1:7" "$train_mlp" "${common[@]}" --ranks 4 --stage 2 \
+  --save "$work/ckpt" --save-every 3 --elastic --fail 2:8 --fail 1:7
+e2e_run "$train_mlp" "${common[@]}" --ranks 4 --stage 2
+e2e_json want param_hash hex
+e2e_run "$train_mlp" --layers 3 --hidden 48 --batch 24 --micro-batch 2 --reproducible --steps 6 --json --ranks 3 \
+  --stage 2 --resume "$work/ckpt"
+e2e_json got param_hash hex
+e2e_same "$got" "$want" "the checkpoint left by the failed recovery, resumed at N = 3 to step 12"
+
+# Without --elastic, a planted failure fails the run naming the rank.
+e2e_expect 1 "planted failure \(--fail 1:3\): rank 1" "$train_mlp" "${common[@]}" --ranks 2 --fail 1:3
+# A world that cannot hold the batch at N - 1 is an error naming it, not a hang.
+rm -rf "$work/ckpt"
+e2e_expect 1 "cannot go on at 3 ranks.*global batch 16" "$train_mlp" --layers 3 --hidden 48 --batch 16 \
+  --micro-batch 2 --reproducible --steps 6 --ranks 4 --save "$work/ckpt" --save-every 2 --elastic --fail 0:4
+
+# Refusals.
+e2e_expect 2 "--elastic needs --save" "$train_mlp" "${common[@]}" --ranks 4 --elastic
+e2e_expect 2 "--elastic needs --ranks 2" "$train_mlp" "${common[@]}" --ranks 1 --elastic --save "$work/x"
+e2e_expect 2 "the run has ranks 0-3" "$train_mlp" "${common[@]}" --ranks 4 --fail 4:3
+e2e_expect 2 "the run trains steps 1-12" "$train_mlp" "${common[@]}" --ranks 4 --fail 1:13
+e2e_expect 2 "expected RANK:STEP" "$train_mlp" "${common[@]}" --ranks 4 --fail 1-3
+e2e_expect 2 "expected RANK:STEP" "$train_mlp" "${common[@]}" --ranks 4 --fail 1:0
+e2e_expect 2 "--rejoin-step needs --elastic" "$train_mlp" "${common[@]}" --ranks 4 --rejoin-step 3
+if "$train_mlp" --help | grep -q -- "--backend"; then
+  e2e_expect 2 "run on --backend threads" "$train_mlp" "${common[@]}" --backend mpi --elastic --save "$work/x"
+fi
+echo "train_mlp --elastic: every case passed"
