@@ -653,8 +653,14 @@ int main(int argc, char** argv) {
       problem = trainer::split_batch(o, g.model.batch, world / g.tp,
                                      data_parallel_text(g.tp, "the number of MPI processes", world));
     if (problem.empty()) problem = trainer::zeropp_problem(o, world / g.tp);
+    if (problem.empty()) problem = trainer::planted_problem(o, world);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
+    std::optional<trainer::elastic_monitor> planted;  // --fail: this process's rank throws there
+    if (!o.planted.empty()) {
+      planted.emplace(o.planted).launch(world);
+      o.monitor = &*planted;
+    }
     zero::comm::mpi_options mpi_opt;
     mpi_opt.timeout = comm_timeout;
     zero::comm::mpi::run(

@@ -274,8 +274,14 @@ int main(int argc, char** argv) {
     else if (problem = trainer::split_batch(o, o.model.batch, world, "the number of MPI processes " + std::to_string(world));
              problem.empty())
       problem = trainer::zeropp_problem(o, world);
+    if (problem.empty()) problem = trainer::planted_problem(o, world);
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
+    std::optional<trainer::elastic_monitor> planted;  // --fail: this process's rank throws there
+    if (!o.planted.empty()) {
+      planted.emplace(o.planted).launch(world);
+      o.monitor = &*planted;
+    }
     // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
     zero::comm::mpi_options mpi_opt;
     mpi_opt.timeout = comm_timeout;

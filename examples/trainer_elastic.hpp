@@ -112,32 +112,41 @@ inline void add_elastic_flags(CLI::App& app, options& o) {
          },
          "plant a failure: rank RANK throws as it begins step STEP (counted from 1 over the whole run; ranks "
          "numbered in the world that reaches it); repeatable: each fires after the one before it, so a second one "
-         "at an earlier step fails the recovery from the first; for tests and demos of --elastic")
+         "at an earlier step fails the recovery from the first; for tests and demos of --elastic and of "
+         "scripts/elastic_mpirun.py")
       ->type_name("RANK:STEP");
   toolcli::add_integer(app, "--rejoin-step", o.rejoin_step, std::uint64_t{1}, std::uint64_t{1} << 40,
                        "with --elastic: a lost rank comes back at this step (the smaller world saves there and the "
                        "whole world goes on from that checkpoint)");
 }
 
+// What is wrong with the planted failures in a world of `ranks` ranks ("" when nothing).
+inline std::string planted_problem(const options& o, int ranks) {
+  for (const auto& p : o.planted) {
+    if (p.rank >= ranks)
+      return "--fail " + std::to_string(p.rank) + ":" + std::to_string(p.step) + ": the run has ranks 0-" +
+             std::to_string(ranks - 1);
+    if (o.resume.empty() && p.step > static_cast<std::uint64_t>(o.steps))
+      return "--fail " + std::to_string(p.rank) + ":" + std::to_string(p.step) + ": the run trains steps 1-" +
+             std::to_string(o.steps);
+  }
+  return "";
+}
+
 // What is wrong with the elastic flags ("" when nothing).
 inline std::string elastic_problem(const CLI::App& app, const options& o) {
-  const bool any = o.elastic || !o.planted.empty() || given(app, "--rejoin-step");
-  if (any && o.backend != "threads")
-    return "--elastic, --fail and --rejoin-step run on --backend threads (under MPI a failed process ends the job: "
-           "start mpirun again with one process fewer and --resume DIR; docs/elasticity.md)";
+  if ((o.elastic || given(app, "--rejoin-step")) && o.backend != "threads")
+    return "--elastic and --rejoin-step run on --backend threads (under MPI a failed process ends the job: "
+           "scripts/elastic_mpirun.py starts it again with one process fewer from the newest checkpoint; "
+           "docs/elasticity.md)";
   if (o.elastic && o.save.empty())
     return "--elastic needs --save DIR: the checkpoints a smaller world goes on from (with --save-every K, at most "
            "K steps are trained again)";
   if (o.elastic && o.ranks < 2) return "--elastic needs --ranks 2 or more: a world of one rank has none to spare";
   if (given(app, "--rejoin-step") && !o.elastic) return "--rejoin-step needs --elastic";
-  for (const auto& p : o.planted) {
-    if (p.rank >= o.ranks)
-      return "--fail " + std::to_string(p.rank) + ":" + std::to_string(p.step) + ": the run has ranks 0-" +
-             std::to_string(o.ranks - 1);
-    if (o.resume.empty() && p.step > static_cast<std::uint64_t>(o.steps))
-      return "--fail " + std::to_string(p.rank) + ":" + std::to_string(p.step) + ": the run trains steps 1-" +
-             std::to_string(o.steps);
-  }
+  // Under MPI the world is known once MPI starts: the trainer checks the ranks then (planted_problem).
+  if (o.backend == "threads")
+    if (std::string p = planted_problem(o, o.ranks); !p.empty()) return p;
   if (o.resume.empty() && o.rejoin_step > static_cast<std::uint64_t>(o.steps))
     return "--rejoin-step " + std::to_string(o.rejoin_step) + ": the run trains steps 1-" + std::to_string(o.steps);
   return "";
