@@ -278,10 +278,7 @@ int main(int argc, char** argv) {
     if (!problem.empty()) return rank == 0 ? usage_error(problem) : 2;
     o.ranks = world;
     std::optional<trainer::elastic_monitor> planted;  // --fail: this process's rank throws there
-    if (!o.planted.empty()) {
-      planted.emplace(o.planted).launch(world);
-      o.monitor = &*planted;
-    }
+    trainer::plant_failures(o, planted, world);
     // A rank that throws ends the job through MPI_Abort: its peers would otherwise wait forever.
     zero::comm::mpi_options mpi_opt;
     mpi_opt.timeout = comm_timeout;
@@ -326,10 +323,7 @@ int main(int argc, char** argv) {
         s = elastic.emplace(o).run(launch);
       } else {
         std::optional<trainer::elastic_monitor> planted;  // --fail without --elastic: the run fails
-        if (!o.planted.empty()) {
-          planted.emplace(o.planted).launch(o.ranks);
-          o.monitor = &*planted;
-        }
+        trainer::plant_failures(o, planted, o.ranks);
         launch(o, s);
       }
     } catch (...) {

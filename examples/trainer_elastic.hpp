@@ -152,6 +152,14 @@ inline std::string elastic_problem(const CLI::App& app, const options& o) {
   return "";
 }
 
+// --fail without --elastic (threads), or in one process of an MPI job: a monitor for a single launch of
+// `ranks` ranks, wired into o; nothing without --fail.
+inline void plant_failures(options& o, std::optional<elastic_monitor>& monitor, int ranks) {
+  if (o.planted.empty()) return;
+  monitor.emplace(o.planted).launch(ranks);
+  o.monitor = &*monitor;
+}
+
 // The trainers' step loops call these: no-ops unless the run has a monitor (--elastic or --fail).
 inline void step_begins(const options& o, int rank, std::uint64_t t) {
   if (o.monitor) o.monitor->step_begins(rank, t);
