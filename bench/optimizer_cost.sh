@@ -2,7 +2,7 @@
 # The optimizer's part of a training step for each kind of optimizer against AdamW's, in one run: train_mlp's time_optimizer_s.
 #
 # train_mlp --hidden 1024 (2.18M parameters, fp32, stage 3) on 1 rank, for AdamW (element-wise), LAMB
-# (tensor-wise: the per-tensor exact sums) and Muon (matrix: the Newton-Schulz products), at
+# (tensor-wise: the per-tensor sums) and Muon (matrix: the Newton-Schulz products), at
 # --host-threads 1 and 2, run --rounds times interleaved (this machine's memory bandwidth drifts between
 # processes, so only figures of one run compare); each optimizer's best time_optimizer_s over the
 # rounds, and its ratio to AdamW's at the same thread count (targets: LAMB <= 1.5, Muon as its products

@@ -3,52 +3,43 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "zero/concepts/optimizer_state.hpp"
-#include "zero/core/binned.hpp"
 #include "zero/core/elementwise.hpp"
 #include "zero/sys/host.hpp"
 #include "zero/sys/host_products.hpp"
 
 namespace testing {
 
-// n elements that make one whole tensor, the averaged gradient g already divided: an element-wise
-// optimizer's rule on each (elementwise::update), a tensor-wise optimizer's three parts with the
-// tensor's exact sums by their definition (binned_sum_of_squares), or, for a matrix optimizer and a tensor of
-// shape (..., rows, cols), its three parts on each rows x cols matrix, as a 1-rank engine runs them
-// (a shape of one dimension, or none, takes its element-wise rule). p: the parameter copy, or nullptr.
-// A tensor's exact sum of squares by its definition, one value at a time (the engine's tensor_sums
-// takes it block by block, in any split): each square, exact in double, cut into words below the
-// top bin (one above the largest square's) by binned::to_words, the words added, carried, and rounded
-// once; NaN where a value is NaN, else infinity where one is infinite.
-inline double binned_sum_of_squares(const std::vector<float>& xs) {
-  float largest = 0.0f;
-  bool nan = false, infinite = false;
-  for (float x : xs) {
-    nan |= x != x;
-    infinite |= std::isinf(x);
-    if (std::isfinite(x)) largest = std::max(largest, std::fabs(x));
+// A tensor's sum of squares by its definition (engine/tensor_sums.hpp's order), one value at a time:
+// in each block of 64, lane l (of 16) adds the squares of elements l, l + 16, l + 32, l + 48 from 0.0
+// and the lanes are added pairwise (l + 8, + 4, + 2, + 1); a leaf of 64 blocks adds their sums in
+// order from 0.0; the tensor adds its leaves' sums in order from 0.0.
+inline double ordered_sum_of_squares(const std::vector<float>& xs) {
+  double total = 0.0;
+  for (std::size_t leaf = 0; leaf < xs.size(); leaf += 4096) {
+    double leaf_sum = 0.0;
+    for (std::size_t b = leaf; b < std::min(leaf + 4096, xs.size()); b += 64) {
+      double lane[16] = {};
+      for (std::size_t j = b; j < std::min(b + 64, xs.size()); ++j)
+        lane[(j - b) % 16] += static_cast<double>(xs[j]) * static_cast<double>(xs[j]);
+      for (int h = 8; h >= 1; h /= 2)
+        for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
+      leaf_sum += lane[0];
+    }
+    total += leaf_sum;
   }
-  if (nan) return std::numeric_limits<double>::quiet_NaN();
-  if (infinite) return std::numeric_limits<double>::infinity();
-  if (largest == 0.0f) return 0.0;
-  constexpr int K = zero::binned::words + 1;
-  const int top = zero::binned::summary_of(static_cast<double>(largest) * largest).bin + 1;
-  std::int64_t acc[K] = {};
-  for (float x : xs) {
-    std::int64_t w[K];
-    zero::binned::to_words(static_cast<double>(x) * x, top, w);
-    for (int k = 0; k < K; ++k) acc[k] += w[k];
-  }
-  zero::binned::carry(acc);
-  return zero::binned::round<double>(acc, top);
+  return total;
 }
 
+// n elements that make one whole tensor, the averaged gradient g already divided: an element-wise
+// optimizer's rule on each (elementwise::update), a tensor-wise optimizer's three parts with the
+// tensor's sums by their definition (ordered_sum_of_squares), or, for a matrix optimizer and a tensor of
+// shape (..., rows, cols), its three parts on each rows x cols matrix, as a 1-rank engine runs them
+// (a shape of one dimension, or none, takes its element-wise rule). p: the parameter copy, or nullptr.
 template <class Opt, class G, class P>
 void tensor_step(const typename Opt::step_constants& c, const G* g, float* w, float* const* slots, P* p, std::size_t n,
                  const std::vector<std::size_t>* shape = nullptr) {
@@ -85,7 +76,7 @@ void tensor_step(const typename Opt::step_constants& c, const G* g, float* w, fl
     std::vector<float> xs[K];
     for (std::size_t j = 0; j < n; ++j) terms(j, [&](std::size_t k, float x) { xs[k].push_back(x); });
     double sq[K];
-    for (std::size_t k = 0; k < K; ++k) sq[k] = binned_sum_of_squares(xs[k]);
+    for (std::size_t k = 0; k < K; ++k) sq[k] = ordered_sum_of_squares(xs[k]);
     const float* read[Opt::slots > 0 ? Opt::slots : 1] = {};
     for (int k = 0; k < Opt::slots; ++k) read[k] = slots[k];
     zero::elementwise::apply_factor<Opt>(host, c, Opt::tensor_factor(c, sq), w, read, p, n);

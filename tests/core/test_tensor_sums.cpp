@@ -1,145 +1,236 @@
-// zero::tensor_sums: a tensor's sums of squares, the same bits however its elements are cut over ranks, and within a
-// rounding of the exact sum.
+// zero::tensor_sums: a tensor's sums of squares in the order its own indices fix, the same bits however its elements
+// are cut over ranks, threads and chunks, on every SIMD level, and near the exact sum.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "../optimizer_step.hpp"
+#include "zero/core/layout.hpp"
+#include "zero/core/model_spec.hpp"
 #include "zero/engine/tensor_sums.hpp"
 #include "zero/sys/host.hpp"
+#include "zero/sys/host_loop.hpp"
 
 namespace {
 
-// The sums of squares of xs[t] (one tensor each, sum 0) with the values cut into `parts` contiguous
-// pieces, each piece's sums kept apart as a rank keeps its own and added in blocks of `block` values
-// (the sweep's blocks; each cut below its own top), then combined as the engine's all-reduces combine
-// them: the summaries with max, the words with sum.
-std::vector<double> cut_sums(const std::vector<std::vector<float>>& xs, int parts, std::size_t block = 1024) {
-  const std::size_t tensors = xs.size();
-  std::vector<zero::tensor_sums> ranks(static_cast<std::size_t>(parts), zero::tensor_sums(tensors, 1));
-  const auto piece = [&](std::size_t t, int r) {
-    const std::size_t n = xs[t].size();
-    return std::pair{n * static_cast<std::size_t>(r) / static_cast<std::size_t>(parts),
-                     n * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(parts)};
-  };
-  for (int r = 0; r < parts; ++r)
-    for (std::size_t t = 0; t < tensors; ++t)
-      for (auto [b, e] = piece(t, r); b < e; b += block)
-        ranks[static_cast<std::size_t>(r)].add(zero::sys::host{}, t, 0, xs[t].data() + b, std::min(block, e - b));
-  std::vector<std::int64_t> summary = ranks[0].packed_summaries();
-  for (int r = 1; r < parts; ++r) {
-    const auto mine = ranks[static_cast<std::size_t>(r)].packed_summaries();
-    for (std::size_t e = 0; e < summary.size(); ++e) summary[e] = std::max(summary[e], mine[e]);
-  }
-  for (auto& rank : ranks) rank.agree(summary);
-  std::vector<std::int64_t> words(ranks[0].words_to_reduce().size(), 0);
-  for (auto& rank : ranks) {
-    const auto& w = rank.words_to_reduce();
-    for (std::size_t k = 0; k < words.size(); ++k) words[k] += w[k];
-  }
-  for (auto& rank : ranks) rank.words_to_reduce() = words;
-  std::vector<double> out;
-  for (std::size_t t = 0; t < tensors; ++t) out.push_back(ranks[0].sum(t, 0));
-  // Every rank rounds the same words: the same sums.
-  for (auto& rank : ranks)
-    for (std::size_t t = 0; t < tensors; ++t)
-      CHECK(std::bit_cast<std::uint64_t>(rank.sum(t, 0)) == std::bit_cast<std::uint64_t>(out[t]));
-  return out;
+constexpr int K = 2;  // sums per tensor, as optim::lamb's
+
+using values = std::vector<std::vector<std::vector<float>>>;  // [tensor][sum][element]
+
+// Magnitudes over 60 binades, signs mixed.
+std::vector<float> random_values(std::size_t n, std::mt19937_64& rng) {
+  std::vector<float> v(n);
+  for (auto& x : v)
+    x = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng),
+                   std::uniform_int_distribution<int>(-30, 30)(rng));
+  return v;
 }
 
-// The definition the blocks must equal: every square cut below the tensor's top (one above its
-// largest square's bin) one value at a time, the words added up, carried, and rounded once.
-double cut_below_the_top(const std::vector<float>& xs) {
-  float largest = 0.0f;
-  for (float x : xs) largest = std::max(largest, std::fabs(x));
-  if (largest == 0.0f) return 0.0;
-  const int top = zero::binned::summary_of(static_cast<double>(largest) * largest).bin + 1;
-  std::int64_t acc[zero::tensor_sums::word_count] = {};
-  for (float x : xs) {
-    std::int64_t w[zero::tensor_sums::word_count];
-    zero::binned::to_words(static_cast<double>(x) * x, top, w);
-    for (int k = 0; k < zero::tensor_sums::word_count; ++k) acc[k] += w[k];
+struct outcome {
+  std::vector<std::vector<double>> sums;  // [rank][tensor x K + k]; NaN where the rank holds none of the tensor
+  std::size_t exchanged = 0;              // the all-reduce's doubles
+};
+
+// Every rank of `ranks` adds the elements it updates in pieces cut at random points (as a thread's
+// range, an offload chunk and the sweep's blocks cut them), the pieces in a random order; the
+// exchanges are added in rank order, as the all-reduce adds them; each rank completes its sums.
+outcome run(const zero::model_spec& spec, int ranks, bool sharded, const values& xs, std::mt19937_64& rng) {
+  const zero::layout l = zero::layout::make(spec, ranks);
+  std::deque<zero::tensor_sums> rank_sums;  // (not movable: a lock)
+  for (int r = 0; r < ranks; ++r) rank_sums.emplace_back(l, sharded, r, K);
+  for (int r = 0; r < ranks; ++r) {
+    zero::tensor_sums& s = rank_sums[static_cast<std::size_t>(r)];
+    struct piece {
+      std::size_t t, k, at, m;
+    };
+    std::vector<piece> pieces;
+    for (std::size_t t = 0; t < s.tensors(); ++t) {
+      const auto& tensor = s.layout_shape().tensors[t];
+      const zero::range mine = zero::intersect(zero::range{tensor.begin, tensor.begin + tensor.size},
+                                               l.updated_real(zero::unit_id{tensor.unit}, r, sharded));
+      if (mine.empty()) continue;
+      for (std::size_t k = 0; k < K; ++k)
+        for (std::size_t at = mine.begin - tensor.begin; at < mine.end - tensor.begin;) {
+          const std::size_t m = std::min<std::size_t>(
+              mine.end - tensor.begin - at, std::uniform_int_distribution<std::size_t>(1, 300)(rng) *
+                                                (std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 64 : 1));
+          pieces.push_back({t, k, at, m});
+          at += m;
+        }
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    for (const piece& p : pieces) s.add(zero::sys::host{}, p.t, p.k, p.at, xs[p.t][p.k].data() + p.at, p.m);
   }
-  zero::binned::carry(acc);
-  return zero::binned::round<double>(acc, top);
+  outcome o;
+  std::vector<double> total;
+  for (auto& s : rank_sums) {
+    const std::vector<double>& w = s.exchange();
+    if (total.empty()) total.assign(w.size(), 0.0);
+    REQUIRE(w.size() == total.size());
+    for (std::size_t i = 0; i < w.size(); ++i) total[i] += w[i];
+  }
+  o.exchanged = total.size();
+  for (int r = 0; r < ranks; ++r) {
+    zero::tensor_sums& s = rank_sums[static_cast<std::size_t>(r)];
+    s.exchange() = total;
+    s.complete();
+    std::vector<double> mine;
+    for (std::size_t t = 0; t < s.tensors(); ++t) {
+      const auto& tensor = s.layout_shape().tensors[t];
+      const bool holds = !zero::intersect(zero::range{tensor.begin, tensor.begin + tensor.size},
+                                          l.updated_real(zero::unit_id{tensor.unit}, r, sharded))
+                              .empty();
+      for (std::size_t k = 0; k < K; ++k) mine.push_back(holds ? s.sum(t, k) : std::nan(""));
+    }
+    o.sums.push_back(mine);
+  }
+  return o;
+}
+
+// Tensors of many sizes around the blocks (64) and leaves (4096), in units whose slices cut them
+// inside a block, on a block's edge, on a leaf's edge, or not at all.
+zero::model_spec test_spec() {
+  zero::model_spec spec;
+  spec.unit("a").tensor("w", {5000}).tensor("b", {1}).tensor("c", {37}).tensor("d", {8192}).tensor("e", {64});
+  spec.unit("b").tensor("w", {3 * 4096 + 17}).tensor("b", {100});
+  spec.unit("c").tensor("w", {8192});  // slices at 2 ranks meet at a leaf's edge
+  spec.unit("d").tensor("w", {40, 30});
+  return spec;
+}
+
+values test_values(const zero::model_spec& spec, std::mt19937_64& rng) {
+  values xs;
+  for (const auto& u : spec.units())
+    for (const auto& t : u.tensors) {
+      xs.emplace_back();
+      for (int k = 0; k < K; ++k) xs.back().push_back(random_values(t.numel, rng));
+    }
+  if (xs.size() < 3) return xs;
+  std::fill(xs[1][1].begin(), xs[1][1].end(), 0.0f);  // a tensor of zeros
+  xs[2][0][5] = std::numeric_limits<float>::denorm_min();
+  xs[2][0][6] = std::numeric_limits<float>::max();
+  return xs;
+}
+
+void check_against_definition(const outcome& o, const values& xs) {
+  for (std::size_t r = 0; r < o.sums.size(); ++r)
+    for (std::size_t t = 0; t < xs.size(); ++t)
+      for (std::size_t k = 0; k < K; ++k) {
+        const double got = o.sums[r][t * K + k];
+        if (std::isnan(got)) continue;  // the rank holds none of the tensor
+        CAPTURE(r);
+        CAPTURE(t);
+        CAPTURE(k);
+        CHECK(std::bit_cast<std::uint64_t>(got) ==
+              std::bit_cast<std::uint64_t>(testing::ordered_sum_of_squares(xs[t][k])));
+      }
 }
 
 }  // namespace
 
-TEST_CASE("tensor_sums: every cut of the tensors over ranks gives the same bits, near the exact sum") {
+TEST_CASE("tensor_sums: every cut over ranks, threads and chunks gives the definition's bits, in every stage") {
   std::mt19937_64 rng(7);
-  std::vector<std::vector<float>> xs;
-  // Magnitudes over 60 binades, a tensor of one value, one of zeros, one with a subnormal, an empty one.
-  for (std::size_t n : {1000u, 1u, 37u, 4096u}) {
-    std::vector<float> v(n);
-    for (auto& x : v)
-      x = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng),
-                     std::uniform_int_distribution<int>(-30, 30)(rng));
-    xs.push_back(v);
-  }
-  xs.push_back(std::vector<float>(50, 0.0f));
-  xs.push_back({std::numeric_limits<float>::denorm_min(), 3.0f});
-  xs.push_back({});
-  const std::vector<double> one = cut_sums(xs, 1);
-  for (int parts : {2, 3, 4, 7}) {
-    CAPTURE(parts);
-    const std::vector<double> cut = cut_sums(xs, parts);
-    for (std::size_t t = 0; t < xs.size(); ++t)
-      CHECK(std::bit_cast<std::uint64_t>(cut[t]) == std::bit_cast<std::uint64_t>(one[t]));
-  }
-  for (std::size_t t = 0; t < xs.size(); ++t) {
-    CAPTURE(t);
-    long double exact = 0;  // 64-bit significands: far closer than the double result's rounding here
-    for (float x : xs[t]) exact += static_cast<long double>(x) * static_cast<long double>(x);
-    CHECK(std::fabs(static_cast<long double>(one[t]) - exact) <= 2e-16L * exact);
-  }
-  CHECK(one[4] == 0.0);
-  CHECK(one[6] == 0.0);
-  CHECK(one[1] == static_cast<double>(xs[1][0]) * xs[1][0]);
+  const zero::model_spec spec = test_spec();
+  const values xs = test_values(spec, rng);
+  for (int ranks : {1, 2, 3, 4, 7})
+    for (bool sharded : {true, false}) {
+      CAPTURE(ranks);
+      CAPTURE(sharded);
+      const outcome o = run(spec, ranks, sharded, xs, rng);
+      check_against_definition(o, xs);
+      // Every rank holds some tensor here, and each tensor's sums are on some rank.
+      for (std::size_t t = 0; t < xs.size(); ++t) {
+        bool somewhere = false;
+        for (const auto& mine : o.sums) somewhere |= !std::isnan(mine[t * K]);
+        CHECK(somewhere);
+      }
+      const zero::tensor_sums::shape shape = zero::tensor_sums::shape_of(zero::layout::make(spec, ranks), sharded);
+      CHECK(o.exchanged == shape.exchange_doubles(K));
+      if (!sharded || ranks == 1) CHECK(o.exchanged == 0);
+      if (sharded && ranks > 1) CHECK(o.exchanged > 0);
+    }
 }
 
-TEST_CASE("tensor_sums: blocks cut below their own tops give the bits of every value cut below the tensor's") {
-  // Blocks whose tops differ from the tensor's by several bins: the tiny values' squares fall below the
-  // tensor's kept bins (dropped, as the definition drops them) and the huge ones set the top; blocks of
-  // 1 value, of a few, and of the sweep's 1024, over one rank and several.
-  std::mt19937_64 rng(11);
-  std::vector<std::vector<float>> xs;
-  for (int spread : {2, 20, 60, 120}) {
-    std::vector<float> v(3000);
-    for (auto& x : v)
-      x = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng),
-                     std::uniform_int_distribution<int>(-spread, spread)(rng));
-    xs.push_back(v);
+TEST_CASE("tensor_sums: the exchange carries the cut tensors' leaves, and the cut leaves' and blocks' entries") {
+  // One unit of one tensor of 8192 at 2 ranks: the slices meet at 4096, a leaf's edge, so two leaves
+  // go over the wire and nothing else; a tensor of 8192 + 64 moves the boundary inside a leaf and a block.
+  zero::model_spec edge;
+  edge.unit("u").tensor("w", {8192});
+  const auto s = zero::tensor_sums::shape_of(zero::layout::make(edge, 2), true);
+  CHECK(s.exchanged_leaves == 2);
+  CHECK(s.cut_leaves.empty());
+  CHECK(s.cut_blocks.empty());
+  CHECK(s.exchange_doubles(K) == 2 * K);
+  zero::model_spec inside;
+  inside.unit("u").tensor("b", {16}).tensor("w", {8192});  // the slices meet inside w, off its leaves' edges
+  const zero::layout l = zero::layout::make(inside, 2);
+  const auto c = zero::tensor_sums::shape_of(l, true);
+  const std::size_t boundary = l.owned(zero::unit_id{0}, 1).begin - 16;  // in tensor w
+  CHECK(c.exchanged_leaves == 2);
+  CHECK(c.cut_leaves.size() == (boundary % 4096 != 0 ? 1u : 0u));
+  CHECK(c.cut_blocks.size() == (boundary % 64 != 0 ? 1u : 0u));
+  CHECK(c.exchange_doubles(K) == K * (2 + 64 * (c.cut_leaves.size() + c.cut_blocks.size())));
+  // Not sharded: nothing to exchange.
+  CHECK(zero::tensor_sums::shape_of(l, false).exchange_doubles(K) == 0);
+}
+
+TEST_CASE("tensor_sums: the blocks' packs give the scalar order's bits on every SIMD level") {
+  std::mt19937_64 rng(3);
+  std::vector<float> x = random_values(64 * 200, rng);
+  for (std::size_t i = 0; i < x.size(); i += 97) x[i] = 0.0f;
+  std::vector<double> want(200);
+  for (std::size_t b = 0; b < want.size(); ++b)
+    want[b] = testing::ordered_sum_of_squares(std::vector<float>(x.begin() + 64 * b, x.begin() + 64 * (b + 1)));
+  using zero::sys::host_loop::isa;
+  for (isa level : {isa::scalar, isa::sse2, isa::avx2, isa::avx512}) {
+    CAPTURE(static_cast<int>(level));
+    const isa before = zero::sys::host_loop::set_cap(level);
+    std::vector<double> got(want.size());
+    zero::sys::host::square_block_sums(x.data(), want.size(), got.data());
+    zero::sys::host_loop::set_cap(before);
+    for (std::size_t b = 0; b < want.size(); ++b)
+      CHECK(std::bit_cast<std::uint64_t>(got[b]) == std::bit_cast<std::uint64_t>(want[b]));
   }
-  std::vector<float> ramp(2500);  // magnitudes rising along the tensor: each block's top is higher
-  for (std::size_t i = 0; i < ramp.size(); ++i) ramp[i] = std::ldexp(1.0f + static_cast<float>(i % 7) / 8, static_cast<int>(i / 20) - 70);
-  xs.push_back(ramp);
-  xs.push_back({std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(), -1e-30f, 1.0f});
-  for (std::size_t block : {std::size_t{1}, std::size_t{5}, std::size_t{64}, std::size_t{1024}})
-    for (int parts : {1, 3}) {
-      CAPTURE(block);
-      CAPTURE(parts);
-      const std::vector<double> got = cut_sums(xs, parts, block);
-      for (std::size_t t = 0; t < xs.size(); ++t) {
-        CAPTURE(t);
-        CHECK(std::bit_cast<std::uint64_t>(got[t]) == std::bit_cast<std::uint64_t>(cut_below_the_top(xs[t])));
-      }
-    }
+}
+
+TEST_CASE("tensor_sums: within a few hundred roundings of the exact sum") {
+  std::mt19937_64 rng(5);
+  for (std::size_t n : {1u, 37u, 4096u, 100000u, 1u << 20}) {
+    CAPTURE(n);
+    const std::vector<float> x = random_values(n, rng);
+    long double exact = 0;  // 64-bit significands, summed one square at a time
+    for (float v : x) exact += static_cast<long double>(v) * static_cast<long double>(v);
+    const double got = testing::ordered_sum_of_squares(x);
+    CHECK(std::fabs(static_cast<long double>(got) - exact) <= 1e-13L * exact);
+  }
 }
 
 TEST_CASE("tensor_sums: a NaN or an infinity anywhere decides the sum on every rank") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<std::vector<float>> xs = {{1.0f, 2.0f, inf, 4.0f}, {1.0f, nan, 3.0f, inf}, {1.0f, 2.0f, 3.0f, 4.0f}};
-  for (int parts : {1, 2, 4}) {
-    CAPTURE(parts);
-    const auto s = cut_sums(xs, parts);
-    CHECK(std::isinf(s[0]));
-    CHECK(std::isnan(s[1]));
-    CHECK(s[2] == 30.0);
+  zero::model_spec spec;
+  spec.unit("u").tensor("a", {5000}).tensor("b", {5000});
+  std::mt19937_64 rng(9);
+  values xs = test_values(spec, rng);
+  xs[0][0][4999] = inf;
+  xs[0][1][17] = nan;
+  xs[1][0][2500] = -inf;
+  xs[1][1][0] = nan;
+  xs[1][1][4000] = inf;
+  for (int ranks : {1, 2, 4}) {
+    CAPTURE(ranks);
+    const outcome o = run(spec, ranks, true, xs, rng);
+    for (const auto& mine : o.sums) {
+      if (!std::isnan(mine[0])) CHECK(std::isinf(mine[0]));
+      CHECK(std::isnan(mine[1]));  // NaN, or not held
+      if (!std::isnan(mine[2])) CHECK(std::isinf(mine[2]));
+      CHECK(std::isnan(mine[3]));
+    }
   }
 }

@@ -12,7 +12,6 @@
 #include "zero/comm/counted.hpp"
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/precision_policy.hpp"
-#include "zero/core/binned.hpp"
 #include "zero/core/checked.hpp"
 #include "zero/core/formulas.hpp"
 #include "zero/core/layout.hpp"
@@ -23,6 +22,7 @@
 #include "zero/engine/matrix_owners.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/tensor_sums.hpp"
 #include "zero/error.hpp"
 #include "zero/partition/stages.hpp"
 
@@ -130,8 +130,8 @@ struct plan_report {
   // rank (8 x 4 x N bytes); twice the sums for a rank's pieces of a tensor-parallel mesh (the split and
   // the replicated tensors' apart), whose engine computes the norm at every step
   std::uint64_t norm_bytes = 0;
-  // step()'s buffer of a tensor-wise optimizer's sums (stages 1-3 at N > 1): the larger of its two
-  // all-reduces, binned::words + 1 int64 words per sum of every tensor (optim::lamb: two sums)
+  // step()'s buffer of a tensor-wise optimizer's sums (stages 1-3 at N > 1, where a shard boundary cuts
+  // a tensor): its all-reduce's doubles (engine/tensor_sums.hpp: tensor_sums::shape::exchange_doubles)
   std::uint64_t tensor_sums_bytes = 0;
   // step()'s buffers of a matrix optimizer (engine/matrix_owners.hpp): the staged values of the matrices'
   // held elements (the largest rank's), and the largest unit's exchange (where the states are sharded,
@@ -815,15 +815,13 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   } else if (ranks > 1 && replicas == 1) {
     detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, ranks, 1, node_size);
   }
-  // A tensor-wise optimizer's sums (engine/tensor_sums.hpp) where the states are sharded: per sum of
-  // each tensor, one packed summary (an all-reduce with max), then binned::words + 1 words (with sum).
+  // A tensor-wise optimizer's sums (engine/tensor_sums.hpp) where a shard boundary cuts a tensor: one
+  // all-reduce of doubles, every leaf's sums and the cut leaves' and blocks' entries.
   if (optimizer.tensor_sums > 0 && shards_states && ranks > 1) {
-    std::uint64_t tensors = 0;
-    for (const unit_spec& u : spec.units()) tensors += u.tensors.size();
-    const std::uint64_t entries = tensors * static_cast<std::uint64_t>(optimizer.tensor_sums) * sizeof(std::int64_t);
-    r.tensor_sums_bytes = entries * (binned::words + 1);
-    detail::plan_count(r.control_comm, comm::collective::all_reduce, entries, ranks, 1, node_size);
-    detail::plan_count(r.control_comm, comm::collective::all_reduce, r.tensor_sums_bytes, ranks, 1, node_size);
+    r.tensor_sums_bytes =
+        tensor_sums::shape_of(l, shards_states).exchange_doubles(optimizer.tensor_sums) * sizeof(double);
+    if (r.tensor_sums_bytes > 0)
+      detail::plan_count(r.control_comm, comm::collective::all_reduce, r.tensor_sums_bytes, ranks, 1, node_size);
   }
   // A matrix optimizer's exchange (engine/matrix_owners.hpp): per unit with matrices at N > 1, each
   // matrix to its owner and back (two all_to_alls) where the states are sharded, or the owners' results

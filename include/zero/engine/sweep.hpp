@@ -5,8 +5,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/all_to_all.hpp"
@@ -171,12 +172,12 @@ class optimizer_sweep {
 
   // A tensor-wise optimizer's step (concepts/optimizer_state.hpp), in two passes over the held
   // elements, each tensor's piece at a time: the slots advance from the gradient, and the norm terms of
-  // each block of elements (in a buffer the block's size, in cache) go into the tensor's exact sums
-  // (engine/tensor_sums.hpp: binned, combined over the ranks in two all-reduces on the control link
-  // where the states are sharded over more than one rank); then each tensor's factor, and the weights.
-  // The sums are exact, so every stage, N and thread count gives the same bits. The host runs it (a
-  // device system's binned sums are not built), in memory or from the offload tier (whose disk file
-  // the two passes read twice and write twice). Where the optimizer allows it and the gradients are
+  // each block of elements (in a buffer the block's size, in cache) go into the tensor's sums
+  // (engine/tensor_sums.hpp: in an order fixed by the tensor's own indices, completed over the ranks by
+  // one all-reduce on the control link where a shard boundary cuts a tensor); then each tensor's
+  // factor, and the weights. The sums depend on the values only, so every stage, N and thread count
+  // gives the same bits. The host runs it (a device system's passes are not built), in memory or from
+  // the offload tier (whose disk file the two passes read twice and write twice). Where the optimizer allows it and the gradients are
   // fp32 (keeps_direction), the first pass leaves the update's direction in each gradient element
   // instead of zero, and the last pass reads it there (and zeroes it) instead of recomputing it from
   // the slots: the same value, so the same bits.
@@ -188,14 +189,20 @@ class optimizer_sweep {
                   "a tensor-wise optimizer (optim::lamb) runs on a host system; its device passes are not built");
     constexpr std::size_t K = static_cast<std::size_t>(Opt::tensor_sums);
     // Elements per block of terms: K buffers of 4 KiB, which stay in L1 between the pass that writes
-    // them and the cut that reads them.
+    // them and the sums that read them; a multiple of the sums' blocks, so that a thread's blocks after
+    // its first begin where a block of the sums does.
     constexpr std::size_t term_block = 1024;
+    static_assert(term_block % tensor_sums::block_size == 0);
     const std::size_t units = ctx_.layout.num_units();
     std::vector<std::size_t> first_tensor(units + 1, 0);  // the global index of each unit's first tensor
     for (std::size_t u = 0; u < units; ++u)
       first_tensor[u + 1] = first_tensor[u] + ctx_.layout.unit(unit_id{u}).tensors.size();
-    tensor_sums sums(first_tensor[units], static_cast<int>(K));
-    std::mutex sums_lock;  // the pool's threads add their blocks to `sums` one at a time
+    // Made once: its buffers (a double per 64 held elements and sum) are reused by every step.
+    if (!tensor_sums_)
+      tensor_sums_ = std::make_unique<tensor_sums>(ctx_.layout, P::shards_optimizer_states, ctx_.rank,
+                                                   static_cast<int>(K));
+    tensor_sums& sums = *tensor_sums_;
+    sums.begin_step();
     // Calls f(t, piece, group, w, p, slots) for every held piece of a tensor in the segment.
     const auto pieces = [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays, auto&& f) {
       const unit_layout& ul = ctx_.layout.unit(u);
@@ -220,14 +227,20 @@ class optimizer_sweep {
           pieces(u, i, n, arrays,
                  [&](std::size_t t, range piece, std::size_t g, float* w, param_type*, float* const* st) {
                    const unit_layout& ul = ctx_.layout.unit(u);
+                   // The piece's first element's index in its tensor.
+                   const std::size_t local = piece.begin - ul.tensors[t - first_tensor[u.index]].begin;
                    gradients([&]<class T>(T* store, bool sharded) {
                      T* gp = store + element_index(ul, piece.begin, sharded, ctx_.rank);
                      pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
                        alignas(64) float buffers[K][term_block];
                        float* terms[K];
                        for (std::size_t k = 0; k < K; ++k) terms[k] = buffers[k];
-                       for (std::size_t at = b; at < e; at += term_block) {
-                         const std::size_t m = std::min(term_block, e - at);
+                       for (std::size_t at = b, m = 0; at < e; at += m) {
+                         // A block that the range goes on after ends where a block of the sums does.
+                         m = std::min(term_block, e - at);
+                         if (const std::size_t edge = (local + at + m) / tensor_sums::block_size * tensor_sums::block_size;
+                             at + m < e && edge > local + at)
+                           m = edge - (local + at);
                          float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
                          for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + at;
                          if constexpr (keeps_direction<T>)
@@ -239,20 +252,17 @@ class optimizer_sweep {
                          else
                            elementwise::advance_with_terms<Opt>(ctx_.sys, c[g], static_cast<const T*>(gp + at),
                                                                 divisor, coef, w + at, s, terms, m);
-                         tensor_sums::block blocks[K];
-                         for (std::size_t k = 0; k < K; ++k) blocks[k] = tensor_sums::cut(ctx_.sys, terms[k], m);
-                         const std::lock_guard<std::mutex> lock(sums_lock);
-                         for (std::size_t k = 0; k < K; ++k) sums.add(t, k, blocks[k]);
+                         for (std::size_t k = 0; k < K; ++k) sums.add(ctx_.sys, t, k, local + at, terms[k], m);
                        }
                      });
                    });
                  });
         },
         true, [](unit_id) {});
-    // 2. The top bins, agreed; the words, added up.
-    sums.agree(reduce_over_ranks(sums.packed_summaries(), reduce_op::max, "tensor norms' summary"));
-    std::vector<std::int64_t>& words = sums.words_to_reduce();
-    words = reduce_over_ranks(words, reduce_op::sum, "tensor norms");
+    // 2. The leaves and blocks a shard boundary cuts, completed over the ranks; the sums.
+    std::vector<double>& exchange = sums.exchange();
+    exchange = reduce_over_ranks(std::move(exchange), reduce_op::sum, "tensor norms");
+    sums.complete();
     // 3. Each tensor's factor, and the weights.
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
@@ -415,16 +425,17 @@ class optimizer_sweep {
   }
   // The element-wise sum or max of `mine` over the ranks that share the optimizer states (the control
   // link), through the system's memory; `mine` itself where the states are not sharded or N = 1.
-  std::vector<std::int64_t> reduce_over_ranks(std::vector<std::int64_t> mine, reduce_op op, const char* what) {
+  template <class T>
+  std::vector<T> reduce_over_ranks(std::vector<T> mine, reduce_op op, const char* what) {
     if (!P::shards_optimizer_states || ctx_.ranks() == 1 || mine.empty()) return mine;
-    ctx_.make_room(mine.size() * sizeof(std::int64_t));
-    buffer<std::int64_t, system> wire(mine.size(), mem_category::transient, ctx_.acct);
-    ctx_.sys.copy_from_host(wire.data(), mine.data(), mine.size() * sizeof(std::int64_t));
+    ctx_.make_room(mine.size() * sizeof(T));
+    buffer<T, system> wire(mine.size(), mem_category::transient, ctx_.acct);
+    ctx_.sys.copy_from_host(wire.data(), mine.data(), mine.size() * sizeof(T));
     {
       const comm::scoped_label<typename Ctx::comm_backend> l(ctx_.protocol.inner(), what);
       ctx_.control.all_reduce(wire.data(), wire.data(), mine.size(), op);
     }
-    ctx_.sys.copy_to_host(mine.data(), wire.data(), mine.size() * sizeof(std::int64_t));
+    ctx_.sys.copy_to_host(mine.data(), wire.data(), mine.size() * sizeof(T));
     return mine;
   }
 
@@ -740,6 +751,7 @@ class optimizer_sweep {
   buffer<float, system> staged_;
   typename matrix_workspace<Opt>::type workspace_;
   thread_pool pool_;                               // the host update's threads (engine_options::host_threads)
+  std::unique_ptr<tensor_sums> tensor_sums_;       // a tensor-wise optimizer's sums, kept between steps
 };
 
 }  // namespace zero

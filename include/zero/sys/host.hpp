@@ -11,10 +11,12 @@
 #include "zero/core/fp.hpp"
 #include "zero/core/half_types.hpp"
 #include "zero/core/host_pages.hpp"
+#include "zero/core/square_blocks.hpp"
 #include "zero/sys/host_binned.hpp"
 #include "zero/sys/host_loop.hpp"
 #include "zero/sys/host_products.hpp"
 #include "zero/sys/host_quantize.hpp"
+#include "zero/sys/host_square_blocks.hpp"
 
 namespace zero::sys {
 
@@ -107,6 +109,14 @@ struct host {
     double acc = 0.0;
     for (std::size_t k = 0; k < count; ++k) acc += sum_of_squares(segments[k], sizes[k], divisor);
     return acc;
+  }
+
+  // Whole blocks' sums of squares in core/square_blocks.hpp's order: out[b] from x[64 b, 64 b + 64),
+  // b < count (a tensor-wise optimizer's sums, engine/tensor_sums.hpp), on SIMD packs where the CPU
+  // has AVX-512 or AVX2 (sys/host_square_blocks.hpp): the same bits.
+  static void square_block_sums(const float* x, std::size_t count, double* out) {
+    if (host_square_blocks::blocks(x, count, out)) return;
+    for (std::size_t b = 0; b < count; ++b) out[b] = square_blocks::sum(x + b * square_blocks::size, square_blocks::size);
   }
 
   // ---- the reproducible reduction's reductions (core/binned.hpp; a system without them cannot run
