@@ -38,35 +38,45 @@ struct outcome {
   std::size_t exchanged = 0;              // the all-reduce's doubles
 };
 
-// Every rank of `ranks` adds the elements it updates in pieces cut at random points (as a thread's
-// range, an offload chunk and the sweep's blocks cut them), the pieces in a random order; the
-// exchanges are added in rank order, as the all-reduce adds them; each rank completes its sums.
-outcome run(const zero::model_spec& spec, int ranks, bool sharded, const values& xs, std::mt19937_64& rng) {
-  const zero::layout l = zero::layout::make(spec, ranks);
-  std::deque<zero::tensor_sums> rank_sums;  // (not movable: a lock)
-  for (int r = 0; r < ranks; ++r) rank_sums.emplace_back(l, sharded, r, K);
+// Every rank of `ranks` adds the elements it updates in ranges cut at random points (as the threads'
+// ranges and the offload chunks cut them), each range through one adder in calls cut at random points
+// (the sweep's blocks), both sums a call at a time; the ranges in a random order. The exchanges are
+// added in rank order, as the all-reduce adds them; each rank completes its sums.
+outcome step_of(const zero::layout& l, std::deque<zero::tensor_sums>& rank_sums, bool sharded, const values& xs,
+                std::mt19937_64& rng) {
+  const int ranks = l.ranks();
+  const auto cut = [&](std::size_t at, std::size_t end, std::size_t most) {
+    std::vector<std::pair<std::size_t, std::size_t>> pieces;
+    while (at < end) {
+      std::size_t m = std::uniform_int_distribution<std::size_t>(1, most)(rng);
+      if (std::uniform_int_distribution<int>(0, 2)(rng) == 0) m = (m + 63) / 64 * 64;
+      m = std::min(m, end - at);
+      pieces.emplace_back(at, m);
+      at += m;
+    }
+    return pieces;
+  };
   for (int r = 0; r < ranks; ++r) {
     zero::tensor_sums& s = rank_sums[static_cast<std::size_t>(r)];
-    struct piece {
-      std::size_t t, k, at, m;
+    s.begin_step();
+    struct range_of {
+      std::size_t t, at, m;
     };
-    std::vector<piece> pieces;
+    std::vector<range_of> ranges;
     for (std::size_t t = 0; t < s.tensors(); ++t) {
       const auto& tensor = s.layout_shape().tensors[t];
       const zero::range mine = zero::intersect(zero::range{tensor.begin, tensor.begin + tensor.size},
                                                l.updated_real(zero::unit_id{tensor.unit}, r, sharded));
       if (mine.empty()) continue;
-      for (std::size_t k = 0; k < K; ++k)
-        for (std::size_t at = mine.begin - tensor.begin; at < mine.end - tensor.begin;) {
-          const std::size_t m = std::min<std::size_t>(
-              mine.end - tensor.begin - at, std::uniform_int_distribution<std::size_t>(1, 300)(rng) *
-                                                (std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 64 : 1));
-          pieces.push_back({t, k, at, m});
-          at += m;
-        }
+      for (auto [at, m] : cut(mine.begin - tensor.begin, mine.end - tensor.begin, 9000)) ranges.push_back({t, at, m});
     }
-    std::shuffle(pieces.begin(), pieces.end(), rng);
-    for (const piece& p : pieces) s.add(zero::sys::host{}, p.t, p.k, p.at, xs[p.t][p.k].data() + p.at, p.m);
+    std::shuffle(ranges.begin(), ranges.end(), rng);
+    for (const range_of& g : ranges) {
+      zero::tensor_sums::adder adder(s, g.t);
+      for (auto [at, m] : cut(g.at, g.at + g.m, 1100))
+        for (std::size_t k = 0; k < K; ++k) adder.add(zero::sys::host{}, k, at, xs[g.t][k].data() + at, m);
+      adder.finish();
+    }
   }
   outcome o;
   std::vector<double> total;
@@ -90,6 +100,21 @@ outcome run(const zero::model_spec& spec, int ranks, bool sharded, const values&
       for (std::size_t k = 0; k < K; ++k) mine.push_back(holds ? s.sum(t, k) : std::nan(""));
     }
     o.sums.push_back(mine);
+  }
+  return o;
+}
+
+// With `before`, the same objects first take a step over those values (what one step leaves must not
+// reach the next).
+outcome run(const zero::model_spec& spec, int ranks, bool sharded, const values& xs, std::mt19937_64& rng,
+            const values* before = nullptr) {
+  const zero::layout l = zero::layout::make(spec, ranks);
+  std::deque<zero::tensor_sums> rank_sums;  // (not movable: a lock)
+  for (int r = 0; r < ranks; ++r) rank_sums.emplace_back(l, sharded, r, K);
+  outcome o;
+  for (const values* step : {before, &xs}) {
+    if (!step) continue;
+    o = step_of(l, rank_sums, sharded, *step, rng);
   }
   return o;
 }
@@ -138,12 +163,12 @@ void check_against_definition(const outcome& o, const values& xs) {
 TEST_CASE("tensor_sums: every cut over ranks, threads and chunks gives the definition's bits, in every stage") {
   std::mt19937_64 rng(7);
   const zero::model_spec spec = test_spec();
-  const values xs = test_values(spec, rng);
+  const values xs = test_values(spec, rng), before = test_values(spec, rng);
   for (int ranks : {1, 2, 3, 4, 7})
     for (bool sharded : {true, false}) {
       CAPTURE(ranks);
       CAPTURE(sharded);
-      const outcome o = run(spec, ranks, sharded, xs, rng);
+      const outcome o = run(spec, ranks, sharded, xs, rng, &before);  // a step over other values first
       check_against_definition(o, xs);
       // Every rank holds some tensor here, and each tensor's sums are on some rank.
       for (std::size_t t = 0; t < xs.size(); ++t) {

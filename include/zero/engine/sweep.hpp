@@ -235,6 +235,7 @@ class optimizer_sweep {
                        alignas(64) float buffers[K][term_block];
                        float* terms[K];
                        for (std::size_t k = 0; k < K; ++k) terms[k] = buffers[k];
+                       tensor_sums::adder adder(sums, t);
                        for (std::size_t at = b, m = 0; at < e; at += m) {
                          // A block that the range goes on after ends where a block of the sums does.
                          m = std::min(term_block, e - at);
@@ -252,8 +253,9 @@ class optimizer_sweep {
                          else
                            elementwise::advance_with_terms<Opt>(ctx_.sys, c[g], static_cast<const T*>(gp + at),
                                                                 divisor, coef, w + at, s, terms, m);
-                         for (std::size_t k = 0; k < K; ++k) sums.add(ctx_.sys, t, k, local + at, terms[k], m);
+                         for (std::size_t k = 0; k < K; ++k) adder.add(ctx_.sys, k, local + at, terms[k], m);
                        }
+                       adder.finish();
                      });
                    });
                  });

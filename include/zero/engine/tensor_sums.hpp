@@ -36,6 +36,12 @@ namespace zero {
 // bits in any order of addition. Then every rank sums the cut blocks and the cut leaves, and adds the
 // leaves. A tensor no boundary cuts is held whole by one rank (or every rank, at stage 0), which needs
 // nothing from the others.
+//
+// Within a rank: each thread adds its range of a piece through an adder, which keeps the block sums of
+// the leaf it is in and writes the leaf's sum when it has them all. A block or a leaf that a thread's
+// range or an offload chunk cuts waits in a shared map (its squares, or its block sums) for its other
+// part. What is kept between steps is a double per leaf and sum: 16 bytes per 4096 elements for two
+// sums.
 class tensor_sums {
  public:
   static constexpr std::size_t block_size = square_blocks::size;
@@ -96,93 +102,133 @@ class tensor_sums {
     return s;
   }
 
-  // Rank `rank`'s sums: `sums` per tensor, over the elements it updates.
+  // Rank `rank`'s sums: `sums` (1 to 4) per tensor, over the elements it updates.
   tensor_sums(const layout& l, bool sharded, int rank, int sums)
       : shape_(shape_of(l, sharded)), sums_(static_cast<std::size_t>(sums)) {
+    ZERO_CHECK(sums >= 1 && sums <= max_sums, invalid_argument, "tensor_sums: ", sums, " sums per tensor (1 to ",
+               max_sums, ")");
     held_.reserve(shape_.tensors.size());
-    first_block_.reserve(shape_.tensors.size());
-    block_at_.reserve(shape_.tensors.size());
     for (const shape::tensor& t : shape_.tensors) {
       const range mine = intersect(range{t.begin, t.begin + t.size}, l.updated_real(unit_id{t.unit}, rank, sharded));
-      const range held = mine.empty() ? range{0, 0} : range{mine.begin - t.begin, mine.end - t.begin};
-      held_.push_back(held);
-      first_block_.push_back(held.begin / block_size);
-      block_at_.push_back(held_blocks_);
-      if (!held.empty()) held_blocks_ += (held.end + block_size - 1) / block_size - held.begin / block_size;
+      held_.push_back(mine.empty() ? range{0, 0} : range{mine.begin - t.begin, mine.end - t.begin});
     }
-    blocks_.assign(held_blocks_ * sums_, 0.0);
     leaves_.assign(shape_.leaves * sums_, 0.0);
     totals_.assign(shape_.tensors.size() * sums_, 0.0);
   }
 
+  static constexpr int max_sums = 4;
   const shape& layout_shape() const { return shape_; }
-
-  // Before a step's adds: forgets the last step's blocks held in part. Every held block's sum is
-  // written again by the step's adds.
-  void begin_step() { parts_.clear(); }
   std::size_t tensors() const { return shape_.tensors.size(); }
 
-  // Adds x[0, m), the values of sum k at tensor-local elements [at, at + m) of tensor t, which this
-  // rank updates. Threads may add disjoint ranges at once. `sys` sums whole blocks
-  // (square_block_sums: sys::host's).
-  template <class System>
-  void add(const System& sys, std::size_t t, std::size_t k, std::size_t at, const float* x, std::size_t m) {
-    const range held = held_[t];
-    ZERO_CHECK(at >= held.begin && at + m <= held.end, invalid_argument, "tensor_sums: elements [", at, ", ", at + m,
-               ") of tensor ", t, " are not all in this rank's [", held.begin, ", ", held.end, ")");
-    const std::size_t n = shape_.tensors[t].size, end = at + m;
-    double* out = block_sums(t, k);
-    for (std::size_t j = at; j < end;) {
-      const std::size_t i = j / block_size, bb = i * block_size, be = std::min(bb + block_size, n);
-      if (j == bb && be <= end) {
-        if (be - bb < block_size) {  // the tensor's last block, shorter
-          out[i] = square_blocks::sum(x + (j - at), be - bb);
-          j = be;
-          continue;
-        }
-        const std::size_t whole = (std::min(end, n) - j) / block_size;
-        sys.square_block_sums(x + (j - at), whole, out + i);
-        j += whole * block_size;
-        continue;
-      }
-      const std::size_t hi = std::min(end, be);
-      add_part(t, k, i, j, x + (j - at), hi - j);
-      j = hi;
-    }
+  // Before a step's adds.
+  void begin_step() {
+    parts_.clear();
+    open_leaves_.clear();
+    std::fill(leaves_.begin(), leaves_.end(), 0.0);
   }
 
-  // After every add: the all-reduce's operands (shape::exchange_doubles, empty where nothing is
-  // cut). The caller sums them over the ranks in place, then calls complete().
+ private:
+  static constexpr std::size_t no_leaf = ~std::size_t{0};
+  static_assert(block_size == 64 && leaf_blocks == 64, "a part's `present` has a bit per element or block");
+
+  // A block this rank holds in pieces (cut by a thread's range, an offload chunk or a shard
+  // boundary): its squares so far.
+  struct block_part {
+    std::size_t tensor = 0, block = 0, sum = 0;
+    std::uint64_t present = 0;  // bit q: element q of the block
+    double squares[block_size] = {};
+  };
+  // A leaf whose blocks' sums came from more than one thread (or whose blocks a boundary cuts).
+  struct leaf_part {
+    std::size_t tensor = 0, leaf = no_leaf, sum = 0;
+    std::uint64_t present = 0;  // bit q: block q of the leaf
+    double sums[leaf_blocks] = {};
+  };
+
+
+ public:
+  // One thread's adds to tensor t: each sum's values in increasing order of their indices, as a
+  // thread's range of a piece is added block after block. It keeps the blocks' sums of the leaf it is
+  // in (a leaf it completes costs no lock); finish() hands over what is left of its leaves.
+  class adder {
+   public:
+    adder(tensor_sums& s, std::size_t t) : s_(s), t_(t) {}
+    adder(const adder&) = delete;
+    adder& operator=(const adder&) = delete;
+
+    // Adds x[0, m), the values of sum k at tensor-local elements [at, at + m), which this rank updates.
+    // `sys` sums whole blocks (square_block_sums: sys::host's).
+    template <class System>
+    void add(const System& sys, std::size_t k, std::size_t at, const float* x, std::size_t m) {
+      const range held = s_.held_[t_];
+      ZERO_CHECK(at >= held.begin && at + m <= held.end, invalid_argument, "tensor_sums: elements [", at, ", ",
+                 at + m, ") of tensor ", t_, " are not all in this rank's [", held.begin, ", ", held.end, ")");
+      const std::size_t n = s_.shape_.tensors[t_].size, end = at + m;
+      for (std::size_t j = at; j < end;) {
+        const std::size_t i = j / block_size, bb = i * block_size, be = std::min(bb + block_size, n);
+        if (j == bb && be <= end) {
+          open(k, i / leaf_blocks);
+          leaf_part& o = open_[k];
+          if (be - bb < block_size) {  // the tensor's last block, shorter
+            o.sums[i % leaf_blocks] = square_blocks::sum(x + (j - at), be - bb);
+            o.present |= bits(i % leaf_blocks, i % leaf_blocks + 1);
+            j = be;
+            continue;
+          }
+          // The whole blocks from here to the range's end, the tensor's or the leaf's.
+          const std::size_t whole = std::min((std::min(end, n) - j) / block_size, leaf_blocks - i % leaf_blocks);
+          sys.square_block_sums(x + (j - at), whole, o.sums + i % leaf_blocks);
+          o.present |= bits(i % leaf_blocks, i % leaf_blocks + whole);
+          j += whole * block_size;
+          continue;
+        }
+        const std::size_t hi = std::min(end, be);
+        s_.add_part(t_, k, i, j, x + (j - at), hi - j);
+        j = hi;
+      }
+    }
+    // The leaves this thread did not complete, to the shared state.
+    void finish() {
+      for (std::size_t k = 0; k < max_sums; ++k) close(k);
+    }
+
+   private:
+    void open(std::size_t k, std::size_t leaf) {
+      if (open_[k].leaf == leaf) return;
+      close(k);
+      open_[k].leaf = leaf;
+      open_[k].present = 0;
+    }
+    void close(std::size_t k) {
+      leaf_part& o = open_[k];
+      if (o.leaf == no_leaf) return;
+      if (o.present == s_.all_blocks(t_, o.leaf) && s_.held_whole(t_, o.leaf))
+        s_.leaf_entry(t_, o.leaf, k) = sum_in_order(o.sums, o.present);
+      else
+        s_.merge_leaf(t_, k, o.leaf, o.sums, o.present);
+      o.leaf = no_leaf;
+    }
+
+    tensor_sums& s_;
+    std::size_t t_;
+    leaf_part open_[max_sums];
+  };
+
+  // After every adder finished: the all-reduce's operands (shape::exchange_doubles, empty where no
+  // boundary cuts a tensor). The caller sums them over the ranks in place, then calls complete().
   std::vector<double>& exchange() {
     const std::size_t K = sums_;
     wire_.assign(shape_.exchange_doubles(static_cast<int>(K)), 0.0);
-    std::fill(leaves_.begin(), leaves_.end(), 0.0);
-    for (std::size_t t = 0; t < tensors(); ++t) {
-      const range held = held_[t];
-      if (held.empty()) continue;
-      const std::size_t n = shape_.tensors[t].size;
-      for (std::size_t leaf = held.begin / leaf_size; leaf * leaf_size < held.end; ++leaf) {
-        const std::size_t lb = leaf * leaf_size, le = std::min(lb + leaf_size, n);
-        const std::size_t fb = lb / block_size, eb = (le + block_size - 1) / block_size;
-        if (lb >= held.begin && le <= held.end) {
-          for (std::size_t k = 0; k < K; ++k) {
-            const double* b = block_sums(t, k);
-            double s = 0.0;
-            for (std::size_t i = fb; i < eb; ++i) s += b[i];
-            leaf_entry(t, leaf, k) = s;
-          }
-          continue;
-        }
-        const std::size_t slot = find(shape_.cut_leaves, t, leaf, "leaf");
-        for (std::size_t i = fb; i < eb; ++i) {
-          if (i * block_size < held.begin || std::min(i * block_size + block_size, n) > held.end) continue;
-          for (std::size_t k = 0; k < K; ++k) cut_leaf_entry(slot, k)[i - fb] = block_sums(t, k)[i];
-        }
-      }
+    ZERO_CHECK(!wire_.empty() || (parts_.empty() && open_leaves_.empty()), protocol,
+               "tensor_sums: ", parts_.size() + open_leaves_.size(),
+               " blocks or leaves are held in part where no shard boundary cuts a tensor");
+    for (const auto& [key, p] : open_leaves_) {
+      double* to = cut_leaf_entry(find(shape_.cut_leaves, p.tensor, p.leaf, "leaf"), p.sum);
+      for (std::size_t q = 0; q < leaf_blocks; ++q)
+        if (p.present & (std::uint64_t{1} << q)) to[q] = p.sums[q];
     }
     for (const auto& [key, p] : parts_) {
-      const std::size_t slot = find(shape_.cut_blocks, p.tensor, p.block, "block");
-      double* sq = cut_block_entry(slot, p.sum);
+      double* sq = cut_block_entry(find(shape_.cut_blocks, p.tensor, p.block, "block"), p.sum);
       for (std::size_t q = 0; q < block_size; ++q)
         if (p.present & (std::uint64_t{1} << q)) sq[q] = p.squares[q];
     }
@@ -191,8 +237,6 @@ class tensor_sums {
         std::copy_n(leaves_.begin() + static_cast<std::ptrdiff_t>(t.first_leaf * K),
                     (t.size + leaf_size - 1) / leaf_size * K,
                     wire_.begin() + static_cast<std::ptrdiff_t>(t.first_exchanged * K));
-    ZERO_CHECK(wire_.size() > 0 || parts_.empty(), protocol,
-               "tensor_sums: a block is held in part where no shard boundary cuts a tensor");
     return wire_;
   }
 
@@ -215,14 +259,8 @@ class tensor_sums {
       }
       for (std::size_t s = 0; s < shape_.cut_leaves.size(); ++s) {
         const auto [t, leaf] = shape_.cut_leaves[s];
-        const std::size_t n = shape_.tensors[t].size;
-        const std::size_t blocks = (std::min(leaf_size, n - leaf * leaf_size) + block_size - 1) / block_size;
-        for (std::size_t k = 0; k < K; ++k) {
-          const double* b = cut_leaf_entry(s, k);
-          double sum = 0.0;
-          for (std::size_t q = 0; q < blocks; ++q) sum += b[q];
-          leaf_entry(t, leaf, k) = sum;
-        }
+        for (std::size_t k = 0; k < K; ++k)
+          leaf_entry(t, leaf, k) = sum_in_order(cut_leaf_entry(s, k), all_blocks(t, leaf));
       }
     }
     for (std::size_t t = 0; t < tensors(); ++t) {
@@ -239,18 +277,24 @@ class tensor_sums {
   double sum(std::size_t t, std::size_t k) const { return totals_[t * sums_ + k]; }
 
  private:
-  // A block this rank holds in pieces (cut by a thread's range, an offload chunk or a shard
-  // boundary): its squares so far.
-  struct part {
-    std::size_t tensor = 0, block = 0, sum = 0;
-    std::uint64_t present = 0;  // bit q: element q of the block
-    double squares[block_size] = {};
-  };
-  static_assert(block_size == 64, "part::present has a bit per element");
-
-  // Sum k's block sums of tensor t, indexed by the tensor's block index (only the held ones exist).
-  double* block_sums(std::size_t t, std::size_t k) {
-    return blocks_.data() + k * held_blocks_ + block_at_[t] - first_block_[t];
+  // The leaf's sum from its blocks' sums: added in order from 0.0.
+  static double sum_in_order(const double* sums, std::uint64_t present) {
+    double s = 0.0;
+    for (std::size_t q = 0; q < leaf_blocks && (present >> q) != 0; ++q) s += sums[q];
+    return s;
+  }
+  static std::uint64_t bits(std::size_t from, std::size_t to) {
+    const std::uint64_t upto = to >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << to) - 1;
+    return upto & ~((std::uint64_t{1} << from) - 1);
+  }
+  // Every block of the leaf (the tensor's last leaf may have fewer than 64).
+  std::uint64_t all_blocks(std::size_t t, std::size_t leaf) const {
+    const std::size_t n = shape_.tensors[t].size, lb = leaf * leaf_size;
+    return bits(0, (std::min(lb + leaf_size, n) - lb + block_size - 1) / block_size);
+  }
+  bool held_whole(std::size_t t, std::size_t leaf) const {
+    const std::size_t lb = leaf * leaf_size;
+    return lb >= held_[t].begin && std::min(lb + leaf_size, shape_.tensors[t].size) <= held_[t].end;
   }
   double& leaf_entry(std::size_t t, std::size_t leaf, std::size_t k) {
     return leaves_[(shape_.tensors[t].first_leaf + leaf) * sums_ + k];
@@ -270,42 +314,59 @@ class tensor_sums {
                " is held in part, but no shard boundary falls inside it");
     return static_cast<std::size_t>(it - v.begin());
   }
+  std::size_t key(std::size_t t, std::size_t k, std::size_t i) const {
+    return (shape_.tensors[t].first_leaf * leaf_blocks + i) * sums_ + k;  // i: a block or a leaf, per map
+  }
 
-  // Elements [j, j + m) of block i (in part): their squares kept until the block is whole on this rank.
+  // Elements [j, j + m) of block i (in part): their squares kept until the block is whole on this
+  // rank, then its sum goes to its leaf.
   void add_part(std::size_t t, std::size_t k, std::size_t i, std::size_t j, const float* x, std::size_t m) {
     const range held = held_[t];
     const std::size_t n = shape_.tensors[t].size, bb = i * block_size, be = std::min(bb + block_size, n);
-    const std::size_t lo = std::max(bb, held.begin), hi = std::min(be, held.end);
-    const std::uint64_t needed = bits(lo - bb, hi - bb);
-    const std::lock_guard<std::mutex> lock(parts_lock_);
-    part& p = parts_[(block_at_[t] + i - first_block_[t]) * sums_ + k];
+    const std::lock_guard<std::mutex> lock(lock_);
+    block_part& p = parts_[key(t, k, i)];
     p.tensor = t;
     p.block = i;
     p.sum = k;
     for (std::size_t q = 0; q < m; ++q) p.squares[j - bb + q] = static_cast<double>(x[q]) * static_cast<double>(x[q]);
     p.present |= bits(j - bb, j - bb + m);
-    if (p.present == needed && lo == bb && hi == be) {  // whole on this rank
-      block_sums(t, k)[i] = square_blocks::sum_of(p.squares, be - bb);
-      parts_.erase((block_at_[t] + i - first_block_[t]) * sums_ + k);
+    if (bb >= held.begin && be <= held.end && p.present == bits(0, be - bb)) {  // whole on this rank
+      double sum = square_blocks::sum_of(p.squares, be - bb);
+      parts_.erase(key(t, k, i));
+      const std::size_t q = i % leaf_blocks;
+      double sums[leaf_blocks];
+      sums[q] = sum;
+      merge_leaf_locked(t, k, i / leaf_blocks, sums, bits(q, q + 1));
     }
   }
-  static std::uint64_t bits(std::size_t from, std::size_t to) {
-    const std::uint64_t upto = to >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << to) - 1;
-    return upto & ~((std::uint64_t{1} << from) - 1);
+  // Blocks' sums of a leaf (where `present`) to the shared state; the leaf's sum once it has all.
+  void merge_leaf(std::size_t t, std::size_t k, std::size_t leaf, const double* sums, std::uint64_t present) {
+    const std::lock_guard<std::mutex> lock(lock_);
+    merge_leaf_locked(t, k, leaf, sums, present);
+  }
+  void merge_leaf_locked(std::size_t t, std::size_t k, std::size_t leaf, const double* sums, std::uint64_t present) {
+    leaf_part& p = open_leaves_[key(t, k, leaf)];
+    p.tensor = t;
+    p.leaf = leaf;
+    p.sum = k;
+    for (std::size_t q = 0; q < leaf_blocks; ++q)
+      if (present & (std::uint64_t{1} << q)) p.sums[q] = sums[q];
+    p.present |= present;
+    if (p.present == all_blocks(t, leaf) && held_whole(t, leaf)) {
+      leaf_entry(t, leaf, k) = sum_in_order(p.sums, p.present);
+      open_leaves_.erase(key(t, k, leaf));
+    }
   }
 
   shape shape_;
   std::size_t sums_;
-  std::vector<range> held_;               // per tensor: the tensor-local elements this rank updates
-  std::vector<std::size_t> first_block_;  // per tensor: the first held block
-  std::vector<std::size_t> block_at_;     // per tensor: where its held blocks' sums begin
-  std::size_t held_blocks_ = 0;
-  std::vector<double> blocks_;  // per sum, the held blocks' sums
+  std::vector<range> held_;     // per tensor: the tensor-local elements this rank updates
   std::vector<double> leaves_;  // every leaf's sum, per tensor and sum
   std::vector<double> wire_;    // the exchange: the cut tensors' leaves, the cut leaves' block sums, the cut blocks' squares
   std::vector<double> totals_;
-  std::mutex parts_lock_;
-  std::unordered_map<std::size_t, part> parts_;
+  std::mutex lock_;  // over the two maps
+  std::unordered_map<std::size_t, block_part> parts_;
+  std::unordered_map<std::size_t, leaf_part> open_leaves_;
 };
 
 }  // namespace zero
