@@ -17,12 +17,14 @@ namespace detail {
 // lanes p W .. p W + W - 1. Each pack adds its four rows' squares in row order; then the packs and their
 // halves are added as the order adds its lanes pairwise (l + 8, + 4, + 2, + 1). Intrinsics, not vector
 // extensions: GCC's Zen 4 tuning split the 8-wide conversion into two halves and kept the pairwise
-// additions in memory, which made the blocks cost as much as the whole moments pass.
+// additions in memory, which made the blocks cost as much as the whole moments pass. The zero-masked
+// forms with every lane kept: GCC 12's unmasked ones start from an undefined register, which
+// -Wuninitialized reports in every file that includes this.
 // A block's 16 lanes after the first pairwise step: lane l + lane l + 8, in 8 doubles.
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline __m512d eight_lanes_avx512(const float* x) {
   __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
   for (std::size_t row = 0; row < square_blocks::size; row += square_blocks::lanes) {
-    const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + row)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + row + 8));
+    const __m512d lo = _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + row)), hi = _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + row + 8));
     a0 = _mm512_add_pd(a0, _mm512_mul_pd(lo, lo));
     a1 = _mm512_add_pd(a1, _mm512_mul_pd(hi, hi));
   }
@@ -30,7 +32,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline __m512d eig
 }
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline double block_avx512(const float* x) {
   const __m512d s8 = eight_lanes_avx512(x);
-  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));  // l + (l + 4)
+  const __m256d s4 = _mm256_add_pd(_mm512_maskz_extractf64x4_pd(0xf, s8, 0), _mm512_maskz_extractf64x4_pd(0xf, s8, 1));  // l + (l + 4)
   const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));      // + 2
   return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));                                 // + 1
 }
@@ -43,16 +45,16 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void eight_
   // l + (l + 4): blocks 2i and 2i + 1 side by side, 4 lanes each.
   __m512d u[4];
   for (int i = 0; i < 4; ++i)
-    u[i] = _mm512_add_pd(_mm512_shuffle_f64x2(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f64x2(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    u[i] = _mm512_add_pd(_mm512_maskz_shuffle_f64x2(0xff, s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_maskz_shuffle_f64x2(0xff, s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   // + 2: four blocks side by side, 2 lanes each.
   __m512d t[2];
   for (int i = 0; i < 2; ++i)
-    t[i] = _mm512_add_pd(_mm512_shuffle_f64x2(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f64x2(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    t[i] = _mm512_add_pd(_mm512_maskz_shuffle_f64x2(0xff, u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_maskz_shuffle_f64x2(0xff, u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
   // + 1: blocks 0, 4, 1, 5, 2, 6, 3, 7, put back in order.
-  const __m512d r = _mm512_add_pd(_mm512_unpacklo_pd(t[0], t[1]), _mm512_unpackhi_pd(t[0], t[1]));
-  _mm512_storeu_pd(out, _mm512_permutexvar_pd(_mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0), r));
+  const __m512d r = _mm512_add_pd(_mm512_maskz_unpacklo_pd(0xff, t[0], t[1]), _mm512_maskz_unpackhi_pd(0xff, t[0], t[1]));
+  _mm512_storeu_pd(out, _mm512_maskz_permutexvar_pd(0xff, _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0), r));
 }
 __attribute__((target("avx2"))) inline double block_avx2(const float* x) {
   __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
