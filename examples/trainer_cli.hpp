@@ -111,11 +111,12 @@ struct options {
   int shard_group = 0;
   int host_threads = 1;  // engine_options::host_threads: threads of each rank's host update
   int nodes_of() const { return hpz > 0 ? hpz : node_size; }
-  // --elastic, --fail, --rejoin-step (trainer_elastic.hpp); `monitor`: what a launch's ranks report
-  // to its supervisor (set by it, null otherwise).
+  // --elastic, --fail, --rejoin-step, --grow (trainer_elastic.hpp); `monitor`: what a launch's ranks
+  // report to its supervisor (set by it, null otherwise).
   bool elastic = false;
   std::vector<planted_failure> planted;
-  std::uint64_t rejoin_step = 0;  // 0: a lost rank does not come back
+  std::uint64_t rejoin_step = 0;         // 0: a lost rank does not come back
+  std::vector<std::uint64_t> grow_steps;  // where a rank that was never in the run joins
   elastic_monitor* monitor = nullptr;
 };
 

@@ -1,5 +1,6 @@
-// --elastic, --fail RANK:STEP and --rejoin-step: a run on threads that loses a rank goes on at N - 1 from its last
-// checkpoint and takes the rank back at a later one; with --reproducible, to the bits of a run that never failed.
+// --elastic, --fail RANK:STEP, --rejoin-step and --grow: a run on threads that loses a rank goes on at N - 1 from its
+// last checkpoint and takes the rank back at a later one, and grows by new ranks at checkpoints; with --reproducible,
+// to the bits of a run that never changed.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -87,7 +88,8 @@ class elastic_monitor {
   std::optional<clock::time_point> first_step_end_;
 };
 
-// --elastic, --fail RANK:STEP (repeatable) and --rejoin-step STEP (train_mlp, train_gpt).
+// --elastic, --fail RANK:STEP (repeatable), --rejoin-step STEP and --grow STEP (repeatable) (train_mlp,
+// train_gpt).
 inline void add_elastic_flags(CLI::App& app, options& o) {
   app.add_flag("--elastic", o.elastic,
                "when a rank fails (--backend threads), go on at one rank fewer from the newest checkpoint in --save "
@@ -118,6 +120,12 @@ inline void add_elastic_flags(CLI::App& app, options& o) {
   toolcli::add_integer(app, "--rejoin-step", o.rejoin_step, std::uint64_t{1}, std::uint64_t{1} << 40,
                        "with --elastic: a lost rank comes back at this step (the smaller world saves there and the "
                        "whole world goes on from that checkpoint)");
+  app.add_option("--grow", o.grow_steps,
+                 "with --elastic: after this many steps the world grows by one rank (train_gpt: one tensor-parallel "
+                 "group) that was never in the run: the world saves there and the larger one goes on from that "
+                 "checkpoint (repeatable; with --reproducible, to the bits of a run at the first size)")
+      ->type_name("STEP")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
 }
 
 // What is wrong with the planted failures in a world of `ranks` ranks ("" when nothing).
@@ -135,8 +143,8 @@ inline std::string planted_problem(const options& o, int ranks) {
 
 // What is wrong with the elastic flags ("" when nothing).
 inline std::string elastic_problem(const CLI::App& app, const options& o) {
-  if ((o.elastic || given(app, "--rejoin-step")) && o.backend != "threads")
-    return "--elastic and --rejoin-step run on --backend threads (under MPI a failed process ends the job: "
+  if ((o.elastic || given(app, "--rejoin-step") || given(app, "--grow")) && o.backend != "threads")
+    return "--elastic, --rejoin-step and --grow run on --backend threads (under MPI a failed process ends the job: "
            "scripts/elastic_mpirun.py starts it again with one process fewer from the newest checkpoint; "
            "docs/elasticity.md)";
   if (o.elastic && o.save.empty())
@@ -144,6 +152,18 @@ inline std::string elastic_problem(const CLI::App& app, const options& o) {
            "K steps are trained again)";
   if (o.elastic && o.ranks < 2) return "--elastic needs --ranks 2 or more: a world of one rank has none to spare";
   if (given(app, "--rejoin-step") && !o.elastic) return "--rejoin-step needs --elastic";
+  if (given(app, "--grow") && !o.elastic) return "--grow needs --elastic";
+  for (std::size_t i = 0; i < o.grow_steps.size(); ++i) {
+    const std::uint64_t g = o.grow_steps[i];
+    for (std::size_t j = 0; j < i; ++j)
+      if (o.grow_steps[j] == g) return "--grow " + std::to_string(g) + " is given twice (one rank joins per --grow)";
+    if (given(app, "--rejoin-step") && g == o.rejoin_step)
+      return "--grow " + std::to_string(g) + " and --rejoin-step " + std::to_string(g) +
+             " at the same step: give them different steps";
+    if (o.resume.empty() && g >= static_cast<std::uint64_t>(o.steps))
+      return "--grow " + std::to_string(g) + ": the world grows between steps, and the run trains steps 1-" +
+             std::to_string(o.steps);
+  }
   // Under MPI the world is known once MPI starts: the trainer checks the ranks then (planted_problem).
   if (o.backend == "threads")
     if (std::string p = planted_problem(o, o.ranks); !p.empty()) return p;
@@ -170,7 +190,7 @@ inline void step_done(const options& o, int rank, std::uint64_t steps) {
 
 // One change of the world's membership.
 struct membership_change {
-  std::string kind;  // "shrink": a rank failed; "grow": the lost rank came back at a checkpoint
+  std::string kind;  // "shrink": a rank failed; "grow": the lost ranks came back; "join": a new rank (--grow)
   int from = 0, to = 0;
   int rank = -1;                  // shrink: the rank that failed, in its launch's numbering
   std::string cause;              // shrink: its error
@@ -182,7 +202,8 @@ struct membership_change {
 
 // Runs the launches of an --elastic run: the first at --ranks; after a rank fails, one rank (or group)
 // fewer from the newest checkpoint in --save (or from the start, before the first one); at --rejoin-step,
-// back to --ranks from the checkpoint the smaller world saved there. Each launch is the trainer's own
+// the lost ranks back from the checkpoint the smaller world saved there; at each --grow step, one rank (or
+// group) more, from the checkpoint the world saved there. Each launch is the trainer's own
 // (`launch(options)`, which runs the ranks and throws what the first failing rank threw); the
 // supervisor only chooses their options and records what changed.
 class elastic_supervisor {
@@ -205,7 +226,18 @@ class elastic_supervisor {
     o.monitor = &monitor_;
     std::optional<std::uint64_t> end;  // the step the run ends at: the first launch's start + --steps
     int ranks = base_.ranks;
-    bool rejoin_pending = false;
+    int lost = 0, joined = 0;  // groups lost (and not yet back), groups that joined (--grow)
+    if (!base_.grow_steps.empty()) {
+      // The first launch stops at the first --grow step: where the run starts is needed before it.
+      const std::uint64_t start = base_.resume.empty() ? 0 : checkpoint_step(base_.resume);
+      end = start + static_cast<std::uint64_t>(base_.steps);
+      for (const std::uint64_t g : base_.grow_steps)
+        if (g <= start || g >= *end)
+          throw zero::error(zero::error_kind::invalid_argument,
+                            "--grow " + std::to_string(g) + ": the run trains steps " + std::to_string(start + 1) +
+                                "-" + std::to_string(*end) + ", and the world grows between two of them");
+      o.steps = static_cast<int>(next_stop(start, lost, *end) - start);
+    }
     for (;;) {
       ++launches_;
       monitor_.launch(ranks);
@@ -236,28 +268,33 @@ class elastic_supervisor {
         changes_.push_back(c);
         change_started_ = failed_at;
         ranks -= group_;
+        ++lost;
         o.resume = newest_checkpoint(o);
         const std::uint64_t from = o.resume.empty() ? 0 : checkpoint_step(o.resume);
-        // The lost rank rejoins at --rejoin-step when the smaller world starts before it.
-        rejoin_pending = base_.rejoin_step > from && base_.rejoin_step < *end;
-        o.steps = static_cast<int>((rejoin_pending ? base_.rejoin_step : *end) - from);
+        o.steps = static_cast<int>(next_stop(from, lost, *end) - from);
         continue;
       }
       if (!end) end = s.first_step + static_cast<std::uint64_t>(base_.steps);
       note_resumed();
-      if (!rejoin_pending || s.last_step >= *end) return s;
-      // The smaller world saved its last step (--save): the whole world continues from it.
+      if (s.last_step >= *end) return s;
+      // The launch stopped where the world changes and saved that step (--save): the next world
+      // continues from it.
       membership_change c;
-      c.kind = "grow";
       c.from = ranks;
-      c.to = base_.ranks;
       c.at_step = s.last_step;
+      if (lost > 0 && base_.rejoin_step == s.last_step) {
+        c.kind = "grow";
+        lost = 0;
+      } else {
+        c.kind = "join";
+        ++joined;
+      }
+      ranks = base_.ranks + group_ * (joined - lost);
+      c.to = ranks;
       changes_.push_back(c);
       change_started_ = clock::now();
-      ranks = base_.ranks;
-      rejoin_pending = false;
       o.resume = base_.save;
-      o.steps = static_cast<int>(*end - s.last_step);
+      o.steps = static_cast<int>(next_stop(s.last_step, lost, *end) - s.last_step);
     }
   }
 
@@ -287,22 +324,35 @@ class elastic_supervisor {
                       static_cast<unsigned long long>(c.resumed_at), static_cast<unsigned long long>(c.redone),
                       c.redone == 1 ? "" : "s", c.recovery_s);
       else
-        std::snprintf(line, sizeof line,
-                      "elastic: back to %d ranks at the checkpoint of step %llu, %.3f s to the end of the next step",
-                      c.to, static_cast<unsigned long long>(c.at_step), c.recovery_s);
+        std::snprintf(line, sizeof line, "elastic: %s %d ranks at the checkpoint of step %llu, %.3f s to the end of the next step",
+                      c.kind == "join" ? "grew to" : "back to", c.to, static_cast<unsigned long long>(c.at_step),
+                      c.recovery_s);
       out.push_back(line);
     }
     return out;
   }
 
  private:
+  // Where a launch from step `from` stops: the end, or before it the step where the lost ranks rejoin
+  // (if any are lost) or the next --grow step.
+  std::uint64_t next_stop(std::uint64_t from, int lost, std::uint64_t end) const {
+    std::uint64_t stop = end;
+    if (lost > 0 && base_.rejoin_step > from && base_.rejoin_step < stop) stop = base_.rejoin_step;
+    for (const std::uint64_t g : base_.grow_steps)
+      if (g > from && g < stop) stop = g;
+    return stop;
+  }
   // Why a failed launch cannot go on at one rank fewer ("" when it can).
   std::string cannot_shrink(int ranks) const {
     if (monitor_.failed_rank() < 0) return "no rank is known to have failed";
-    if (!monitor_.steps_done())
-      return changes_.empty() ? "the run failed before its first step (a failure of the set-up, not of a rank)"
-                              : "a second failure came during the recovery, before the smaller world's first step "
-                                "(the checkpoints in --save are kept: --resume continues from them)";
+    if (!monitor_.steps_done()) {
+      if (changes_.empty()) return "the run failed before its first step (a failure of the set-up, not of a rank)";
+      if (changes_.back().kind == "shrink")
+        return "a second failure came during the recovery, before the smaller world's first step (the checkpoints "
+               "in --save are kept: --resume continues from them)";
+      return "a failure came before the first step of the world of " + std::to_string(changes_.back().to) +
+             " ranks (the checkpoints in --save are kept: --resume continues from them)";
+    }
     if (ranks <= group_) return group_ == 1 ? "no rank is left" : "no tensor-parallel group is left";
     return "";
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train_gpt --elastic: a rank failed at a random step, the data-parallel world goes on one replica smaller from
 # its newest checkpoint (with --tp 2 the failed rank's whole tensor-parallel group leaves) and grows back at
-# --rejoin-step, to the param_hash of the run that never failed (--reproducible); the refusals.
+# --rejoin-step, to the param_hash of the run that never failed (--reproducible); a world grown by a new
+# tensor-parallel group (--grow); the refusals.
 # Usage: train_gpt_elastic.sh TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
@@ -36,6 +37,20 @@ print(" ".join("%s %d->%d at %d from %d" % (c["kind"], c["from"], c["to"], c["at
   e2e_same "$seen" "$expected" "N=$ranks tp $tp: the membership changes"
   e2e_same "$got" "$want" "N=$ranks tp $tp stage $stage $precision: param_hash against the uninterrupted run"
 done
+
+# --grow with --tp 2: a new group of 2 joins at step 5 (4 -> 6 ranks, 2 -> 3 replicas).
+e2e_run "$train_gpt" "${common[@]}" --ranks 4 --tp 2 --stage 3
+e2e_json want param_hash hex
+rm -rf "$work/ckpt"
+e2e_run "$train_gpt" "${common[@]}" --ranks 4 --tp 2 --stage 3 --save "$work/ckpt" --elastic --grow 5
+e2e_json got param_hash hex
+e2e_filter seen any python3 -c '
+import json, sys
+e = json.loads(sys.stdin.read().strip().splitlines()[-1])["elastic"]
+print(" ".join("%s %d->%d at %d" % (c["kind"], c["from"], c["to"], c["at_step"]) for c in e["changes"]))
+'
+e2e_same "$seen" "join 4->6 at 5" "--tp 2 --grow 5: the change"
+e2e_same "$got" "$want" "--tp 2: 4 -> 6 ranks by --grow: param_hash"
 
 e2e_expect 2 "--elastic with --tp 2 needs --ranks 4" "$train_gpt" "${common[@]}" --ranks 2 --tp 2 --elastic \
   --save "$work/x"

@@ -3,7 +3,8 @@
 # going on at N - 1 from its newest checkpoint and back to N at --rejoin-step, ends with the param_hash of the
 # run that never failed (--reproducible) in every stage, fp32 and bf16, with and without --offload host; the
 # JSON records each change and the steps redone; a second failure during the recovery ends the run with an
-# error and leaves the checkpoints loadable; the flags' refusals.
+# error and leaves the checkpoints loadable; a world that grows by ranks never in the run (--grow), alone and
+# with a failure and a rejoin, to the same bits; the flags' refusals.
 # Usage: train_mlp_elastic.sh TRAIN_MLP
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
@@ -78,6 +79,33 @@ e2e_run "$train_mlp" --layers 3 --hidden 48 --batch 24 --micro-batch 2 --reprodu
 e2e_json got param_hash hex
 e2e_same "$got" "$want" "the checkpoint left by the failed recovery, resumed at N = 3 to step 12"
 
+# Growing: 2 -> 3 -> 4 ranks by new ranks at steps 4 and 7, and 3 -> 4 (a new rank at step 3), a failure
+# at step 6 (-> 3), the lost rank back at step 9 (-> 4): the bits of the uninterrupted run.
+e2e_run "$train_mlp" "${common[@]}" --ranks 3 --stage 3
+e2e_json want param_hash hex
+rm -rf "$work/ckpt"
+e2e_run "$train_mlp" "${common[@]}" --ranks 2 --stage 3 --save "$work/ckpt" --save-every 3 --elastic --grow 4 --grow 7
+e2e_json got param_hash hex
+changes seen
+e2e_same "$seen" "join 2->3 at 4 from 4 redone 0"$'\n'"join 3->4 at 7 from 7 redone 0" "2 -> 3 -> 4: the changes"
+e2e_same "$got" "$want" "2 -> 3 -> 4 by --grow: param_hash"
+grep -q "^elastic: grew to 4 ranks at the checkpoint of step 7" <<<"$e2e_out" || e2e_fail "no summary line of the growth"
+rm -rf "$work/ckpt"
+e2e_run "$train_mlp" "${common[@]}" --ranks 3 --stage 1 --precision bf16 --save "$work/ckpt" --save-every 3 --elastic \
+  --grow 3 --fail 1:6 --rejoin-step 9
+e2e_json got param_hash hex
+changes seen
+e2e_same "$seen" "join 3->4 at 3 from 3 redone 0"$'\n'"shrink 4->3 at 5 from 3 redone 2"$'\n'"grow 3->4 at 9 from 9 redone 0" \
+  "3 -> 4 -> 3 -> 4: the changes"
+e2e_run "$train_mlp" "${common[@]}" --ranks 3 --stage 1 --precision bf16
+e2e_json want param_hash hex
+e2e_same "$got" "$want" "3 -> 4 -> 3 -> 4 (bf16, stage 1): param_hash"
+# A world the batch does not split over after growing: an error naming it, the checkpoint kept.
+rm -rf "$work/ckpt"
+e2e_expect 1 "cannot go on at 5 ranks.*global batch 24" "$train_mlp" "${common[@]}" --ranks 4 --save "$work/ckpt" \
+  --elastic --grow 5
+[ -d "$work/ckpt/v-00000001" ] || e2e_fail "the checkpoint of step 5 is not kept"
+
 # Without --elastic, a planted failure fails the run naming the rank.
 e2e_expect 1 "planted failure \(--fail 1:3\): rank 1" "$train_mlp" "${common[@]}" --ranks 2 --fail 1:3
 # A world that cannot hold the batch at N - 1 is an error naming it, not a hang.
@@ -93,6 +121,12 @@ e2e_expect 2 "the run trains steps 1-12" "$train_mlp" "${common[@]}" --ranks 4 -
 e2e_expect 2 "expected RANK:STEP" "$train_mlp" "${common[@]}" --ranks 4 --fail 1-3
 e2e_expect 2 "expected RANK:STEP" "$train_mlp" "${common[@]}" --ranks 4 --fail 1:0
 e2e_expect 2 "--rejoin-step needs --elastic" "$train_mlp" "${common[@]}" --ranks 4 --rejoin-step 3
+e2e_expect 2 "--grow needs --elastic" "$train_mlp" "${common[@]}" --ranks 4 --grow 3
+e2e_expect 2 "the world grows between steps, and the run trains steps 1-12" "$train_mlp" "${common[@]}" --ranks 2 \
+  --elastic --save "$work/x" --grow 12
+e2e_expect 2 "--grow 3 is given twice" "$train_mlp" "${common[@]}" --ranks 2 --elastic --save "$work/x" --grow 3 --grow 3
+e2e_expect 2 "at the same step" "$train_mlp" "${common[@]}" --ranks 2 --elastic --save "$work/x" --grow 3 \
+  --rejoin-step 3
 if "$train_mlp" --help | grep -q -- "--backend"; then
   e2e_expect 2 "run on --backend threads" "$train_mlp" "${common[@]}" --backend mpi --elastic --save "$work/x"
 fi
