@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Runs a trainer under mpirun and, when the job fails, starts it again with one process fewer from the newest checkpoint.
 
-Usage: elastic_mpirun.py [--mpirun PATH] [--min-np M] [--max-restarts K] [--report FILE] -np N [MPIRUN ARGS...]
-                         -- TRAINER ARGS...
+Usage: elastic_mpirun.py [--mpirun PATH] [--min-np M] [--max-restarts K] [--report FILE] [--grow STEP]... -np N
+                         [MPIRUN ARGS...] -- TRAINER ARGS...
 
 Under MPI a process that fails ends the whole job (MPI_Abort), and the Open MPI this project is tested
 with has no user-level fault tolerance to shrink a communicator in place: the survivors cannot go on
@@ -18,6 +18,11 @@ checkpoint newer than the one it started from (a failure during the recovery, or
 when fewer than --min-np processes (default 1) would be left, or after --max-restarts restarts
 (default: N - 1). A job refused for its arguments (exit 2, e.g. a batch that does not split over the
 smaller world) ends it at once. --report FILE: the launches as JSON.
+
+--grow STEP (repeatable): the job stops after STEP steps, having saved them, and the supervisor starts
+it again with one process more from that checkpoint (a process that was never in the run); with
+--reproducible, to the bits of a run that never changed. Each STEP lies between the run's first and
+last steps (the run starts fresh, or with --resume DIR from the --save directory).
 """
 import json
 import os
@@ -83,7 +88,7 @@ def newest_checkpoint(directory):
 
 def main(argv):
     mpirun, min_np, max_restarts, report, np = "mpirun", 1, None, None, None
-    mpirun_args = []
+    mpirun_args, grows = [], []
     if "--" not in argv:
         usage("give the trainer and its arguments after --")
     split = argv.index("--")
@@ -92,7 +97,7 @@ def main(argv):
     while i < len(ours):
         a = ours[i]
         value = ours[i + 1] if i + 1 < len(ours) else None
-        if a in ("--mpirun", "--min-np", "--max-restarts", "--report", "-np", "-n") and value is None:
+        if a in ("--mpirun", "--min-np", "--max-restarts", "--report", "--grow", "-np", "-n") and value is None:
             usage(a + " needs a value")
         if a == "--mpirun":
             mpirun = value
@@ -102,6 +107,10 @@ def main(argv):
             max_restarts = int(value)
         elif a == "--report":
             report = value
+        elif a == "--grow":
+            if not value.isdigit() or int(value) < 1:
+                usage("--grow STEP needs a step >= 1, got %r" % value)
+            grows.append(int(value))
         elif a in ("-np", "-n"):
             np = int(value)
         else:
@@ -125,6 +134,22 @@ def main(argv):
     start = newest_checkpoint(save) if flag_value(args, "--resume") == save else None
     first_step = start[1] if start else (None if flag_value(args, "--resume") else 0)
     launches = []
+    end = first_step + int(steps) if first_step is not None else None
+    for g in grows:
+        if first_step is None:
+            usage("--grow needs the run's first step: start fresh, or --resume the --save directory")
+        if grows.count(g) > 1:
+            usage("--grow %d is given twice (one process joins per --grow)" % g)
+        if not first_step < g < end:
+            usage("--grow %d: the run trains steps %d-%d, and the job grows between two of them" %
+                  (g, first_step + 1, end))
+
+    def next_stop(at):
+        """Where a job starting after `at` steps stops: the next --grow step, or the end."""
+        return min([g for g in grows if g > at] + [end])
+
+    if grows:
+        args = without_flag(args, "--steps") + ["--steps", str(next_stop(first_step) - first_step)]
 
     def write_report():
         if report:
@@ -139,10 +164,19 @@ def main(argv):
         rc = subprocess.call(cmd)
         launches.append({"np": np, "exit": rc, "seconds": round(time.monotonic() - t0, 3),
                          "resumed_at": started_from[1] if started_from else None})
-        if rc == 0:
-            write_report()
-            return 0
         newest = newest_checkpoint(save)
+        if rc == 0:
+            if not grows or newest is None or newest[1] >= end:
+                write_report()
+                return 0
+            # The job stopped at a --grow step and saved it: one process more goes on from there.
+            at = newest[1]
+            np += 1
+            args = without_flag(without_flag(without_flag(args, "--fail"), "--resume"), "--steps")
+            args += ["--resume", save, "--steps", str(next_stop(at) - at)]
+            sys.stderr.write("elastic_mpirun: the job of %d processes saved step %d; %d processes go on from it\n" %
+                             (np - 1, at, np))
+            continue
         why = None
         if rc == 2:
             why = "the job refused its arguments (exit 2)"
@@ -152,20 +186,19 @@ def main(argv):
             why = "the job failed before saving a checkpoint newer than the one it started from"
         elif np - 1 < min_np:
             why = "fewer than --min-np %d processes would be left" % min_np
-        elif len(launches) > max_restarts:
+        elif sum(1 for l in launches if l["exit"] != 0) > max_restarts:
             why = "%d restarts, the most --max-restarts allows" % max_restarts
         if why:
             sys.stderr.write("elastic_mpirun: the job of %d processes failed (exit %d); giving up: %s; the checkpoints "
                              "in %s are kept\n" % (np, rc, why, save))
             write_report()
             return 1
-        end = first_step + int(flag_value(trainer, "--steps"))
         resumed_at = newest[1] if newest else 0
         np -= 1
         args = without_flag(without_flag(without_flag(args, "--fail"), "--resume"), "--steps")
         if newest:
             args += ["--resume", save]
-        args += ["--steps", str(end - resumed_at)]
+        args += ["--steps", str(next_stop(resumed_at) - resumed_at)]
         sys.stderr.write("elastic_mpirun: the job failed (exit %d); %d processes go on from %s\n" %
                          (rc, np, "the checkpoint of step %d" % resumed_at if newest else "the start"))
 

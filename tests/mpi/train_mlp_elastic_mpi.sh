@@ -1,8 +1,9 @@
 #!/bin/bash
 # scripts/elastic_mpirun.py: train_mlp --backend mpi under mpirun -np 3, a process planted to fail (--fail), the
 # job started again at -np 2 from the newest checkpoint, ends on the param_hash of the run that never failed
-# (--reproducible); the launches it reports; where it gives up (too few processes left, a job refusing its
-# arguments) with the checkpoints kept; its usage errors.
+# (--reproducible); the launches it reports; a job grown from np 2 to 3 at a checkpoint (--grow), to the same
+# bits; where it gives up (too few processes left, a job refusing its arguments) with the checkpoints kept;
+# its usage errors.
 # Usage: train_mlp_elastic_mpi.sh MPIRUN TRAIN_MLP SUPERVISOR
 source "$(dirname "${BASH_SOURCE[0]}")/../e2e/e2e.sh"
 mpirun=$1
@@ -32,6 +33,20 @@ assert launches[1]["resumed_at"] == 6, launches
 PY
 done
 
+# Growing: np 2 saves step 4, and np 3 goes on from it (--grow 4).
+rm -rf "$work/ckpt"
+e2e_run "${sup[@]}" --grow 4 -np 2 --oversubscribe -- "$exe" --backend mpi --stage 3 "${common[@]}" --save "$work/ckpt"
+e2e_json got param_hash hex
+echo "np 2 -> 3 by --grow 4: $got (threads, 3 ranks: $want)"
+e2e_same "$got" "$want" "param_hash after np 2 -> 3"
+grep -q "elastic_mpirun: the job of 2 processes saved step 4; 3 processes go on from it" <<<"$e2e_err" ||
+  e2e_fail "no line of the growth"$'\n'"$e2e_err"
+python3 - "$work/report.json" <<'PY' || e2e_fail "the report of the growth"
+import json, sys
+launches = json.load(open(sys.argv[1]))["launches"]
+assert [(l["np"], l["exit"], l["resumed_at"]) for l in launches] == [(2, 0, None), (3, 0, 4)], launches
+PY
+
 # Gives up, keeping the checkpoints: too few processes would be left...
 rm -rf "$work/ckpt"
 e2e_expect 1 "giving up: fewer than --min-np 2 processes" "${sup[@]}" --min-np 2 -np 2 --oversubscribe -- "$exe" \
@@ -45,4 +60,8 @@ e2e_expect 1 "giving up: the job refused its arguments" "${sup[@]}" -np 4 --over
 e2e_expect 2 "needs --save DIR" "${sup[@]}" -np 2 -- "$exe" --backend mpi "${common[@]}"
 e2e_expect 2 "needs --steps S" "${sup[@]}" -np 2 -- "$exe" --backend mpi --save "$work/x"
 e2e_expect 2 "-np N" "${sup[@]}" -- "$exe" --backend mpi "${common[@]}" --save "$work/x"
+e2e_expect 2 "--grow 12: the run trains steps 1-12" "${sup[@]}" --grow 12 -np 2 -- "$exe" --backend mpi "${common[@]}" \
+  --save "$work/x"
+e2e_expect 2 "--grow 3 is given twice" "${sup[@]}" --grow 3 --grow 3 -np 2 -- "$exe" --backend mpi "${common[@]}" \
+  --save "$work/x"
 echo "elastic_mpirun: every case passed"
