@@ -6,10 +6,13 @@
 # the requested length. Then a short LAMB run with a warm-up and --log: the log holds the run's line
 # and one line per step, and the loss falls by a fifth in 100 steps (about 0.74 of it here). Then the
 # same with Muon in stage 2 (its matrices exchanged between owners: the bytes its formula gives), the
-# embeddings on its AdamW. Then AdamW against AdamW with bf16 moments (one 4-byte slot), 100 steps at
-# bf16 precision each: the model states per rank differ by exactly 4 bytes per element of the rank's
-# shard (K = 8 against 12), and the held-out losses stay within 5% (1.3% with this repository's docs as
-# the corpus, which moves with them).
+# embeddings on its AdamW. Then AdamW against AdamW with bf16 moments (one 4-byte slot), 300 steps at
+# bf16 precision for each of 3 seeds: the model states per rank differ by exactly 4 bytes per element
+# of the rank's shard (K = 8 against 12), and the seeds' mean held-out losses stay within 5%. One
+# seed's loss is no measure: between steps 50 and 200 a run leaves the plateau near the unigram
+# entropy at a step that moves with the seed and the corpus (this repository's docs, which change), so
+# single runs of the same optimizer differ by up to 10% at step 100 and 5% at step 300; the means of 3
+# seeds at step 300 stayed within 2% on every corpus tried.
 # Usage: train_gpt_learns.sh TRAIN_GPT
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_gpt=$1
@@ -58,18 +61,26 @@ print("muon, warm-up 20: loss %.4f -> %.4f over 100 steps" % (first, last))
 assert last < 0.8 * first, (first, last)
 PY
 for opt in adamw adamw_bf16; do
-  e2e_run "$train_gpt" --optimizer $opt --precision bf16 --steps 100 --sample 0 --json
-  printf '%s\n' "$e2e_out" | tail -n 1 >"$e2e_work/$opt.json"
+  for seed in 1 2 3; do
+    e2e_run "$train_gpt" --optimizer $opt --precision bf16 --steps 300 --seed $seed --sample 0 --json
+    printf '%s\n' "$e2e_out" | tail -n 1 >"$e2e_work/$opt.$seed.json"
+  done
 done
-python3 - "$e2e_work/adamw.json" "$e2e_work/adamw_bf16.json" <<'PY'
+python3 - "$e2e_work" <<'PY'
 import json, sys
-a, b = (json.loads(open(p).read()) for p in sys.argv[1:3])
+runs = {(opt, seed): json.loads(open("%s/%s.%d.json" % (sys.argv[1], opt, seed)).read())
+        for opt in ["adamw", "adamw_bf16"] for seed in [1, 2, 3]}
+a, b = runs["adamw", 1], runs["adamw_bf16", 1]
 shard = a["padded_params"] // a["ranks"]
 print("model states per rank: adamw %d bytes, adamw_bf16 %d bytes (shard %d elements)"
       % (a["model_state_bytes_per_rank"], b["model_state_bytes_per_rank"], shard))
 assert a["model_state_bytes_per_rank"] - b["model_state_bytes_per_rank"] == 4 * shard, (a, b)
 assert b["model_state_bytes_per_rank"] == b["model_state_formula_bytes"], b
-print("held-out loss after 100 steps: adamw %.4f, adamw_bf16 %.4f" % (a["loss_held_out"], b["loss_held_out"]))
-assert abs(a["loss_held_out"] - b["loss_held_out"]) < 0.05 * a["loss_held_out"], (a["loss_held_out"], b["loss_held_out"])
+loss = {opt: [runs[opt, seed]["loss_held_out"] for seed in [1, 2, 3]] for opt in ["adamw", "adamw_bf16"]}
+mean = {opt: sum(v) / len(v) for opt, v in loss.items()}
+print("held-out loss after 300 steps, seeds 1-3: adamw %s (mean %.4f), adamw_bf16 %s (mean %.4f)"
+      % (" ".join("%.4f" % x for x in loss["adamw"]), mean["adamw"],
+         " ".join("%.4f" % x for x in loss["adamw_bf16"]), mean["adamw_bf16"]))
+assert abs(mean["adamw"] - mean["adamw_bf16"]) < 0.05 * mean["adamw"], mean
 PY
 echo "4 passed, 0 failed"
