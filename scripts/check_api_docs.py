@@ -39,6 +39,7 @@ HEADERS = {
     "include/zero/partition/stages.hpp": None,
     "include/zero/checkpoint/save.hpp": None,
     "include/zero/checkpoint/save_async.hpp": None,
+    "include/zero/checkpoint/peer_snapshot.hpp": None,
     "include/zero/engine/memory_release.hpp": None,
     "include/zero/checkpoint/load.hpp": None,
     "include/zero/core/reduce_op.hpp": ["reduce_op"],

@@ -1,5 +1,5 @@
-// The checkpoint headers in one include: save (blocking or asynchronous), load (any world size and stage), safetensors
-// export. Needs nlohmann/json and xxHash (header-only) besides the core library.
+// The checkpoint headers in one include: save (blocking or asynchronous), load (any world size and stage), peer
+// snapshots in memory, safetensors export. Needs nlohmann/json and xxHash (header-only) besides the core library.
 #pragma once
 
 #include "zero/checkpoint/bounded_json.hpp"
@@ -9,6 +9,7 @@
 #include "zero/checkpoint/load.hpp"
 #include "zero/checkpoint/manifest.hpp"
 #include "zero/checkpoint/optimizer_settings.hpp"
+#include "zero/checkpoint/peer_snapshot.hpp"
 #include "zero/checkpoint/printable.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/checkpoint/save.hpp"

@@ -103,6 +103,69 @@ inline std::vector<std::vector<planned_read>> plan_reads(const manifest& m, cons
   return plan;
 }
 
+// A version's data files on disk, as the load reads them: each verified the first time it is used.
+class disk_files {
+ public:
+  disk_files(fs::path vdir, const std::vector<file_entry>& entries) : files_(std::move(vdir), entries) {}
+  void verify(const std::vector<std::size_t>& which) { files_.verify(which); }
+  void read(std::size_t i, void* dst, std::size_t bytes, std::uint64_t offset) {
+    files_.get(i).pread_exact(dst, bytes, offset);
+  }
+
+ private:
+  data_files files_;
+};
+
+// Step 2 of a load, from any store of data files (`Files`: verify(which) checks the listed files,
+// read(file, dst, bytes, offset) copies bytes out of one): the manifest `m` (read from `where`)
+// checked against the engine, the reads that fill the ranges this rank holds (held[u]), and the
+// checksums of every file they touch, before any state changes.
+template <class Engine, class Files>
+std::vector<std::vector<planned_read>> plan_load(const Engine& e, const mesh_place& mesh, const manifest& m,
+                                                 const std::string& where, Files& files, std::vector<range>& held) {
+  using Opt = typename Engine::optimizer;
+  check_model(m, *mesh.model, where);
+  check_optimizer<Opt>(m, where);
+  held.resize(e.spec().num_units());
+  for (std::size_t u = 0; u < held.size(); ++u) held[u] = e.held_range(unit_id{u});
+  auto plan = plan_reads(m, e.spec(), held);
+  std::vector<bool> used(m.files.size(), false);
+  std::vector<std::size_t> which;
+  for (const auto& reads : plan)
+    for (const auto& pr : reads)
+      if (!used[pr.file]) used[pr.file] = true, which.push_back(pr.file);
+  files.verify(which);
+  return plan;
+}
+
+// Step 3 of a load: the planned reads, in chunks of each unit's held range, so the staging stays one
+// chunk of every array whatever the units' sizes (an offloaded engine takes them into its tier chunk
+// by chunk).
+template <class Engine, class Files>
+void read_planned(Engine& e, const std::vector<range>& held, const std::vector<std::vector<planned_read>>& plan,
+                  Files& files) {
+  constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Engine::optimizer::slots);
+  std::vector<float> buf;
+  for (std::size_t u = 0; u < held.size(); ++u) {
+    const range h = held[u];
+    for (std::size_t c0 = 0; c0 < h.size(); c0 += state_chunk_elements) {
+      const std::size_t c1 = std::min(h.size(), c0 + state_chunk_elements), n = c1 - c0;
+      buf.assign(n * nslots, 0.0f);
+      const float* slots[nslots];
+      for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
+      for (const auto& pr : plan[u]) {
+        // The part of the read inside this chunk (dst: held-range-local, like c0 and c1).
+        const std::size_t lo = std::max(pr.dst, c0), hi = std::min(pr.dst + pr.count, c1);
+        if (lo >= hi) continue;
+        for (std::size_t k = 0; k < nslots; ++k)
+          files.read(pr.file, buf.data() + k * n + (lo - c0), (hi - lo) * sizeof(float),
+                     pr.offsets[k] + static_cast<std::uint64_t>(lo - pr.dst) * sizeof(float));
+      }
+      e.write_state(unit_id{u}, range{h.begin + c0, h.begin + c1}, slots[0], slots + 1);
+    }
+  }
+}
+
 }  // namespace detail
 
 // Loads the checkpoint `dir` names (see resolve()) into the engine: master weights, optimizer
@@ -117,12 +180,9 @@ inline std::vector<std::vector<planned_read>> plan_reads(const manifest& m, cons
 // e.set_optimizer(optimizer_from<Opt>(r.info)) continues with them exactly.
 template <class Engine, CommBackend Comm>
 load_result load(Engine& e, Comm& comm, const fs::path& dir) {
-  using Opt = typename Engine::optimizer;
-  constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
   const int rank = comm.rank();
   const detail::mesh_place mesh = detail::mesh_place_of(e);
   detail::check_communicator(e, comm, mesh, "load");
-  const std::size_t units = e.spec().num_units();
 
   // 1. Rank 0 picks the version, so that every rank reads the same one.
   constexpr std::size_t sd = detail::status_doubles;
@@ -146,9 +206,9 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
 
   // 2. The manifest, then the checksums of every file this rank will read, before any state changes.
   load_result result{vdir, {}};
-  std::vector<range> held(units);
+  std::vector<range> held;
   std::vector<std::vector<detail::planned_read>> plan;
-  std::optional<detail::data_files> files;
+  std::optional<detail::disk_files> files;
   // Parsed once per process, however many thread-ranks load at once: each rank holds the shared
   // parse until every rank has it (the agreement below), so none parses it again.
   std::shared_ptr<const manifest> shared;
@@ -156,45 +216,14 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
     const fs::path mp = vdir / manifest_name;
     shared = read_manifest_shared(mp);
     result.info = *shared;
-    check_model(result.info, *mesh.model, mp.string());
-    check_optimizer<Opt>(result.info, mp.string());
-    for (std::size_t u = 0; u < units; ++u) held[u] = e.held_range(unit_id{u});
-    plan = detail::plan_reads(result.info, e.spec(), held);
     files.emplace(vdir, result.info.files);
-    std::vector<bool> used(result.info.files.size(), false);
-    std::vector<std::size_t> which;
-    for (const auto& reads : plan)
-      for (const auto& pr : reads)
-        if (!used[pr.file]) used[pr.file] = true, which.push_back(pr.file);
-    files->verify(which);
+    plan = detail::plan_load(e, mesh, result.info, mp.string(), *files, held);
   });
   detail::agree(comm, checked, "load (checking the manifest and data files)");
   shared.reset();
 
-  // 3. Read and store, in chunks of each unit's held range, so the staging stays one chunk of every
-  // array whatever the units' sizes (an offloaded engine takes them into its tier chunk by chunk).
-  const detail::outcome stored = detail::attempt([&] {
-    std::vector<float> buf;
-    for (std::size_t u = 0; u < units; ++u) {
-      const range h = held[u];
-      for (std::size_t c0 = 0; c0 < h.size(); c0 += detail::state_chunk_elements) {
-        const std::size_t c1 = std::min(h.size(), c0 + detail::state_chunk_elements), n = c1 - c0;
-        buf.assign(n * nslots, 0.0f);
-        const float* slots[nslots];
-        for (std::size_t k = 0; k < nslots; ++k) slots[k] = buf.data() + k * n;
-        for (const auto& pr : plan[u]) {
-          // The part of the read inside this chunk (dst: held-range-local, like c0 and c1).
-          const std::size_t lo = std::max(pr.dst, c0), hi = std::min(pr.dst + pr.count, c1);
-          if (lo >= hi) continue;
-          const file& f = files->get(pr.file);
-          for (std::size_t k = 0; k < nslots; ++k)
-            f.pread_exact(buf.data() + k * n + (lo - c0), (hi - lo) * sizeof(float),
-                          pr.offsets[k] + static_cast<std::uint64_t>(lo - pr.dst) * sizeof(float));
-        }
-        e.write_state(unit_id{u}, range{h.begin + c0, h.begin + c1}, slots[0], slots + 1);
-      }
-    }
-  });
+  // 3. Read and store.
+  const detail::outcome stored = detail::attempt([&] { detail::read_planned(e, held, plan, *files); });
   detail::agree(comm, stored, "load (reading the data files)");
   e.finish_load(result.info.state);
   return result;

@@ -272,6 +272,38 @@ manifest manifest_head(const Engine& e, const mesh_place& mesh, int world) {
   return m;
 }
 
+// Completes a manifest's head (manifest_head()) with the data files of a world of `world` ranks:
+// rank r's file holds its unit-local ranges `ranges[r]` (plan_data_file's order), `bytes[r]` bytes
+// hashing to `checksums[r]`; each tensor's segments sorted by piece and offset. `spec` is a rank's
+// (in a mesh its pieces; the ranks of tensor-parallel index 0 hold the replicated tensors). Throws
+// (invalid_argument) where a file's size is not what its ranges need.
+inline void add_data_files(manifest& m, const model_spec& spec, int tp_size, std::size_t nslots,
+                           const std::vector<std::vector<range>>& ranges, const std::vector<std::uint64_t>& bytes,
+                           const std::vector<std::uint64_t>& checksums) {
+  const int world = static_cast<int>(ranges.size());
+  for (int r = 0; r < world; ++r) {
+    std::uint64_t planned = 0;
+    const int tp_index = r % tp_size;  // comm::mesh's order: tensor-parallel ranks adjacent
+    for (const auto& piece :
+         plan_data_file(spec, ranges[static_cast<std::size_t>(r)], nslots, planned, tp_index == 0)) {
+      const bool split = m.units[piece.unit].tensors[piece.tensor].parts > 1;
+      segment s{
+          piece.begin, piece.end, static_cast<std::size_t>(r), {}, split ? static_cast<std::uint32_t>(tp_index) : 0u};
+      for (std::size_t k = 0; k < nslots; ++k) s.offsets.push_back(piece.offset + k * (piece.end - piece.begin) * 4);
+      m.units[piece.unit].tensors[piece.tensor].segments.push_back(std::move(s));
+    }
+    const auto at = static_cast<std::size_t>(r);
+    ZERO_CHECK(bytes[at] == planned, invalid_argument, "checkpoint save: rank ", r, " reports ", bytes[at],
+               " bytes, its ranges need ", planned);
+    m.files.push_back(file_entry{data_file_name(r, world), bytes[at], checksums[at]});
+  }
+  for (auto& u : m.units)
+    for (auto& t : u.tensors)
+      std::sort(t.segments.begin(), t.segments.end(), [](const segment& a, const segment& b) {
+        return a.piece != b.piece ? a.piece < b.piece : a.begin < b.begin;
+      });
+}
+
 // A rank's data file as written: the outcome of writing it, and what the manifest needs of it.
 struct written_file {
   outcome result;
@@ -322,24 +354,18 @@ save_result commit_version(Comm& comm, const model_spec& spec, int tp_size, std:
   bool cleanup_began = false;  // the older versions may be going: the new one must then stay
   const outcome committed = rank != 0 ? outcome{} : attempt([&] {
     manifest m = std::move(head);
+    std::vector<std::vector<range>> ranges_of(static_cast<std::size_t>(world), std::vector<range>(units));
+    std::vector<std::uint64_t> bytes_of(static_cast<std::size_t>(world)), checksum_of(bytes_of.size());
     for (int r = 0; r < world; ++r) {
       const std::size_t at = static_cast<std::size_t>(r) * stride;
-      std::vector<range> rr(units);
       for (std::size_t u = 0; u < units; ++u)
-        rr[u] = range{static_cast<std::size_t>(all[at + sd + 4 + 2 * u]),
-                      static_cast<std::size_t>(all[at + sd + 5 + 2 * u])};
-      std::uint64_t planned = 0;
-      const int tp_index = r % tp_size;  // comm::mesh's order: tensor-parallel ranks adjacent
-      for (const auto& piece : plan_data_file(spec, rr, nslots, planned, tp_index == 0)) {
-        const bool split = m.units[piece.unit].tensors[piece.tensor].parts > 1;
-        segment s{
-            piece.begin, piece.end, static_cast<std::size_t>(r), {}, split ? static_cast<std::uint32_t>(tp_index) : 0u};
-        for (std::size_t k = 0; k < nslots; ++k) s.offsets.push_back(piece.offset + k * (piece.end - piece.begin) * 4);
-        m.units[piece.unit].tensors[piece.tensor].segments.push_back(std::move(s));
-      }
-      file_entry f{data_file_name(r, world), get_u64(all, at + sd + 2), get_u64(all, at + sd)};
-      ZERO_CHECK(f.bytes == planned, invalid_argument, "checkpoint save: rank ", r, " reports ", f.bytes,
-                 " bytes, its ranges need ", planned);
+        ranges_of[static_cast<std::size_t>(r)][u] = range{static_cast<std::size_t>(all[at + sd + 4 + 2 * u]),
+                                                          static_cast<std::size_t>(all[at + sd + 5 + 2 * u])};
+      bytes_of[static_cast<std::size_t>(r)] = get_u64(all, at + sd + 2);
+      checksum_of[static_cast<std::size_t>(r)] = get_u64(all, at + sd);
+    }
+    add_data_files(m, spec, tp_size, nslots, ranges_of, bytes_of, checksum_of);
+    for (const file_entry& f : m.files) {
       // Every file must be visible here: on a file system that is not shared by all ranks it is not.
       struct stat st {};
       const bool seen = ::lstat((vdir / f.name).c_str(), &st) == 0;
@@ -351,13 +377,7 @@ save_result commit_version(Comm& comm, const model_spec& spec, int tp_size, std:
                      ? std::string("as ") + type_name(st.st_mode)
                      : "with " + std::to_string(st.st_size) + " bytes, not " + std::to_string(f.bytes));
       total_bytes += f.bytes;
-      m.files.push_back(std::move(f));
     }
-    for (auto& u : m.units)
-      for (auto& t : u.tensors)
-        std::sort(t.segments.begin(), t.segments.end(), [](const segment& a, const segment& b) {
-          return a.piece != b.piece ? a.piece < b.piece : a.begin < b.begin;
-        });
     const std::string text = serialize_manifest(m);
     // The reader checks what the writer wrote: ranges that fail to tile a tensor never get committed.
     (void)parse_manifest(text, (vdir / manifest_name).string());

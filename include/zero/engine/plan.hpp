@@ -149,6 +149,12 @@ struct plan_report {
   // every slot (fp32) of its canonical slice of each unit. mem_category::snapshot on a CPU system (in
   // memory_limit_bytes, not in peak_bytes); pinned host memory beside a device's budget.
   std::uint64_t checkpoint_snapshot_bytes = 0;
+  // A peer snapshot (checkpoint::take_peer_snapshot), held until the next one completes: the rank's own
+  // data file and its ring predecessor's, the largest such pair (mem_category::snapshot, as above; twice
+  // this while a take runs, the previous snapshot still held). Each take sends the own file once:
+  // peer_snapshot_wire_bytes, the largest rank's (0 at N = 1).
+  std::uint64_t peer_snapshot_bytes = 0;
+  std::uint64_t peer_snapshot_wire_bytes = 0;
   std::uint64_t init_broadcast_bytes = 0;  // initialize(range fn, broadcast_from_rank0): its one chunk buffer
 
   // Bytes (nccl-tests bus volume) and calls per step, by collective: = comm().last_step.
@@ -839,13 +845,21 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
       detail::plan_count(r.control_comm, c, buffer, ranks, 1, node_size);
     });
   }
-  // An asynchronous checkpoint's snapshot: the largest data file of the (first) shard group's ranks.
+  // An asynchronous checkpoint's snapshot: the largest data file of the (first) shard group's ranks; a
+  // peer snapshot's: the largest file with its ring predecessor's.
+  std::vector<std::uint64_t> file_bytes(static_cast<std::size_t>(ranks));
   for (int q = 0; q < ranks; ++q) {
     std::uint64_t elements = 0;
     for (std::size_t u = 0; u < spec.num_units(); ++u) elements += l.owned_real(unit_id{u}, q).size();
-    r.checkpoint_snapshot_bytes = std::max<std::uint64_t>(
-        r.checkpoint_snapshot_bytes, elements * (1 + static_cast<std::uint64_t>(optimizer.slots)) * sizeof(float));
+    file_bytes[static_cast<std::size_t>(q)] = elements * (1 + static_cast<std::uint64_t>(optimizer.slots)) * sizeof(float);
+    r.checkpoint_snapshot_bytes = std::max(r.checkpoint_snapshot_bytes, file_bytes[static_cast<std::size_t>(q)]);
   }
+  for (int q = 0; q < ranks && ranks > 1; ++q) {
+    const std::uint64_t own = file_bytes[static_cast<std::size_t>(q)];
+    r.peer_snapshot_bytes = std::max(r.peer_snapshot_bytes, own + file_bytes[static_cast<std::size_t>((q + ranks - 1) % ranks)]);
+    r.peer_snapshot_wire_bytes = std::max(r.peer_snapshot_wire_bytes, own);
+  }
+  if (ranks == 1) r.peer_snapshot_bytes = r.checkpoint_snapshot_bytes;
   // Replicas: the fingerprint's own all-reduce over every data-parallel rank, at each step.
   if (replicas > 1) detail::plan_count(r.control_comm, comm::collective::all_reduce, fingerprint, world, 1, world);
   // The totals the report and zero_plan add up, checked once here so that none of them wraps.
