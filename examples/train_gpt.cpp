@@ -180,6 +180,7 @@ void train(Comm& comm, const options& o, const gpt_options& g, const gpt::corpus
     const auto r = gpt::train_step(e, c, tp, data, t, rank, ranks, o.accum, checkpoints);
     saves.after_step(e, comm, o, i);  // --save-every K: a checkpoint every K steps (--save-async: in the background)
     // tutorial:end
+    trainer::peer_snapshot_after(e, comm, o, i);  // --elastic --snapshot-every K: the state in the ranks' memory
     trainer::report(saves, comm.rank() == 0 ? &notes : nullptr, log ? &*log : nullptr);
     const double loss = global_sum(dp, r.loss) / ranks;
     const double correct = global_sum(dp, r.correct);

@@ -146,6 +146,7 @@ void train(zero::comm::modeled<Comm>& comm, const options& o, const Opt& opt, su
       bar->update(t + 1, loss, r.report.skipped ? "  (skipped: non-finite gradients)" : "");
     }
     saves.after_step(e, comm, o, i);
+    trainer::peer_snapshot_after(e, comm, o, i);  // --elastic --snapshot-every K: the state in the ranks' memory
     trainer::report(saves, bar ? &*bar : nullptr, log ? &*log : nullptr);
   }
   if (bar) bar->finish();

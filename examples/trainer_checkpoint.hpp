@@ -1,5 +1,5 @@
 // The checkpoint flags of the example trainers (--resume, --save, --save-every, --save-async, --export), shared by the
-// CPU and GPU trainers.
+// CPU and GPU trainers, and the peer snapshots in memory of an --elastic run (--snapshot-every).
 #pragma once
 
 #include <algorithm>
@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -14,14 +17,103 @@
 
 #include "trainer_cli.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
+#include "zero/comm/split.hpp"
 
 namespace trainer {
 
-// Loads --resume into the engine, or initializes it with `init`; returns the step training continues
+// The host memory of an --elastic run's ranks (--snapshot-every K): rank j of a launch keeps holder j
+// (zero::checkpoint::peer_snapshot: its own data file and its predecessor's), across launches. A
+// failed rank's holder goes with it; a rank that joins starts with an empty one.
+class peer_memory {
+ public:
+  explicit peer_memory(int distance) : distance_(distance) {}
+
+  // A launch of `ranks` ranks begins: the ranks that stay keep their holders; new ones get empty ones.
+  void launch(int ranks) {
+    while (static_cast<int>(holders_.size()) < ranks) holders_.push_back(std::make_shared<zero::checkpoint::peer_snapshot>());
+  }
+  // Ranks [first, first + count) failed: their memory is gone; the ranks after them move down.
+  void lose(int first, int count) {
+    holders_.erase(holders_.begin() + first, holders_.begin() + std::min<int>(first + count, static_cast<int>(holders_.size())));
+  }
+  zero::checkpoint::peer_snapshot& of(int rank) { return *holders_[static_cast<std::size_t>(rank)]; }
+  std::vector<const zero::checkpoint::peer_snapshot*> holders() const {
+    std::vector<const zero::checkpoint::peer_snapshot*> out;
+    for (const auto& h : holders_) out.push_back(h.get());
+    return out;
+  }
+  bool any() const {
+    for (const auto& h : holders_)
+      if (!h->empty()) return true;
+    return false;
+  }
+  // The step of the snapshot the holders can rebuild; nothing with the reason otherwise.
+  std::optional<std::uint64_t> rebuildable(std::string* why = nullptr) const {
+    try {
+      return zero::checkpoint::detail::find_snapshot(holders()).first->step();
+    } catch (const zero::error& e) {
+      if (why) *why = e.what();
+      return std::nullopt;
+    }
+  }
+  int distance() const { return distance_; }
+
+  // What the launches' snapshots cost on rank 0 (the ranks' files differ by at most a padded slice).
+  void record(int rank, const zero::checkpoint::peer_snapshot_report& r) {
+    if (rank != 0) return;
+    std::lock_guard lk(m_);
+    ++taken_;
+    last_ = r;
+    copy_s_ += r.copy_seconds;
+    exchange_s_ += r.exchange_seconds;
+  }
+  int taken() const { return taken_; }
+  const zero::checkpoint::peer_snapshot_report& last() const { return last_; }
+  double mean_copy_seconds() const { return taken_ ? copy_s_ / taken_ : 0.0; }
+  double mean_exchange_seconds() const { return taken_ ? exchange_s_ / taken_ : 0.0; }
+
+  bool resume = false;           // the next launch loads from the holders
+  bool snapshot_at_end = false;  // the launch stops where the world changes: a snapshot of its last step
+
+ private:
+  int distance_ = 1;
+  std::vector<std::shared_ptr<zero::checkpoint::peer_snapshot>> holders_;
+  std::mutex m_;
+  int taken_ = 0;
+  zero::checkpoint::peer_snapshot_report last_;
+  double copy_s_ = 0, exchange_s_ = 0;
+};
+
+// The backend a peer snapshot's ring goes through: the communicator, or the one under a wrapper that
+// cannot split (train_mlp's comm::modeled).
+template <class Comm>
+auto& splittable_comm(Comm& comm) {
+  if constexpr (zero::comm::splittable<Comm>) return comm;
+  else return comm.inner();
+}
+
+// After step i + 1 of a launch: a peer snapshot every --snapshot-every K steps (the run's last step
+// excepted), and of the last step of a launch that stops where the world changes.
+template <class Engine, class Comm>
+void peer_snapshot_after(Engine& e, Comm& comm, const options& o, int i) {
+  if (!o.memory) return;
+  const bool last = i + 1 == o.steps;
+  if (!(last ? o.memory->snapshot_at_end : o.snapshot_every > 0 && (i + 1) % o.snapshot_every == 0)) return;
+  auto& ring = splittable_comm(comm);
+  const auto report = zero::checkpoint::take_peer_snapshot(e, ring, o.memory->of(ring.rank()), o.memory->distance());
+  o.memory->record(ring.rank(), report);
+}
+
+// Loads --resume into the engine (or, in an --elastic run going on after a change, the peer snapshot
+// the ranks' memory holds), or initializes it with `init`; returns the step training continues
 // from (the checkpoint's steps, skipped ones included, so the data position is the same). A
 // checkpoint loads at any world size and stage, written by either trainer.
 template <class Engine, class Comm, class Init>
 std::uint64_t resume_or_initialize(Engine& e, Comm& comm, const options& o, const Init& init) {
+  if (o.memory && o.memory->resume) {
+    zero::checkpoint::load_peer_snapshot(e, comm, o.memory->holders());
+    return e.state().step + e.state().skipped_steps;
+  }
   if (o.resume.empty()) {
     e.initialize(init);
     return 0;

@@ -68,6 +68,7 @@ struct planted_failure {
   bool fired = false;
 };
 class elastic_monitor;  // trainer_elastic.hpp
+class peer_memory;      // trainer_checkpoint.hpp
 
 struct options {
   int stage = built_stage >= 0 ? built_stage : 3, ranks = 4, steps = 200;
@@ -118,6 +119,10 @@ struct options {
   std::uint64_t rejoin_step = 0;         // 0: a lost rank does not come back
   std::vector<std::uint64_t> grow_steps;  // where a rank that was never in the run joins
   elastic_monitor* monitor = nullptr;
+  // --snapshot-every K (with --elastic): a peer snapshot in host memory every K steps; `memory`: the
+  // ranks' holders, kept by the supervisor across launches (null otherwise).
+  int snapshot_every = 0;
+  peer_memory* memory = nullptr;
 };
 
 // Everything a run reports, reduced over ranks where ranks differ (max for bytes).

@@ -1,6 +1,6 @@
-// --elastic, --fail RANK:STEP, --rejoin-step and --grow: a run on threads that loses a rank goes on at N - 1 from its
-// last checkpoint and takes the rank back at a later one, and grows by new ranks at checkpoints; with --reproducible,
-// to the bits of a run that never changed.
+// --elastic, --fail RANK:STEP, --rejoin-step, --grow and --snapshot-every: a run on threads that loses a rank goes on at
+// N - 1 from its last checkpoint (on disk, or a peer snapshot in the ranks' memory) and takes the rank back at a later
+// one, and grows by new ranks at checkpoints; with --reproducible, to the bits of a run that never changed.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -20,6 +20,7 @@
 #include <system_error>
 #include <vector>
 
+#include "trainer_checkpoint.hpp"
 #include "trainer_cli.hpp"
 #include "zero/checkpoint/manifest.hpp"
 #include "zero/checkpoint/versions.hpp"
@@ -88,8 +89,8 @@ class elastic_monitor {
   std::optional<clock::time_point> first_step_end_;
 };
 
-// --elastic, --fail RANK:STEP (repeatable), --rejoin-step STEP and --grow STEP (repeatable) (train_mlp,
-// train_gpt).
+// --elastic, --fail RANK:STEP (repeatable), --rejoin-step STEP, --grow STEP (repeatable) and --snapshot-every K
+// (train_mlp, train_gpt).
 inline void add_elastic_flags(CLI::App& app, options& o) {
   app.add_flag("--elastic", o.elastic,
                "when a rank fails (--backend threads), go on at one rank fewer from the newest checkpoint in --save "
@@ -126,6 +127,10 @@ inline void add_elastic_flags(CLI::App& app, options& o) {
                  "checkpoint (repeatable; with --reproducible, to the bits of a run at the first size)")
       ->type_name("STEP")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
+  toolcli::add_integer(app, "--snapshot-every", o.snapshot_every, 1, 1 << 30,
+                       "with --elastic: every K steps each rank copies its state into host memory, and into its "
+                       "neighbour's (train_gpt --tp T: the rank T places on), so that a lost rank's survives; the run "
+                       "goes on from it without a file system (--save not needed)");
 }
 
 // What is wrong with the planted failures in a world of `ranks` ranks ("" when nothing).
@@ -143,13 +148,15 @@ inline std::string planted_problem(const options& o, int ranks) {
 
 // What is wrong with the elastic flags ("" when nothing).
 inline std::string elastic_problem(const CLI::App& app, const options& o) {
-  if ((o.elastic || given(app, "--rejoin-step") || given(app, "--grow")) && o.backend != "threads")
-    return "--elastic, --rejoin-step and --grow run on --backend threads (under MPI a failed process ends the job: "
-           "scripts/elastic_mpirun.py starts it again with one process fewer from the newest checkpoint; "
+  if ((o.elastic || given(app, "--rejoin-step") || given(app, "--grow") || given(app, "--snapshot-every")) &&
+      o.backend != "threads")
+    return "--elastic, --rejoin-step, --grow and --snapshot-every run on --backend threads (under MPI a failed process "
+           "ends the job: scripts/elastic_mpirun.py starts it again with one process fewer from the newest checkpoint; "
            "docs/elasticity.md)";
-  if (o.elastic && o.save.empty())
-    return "--elastic needs --save DIR: the checkpoints a smaller world goes on from (with --save-every K, at most "
-           "K steps are trained again)";
+  if (o.elastic && o.save.empty() && o.snapshot_every == 0)
+    return "--elastic needs --save DIR or --snapshot-every K: the checkpoints a smaller world goes on from, on disk or "
+           "in the ranks' memory (at most K steps are trained again)";
+  if (given(app, "--snapshot-every") && !o.elastic) return "--snapshot-every needs --elastic";
   if (o.elastic && o.ranks < 2) return "--elastic needs --ranks 2 or more: a world of one rank has none to spare";
   if (given(app, "--rejoin-step") && !o.elastic) return "--rejoin-step needs --elastic";
   if (given(app, "--grow") && !o.elastic) return "--grow needs --elastic";
@@ -198,6 +205,8 @@ struct membership_change {
   std::uint64_t resumed_at = 0;   // the step the next launch continued from (its checkpoint's)
   std::uint64_t redone = 0;       // steps trained a second time: at_step - resumed_at
   double recovery_s = -1;         // from the change to the end of the next launch's first step; < 0: none
+  std::string source;             // what the next launch continued from: "memory" (a peer snapshot),
+                                  // "checkpoint" (--save or --resume), "start" (the initialization)
 };
 
 // Runs the launches of an --elastic run: the first at --ranks; after a rank fails, one rank (or group)
@@ -212,7 +221,9 @@ class elastic_supervisor {
 
   // `group`: the ranks a failure takes out of the world, a multiple of which the world stays: 1, or a
   // tensor-parallel group's size (train_gpt --tp: a lost rank takes its group's shards of the layers).
-  explicit elastic_supervisor(const options& o, int group = 1) : base_(o), group_(group), monitor_(o.planted) {}
+  explicit elastic_supervisor(const options& o, int group = 1) : base_(o), group_(group), monitor_(o.planted) {
+    if (o.snapshot_every > 0) memory_.emplace(group);  // a lost group's files on the next group's ranks
+  }
 
   elastic_monitor& monitor() { return monitor_; }
   const std::vector<membership_change>& changes() const { return changes_; }
@@ -224,6 +235,7 @@ class elastic_supervisor {
   summary run(const Launch& launch) {
     options o = base_;
     o.monitor = &monitor_;
+    if (memory_) o.memory = &*memory_;
     std::optional<std::uint64_t> end;  // the step the run ends at: the first launch's start + --steps
     int ranks = base_.ranks;
     int lost = 0, joined = 0;  // groups lost (and not yet back), groups that joined (--grow)
@@ -242,6 +254,11 @@ class elastic_supervisor {
       ++launches_;
       monitor_.launch(ranks);
       o.ranks = ranks;
+      if (memory_) {
+        memory_->launch(ranks);
+        // A launch that stops where the world changes leaves a snapshot of its last step for the next.
+        memory_->snapshot_at_end = end && launch_start(o) + static_cast<std::uint64_t>(o.steps) < *end;
+      }
       if (const std::string p = split_batch(o, o.model.batch, ranks / group_,
                                             std::to_string(ranks / group_) + " data-parallel ranks");
           !p.empty())
@@ -265,12 +282,13 @@ class elastic_supervisor {
         c.rank = monitor_.failed_rank();
         c.cause = printable_failure(std::current_exception());
         c.at_step = *monitor_.steps_done();
-        changes_.push_back(c);
         change_started_ = failed_at;
+        // The failed rank's tensor-parallel group leaves, and its memory with it.
+        if (memory_) memory_->lose(c.rank / group_ * group_, group_);
         ranks -= group_;
         ++lost;
-        o.resume = newest_checkpoint(o);
-        const std::uint64_t from = o.resume.empty() ? 0 : checkpoint_step(o.resume);
+        const std::uint64_t from = go_on_from(o, c);
+        changes_.push_back(c);
         o.steps = static_cast<int>(next_stop(from, lost, *end) - from);
         continue;
       }
@@ -291,9 +309,17 @@ class elastic_supervisor {
       }
       ranks = base_.ranks + group_ * (joined - lost);
       c.to = ranks;
-      changes_.push_back(c);
       change_started_ = clock::now();
-      o.resume = base_.save;
+      // The launch saved its last step: in the ranks' memory (--snapshot-every), and in --save when given.
+      if (memory_ && memory_->rebuildable() == s.last_step) {
+        memory_->resume = true;
+        c.source = "memory";
+      } else {
+        if (memory_) memory_->resume = false;
+        o.resume = base_.save;
+        c.source = "checkpoint";
+      }
+      changes_.push_back(c);
       o.steps = static_cast<int>(next_stop(s.last_step, lost, *end) - s.last_step);
     }
   }
@@ -306,9 +332,21 @@ class elastic_supervisor {
                           {"resumed_at", c.resumed_at}, {"steps_redone", c.redone}};
       if (c.kind == "shrink") j["rank"] = c.rank, j["cause"] = c.cause;
       j["recovery_s"] = c.recovery_s >= 0 ? nlohmann::json(c.recovery_s) : nlohmann::json(nullptr);
+      j["source"] = c.source;
       changes.push_back(std::move(j));
     }
-    return {{"launches", launches_}, {"changes", std::move(changes)}};
+    nlohmann::json out = {{"launches", launches_}, {"changes", std::move(changes)}};
+    if (memory_) {
+      const auto& last = memory_->last();
+      out["peer_snapshots"] = {{"every", base_.snapshot_every},
+                               {"distance", memory_->distance()},
+                               {"taken", memory_->taken()},
+                               {"rank0_file_bytes", last.own_bytes},
+                               {"rank0_held_bytes", last.held_bytes},
+                               {"copy_s_mean", memory_->mean_copy_seconds()},
+                               {"exchange_s_mean", memory_->mean_exchange_seconds()}};
+    }
+    return out;
   }
 
   // One line per change, for the human summary.
@@ -316,17 +354,35 @@ class elastic_supervisor {
     std::vector<std::string> out;
     for (const auto& c : changes_) {
       char line[400];
-      if (c.kind == "shrink")
+      const char* what = c.source == "memory" ? "peer snapshot in memory" : "checkpoint";
+      if (c.kind == "shrink" && c.source == "start")
         std::snprintf(line, sizeof line,
-                      "elastic: rank %d failed after step %llu; %d ranks went on from the checkpoint of step %llu "
+                      "elastic: rank %d failed after step %llu; %d ranks started again (no checkpoint yet: %llu "
+                      "step%s redone), %.3f s from the failure to the end of the next step",
+                      c.rank, static_cast<unsigned long long>(c.at_step), c.to, static_cast<unsigned long long>(c.redone),
+                      c.redone == 1 ? "" : "s", c.recovery_s);
+      else if (c.kind == "shrink")
+        std::snprintf(line, sizeof line,
+                      "elastic: rank %d failed after step %llu; %d ranks went on from the %s of step %llu "
                       "(%llu step%s redone), %.3f s from the failure to the end of the next step",
-                      c.rank, static_cast<unsigned long long>(c.at_step), c.to,
+                      c.rank, static_cast<unsigned long long>(c.at_step), c.to, what,
                       static_cast<unsigned long long>(c.resumed_at), static_cast<unsigned long long>(c.redone),
                       c.redone == 1 ? "" : "s", c.recovery_s);
       else
-        std::snprintf(line, sizeof line, "elastic: %s %d ranks at the checkpoint of step %llu, %.3f s to the end of the next step",
-                      c.kind == "join" ? "grew to" : "back to", c.to, static_cast<unsigned long long>(c.at_step),
+        std::snprintf(line, sizeof line, "elastic: %s %d ranks at the %s of step %llu, %.3f s to the end of the next step",
+                      c.kind == "join" ? "grew to" : "back to", c.to, what, static_cast<unsigned long long>(c.at_step),
                       c.recovery_s);
+      out.push_back(line);
+    }
+    if (memory_ && memory_->taken() > 0) {
+      char line[320];
+      const auto& last = memory_->last();
+      std::snprintf(line, sizeof line,
+                    "elastic: %d peer snapshot%s (every %d steps); rank 0 held %.2f MB (its file and its neighbour's), "
+                    "copied in %.2f ms and exchanged in %.2f ms on average",
+                    memory_->taken(), memory_->taken() == 1 ? "" : "s", base_.snapshot_every,
+                    static_cast<double>(last.held_bytes) / 1e6, 1e3 * memory_->mean_copy_seconds(),
+                    1e3 * memory_->mean_exchange_seconds());
       out.push_back(line);
     }
     return out;
@@ -347,14 +403,49 @@ class elastic_supervisor {
     if (monitor_.failed_rank() < 0) return "no rank is known to have failed";
     if (!monitor_.steps_done()) {
       if (changes_.empty()) return "the run failed before its first step (a failure of the set-up, not of a rank)";
+      const std::string kept = base_.save.empty()
+                                   ? "nothing was saved to disk: with --save DIR the checkpoints outlive the run"
+                                   : "the checkpoints in --save are kept: --resume continues from them";
       if (changes_.back().kind == "shrink")
-        return "a second failure came during the recovery, before the smaller world's first step (the checkpoints "
-               "in --save are kept: --resume continues from them)";
-      return "a failure came before the first step of the world of " + std::to_string(changes_.back().to) +
-             " ranks (the checkpoints in --save are kept: --resume continues from them)";
+        return "a second failure came during the recovery, before the smaller world's first step (" + kept + ")";
+      return "a failure came before the first step of the world of " + std::to_string(changes_.back().to) + " ranks (" +
+             kept + ")";
     }
     if (ranks <= group_) return group_ == 1 ? "no rank is left" : "no tensor-parallel group is left";
     return "";
+  }
+  // Where the next launch after a failure goes on from (into o and c; returns its step): the newer of
+  // the peer snapshot the survivors' memory can rebuild and the newest checkpoint in --save (or where the
+  // run started: --resume, or the initialization). A snapshot that was taken but cannot be rebuilt (a
+  // rank and the one holding its copy both lost) with no checkpoint on disk ends the run.
+  std::uint64_t go_on_from(options& o, membership_change& c) {
+    std::string why;
+    bool rebuildable = false;
+    std::uint64_t in_memory = 0;
+    if (memory_)
+      if (const auto step = memory_->rebuildable(&why)) rebuildable = true, in_memory = *step;
+    const std::string disk = newest_checkpoint(o);
+    const std::uint64_t on_disk = disk.empty() ? 0 : checkpoint_step(disk);
+    if (rebuildable && (disk.empty() || in_memory >= on_disk)) {
+      memory_->resume = true;
+      c.source = "memory";
+      return in_memory;
+    }
+    if (memory_) {
+      memory_->resume = false;
+      if (memory_->any() && disk.empty())
+        throw zero::error(zero::error_kind::invalid_argument,
+                          "--elastic: the ranks' memory cannot rebuild its peer snapshot and there is no checkpoint "
+                          "on disk to go on from (" + why + ")");
+    }
+    o.resume = disk;
+    c.source = disk.empty() ? "start" : "checkpoint";
+    return on_disk;
+  }
+  // The step a launch with options o starts at (its resume point): known to the supervisor.
+  std::uint64_t launch_start(const options& o) const {
+    if (memory_ && memory_->resume) return *memory_->rebuildable();
+    return o.resume.empty() ? 0 : checkpoint_step(o.resume);
   }
   // --save when it holds a committed checkpoint, else where the run started (--resume, or nothing).
   std::string newest_checkpoint(const options& o) const {
@@ -384,6 +475,7 @@ class elastic_supervisor {
   int group_ = 1;
   elastic_monitor monitor_;
   std::vector<membership_change> changes_;
+  std::optional<peer_memory> memory_;  // --snapshot-every: the ranks' holders, across launches
   clock::time_point change_started_{};
   int launches_ = 0;
 };

@@ -25,14 +25,14 @@ std::string bytes_of(const ckpt::memory_file& f) {
 // Trains `steps` steps at N ranks and takes a peer snapshot into holders (one per rank), then trains
 // `after` more steps, so that the engines have moved on from what the holders keep.
 template <class Stage>
-std::vector<std::shared_ptr<ckpt::peer_snapshot>> snapshot_at(int n, int steps, int after = 2) {
+std::vector<std::shared_ptr<ckpt::peer_snapshot>> snapshot_at(int n, int steps, int after = 2, int distance = 1) {
   std::vector<std::shared_ptr<ckpt::peer_snapshot>> holders;
   for (int r = 0; r < n; ++r) holders.push_back(std::make_shared<ckpt::peer_snapshot>());
   threads::launch(n, [&](threads& comm) {
     zero::engine<Stage, threads, adamw> e(comm, toy::spec());
     e.initialize(toy::initializer());
     for (int t = 0; t < steps; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
-    ckpt::take_peer_snapshot(e, comm, *holders[static_cast<std::size_t>(comm.rank())]);
+    ckpt::take_peer_snapshot(e, comm, *holders[static_cast<std::size_t>(comm.rank())], distance);
     for (int t = steps; t < steps + after; ++t) toy::train_step(e, comm.rank(), static_cast<std::uint64_t>(t));
   });
   return holders;
@@ -184,4 +184,31 @@ TEST_CASE("a take that fails leaves every holder with the previous snapshot, whi
   for (const auto& h : holders) CHECK(h->step() == 2);
   holders.erase(holders.begin() + 1);
   CHECK(bit_equal(load_held<zero::stage2>(2, pointers(holders)), at2));
+}
+
+TEST_CASE("at distance T, any T adjacent ranks may go together (a tensor-parallel group)") {
+  // (N, T): cycles of even length (4, 2: two of 2 ranks), of odd length (6, 2: two of 3), one cycle
+  // (5, 2), and a distance past N (5, 7 = 2).
+  for (auto [n, t] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{5, 2}, std::pair{5, 7}, std::pair{6, 3}}) {
+    CAPTURE(n);
+    CAPTURE(t);
+    const state_arrays at3 = train<zero::stage2>(n, 3);
+    const auto holders = snapshot_at<zero::stage2>(n, 3, 1, t);
+    for (int r = 0; r < n; ++r) {
+      const int d = t % n;
+      CHECK(holders[static_cast<std::size_t>(r)]->distance() == t);
+      CHECK(holders[static_cast<std::size_t>(r)]->file_of((r + n - d) % n) != nullptr);
+    }
+    const int group = std::min(t % n, n - 1);
+    for (int first = 0; first + group <= n; first += group) {
+      CAPTURE(first);
+      auto survivors = pointers(holders);
+      survivors.erase(survivors.begin() + first, survivors.begin() + first + group);
+      CHECK(bit_equal(load_held<zero::stage2>(n - group, survivors), at3));
+    }
+  }
+  // Each file must go to another rank.
+  CHECK_THROWS_WITH_AS(snapshot_at<zero::stage1>(3, 1, 0, 3), doctest::Contains("distance 3 in a world of 3 ranks"),
+                       zero::error);
+  CHECK_THROWS_WITH_AS(snapshot_at<zero::stage1>(3, 1, 0, 0), doctest::Contains("distance 0"), zero::error);
 }

@@ -46,6 +46,7 @@ numbers "$train_mlp" "" --steps --ranks --stage --lr --clip --seed --batch --lay
   --host-threads
 numbers "$train_mlp" "--offload host" --offload-slice
 numbers "$train_mlp" "--save $tmp/s" --save-every
+numbers "$train_mlp" "--elastic --save $tmp/s" --snapshot-every
 numbers "$train_mlp" "--qgz" --quant-block --qwz-bits --qgz-bits
 numbers "$train_gpt" "" --steps --ranks --lr --seed --batch --layers --embd --heads --context --tp --held-out \
   --eval-windows --sample --temperature --beta2 --data-limit --comm-timeout

@@ -10,7 +10,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -42,10 +41,15 @@ struct peer_snapshot_report {
   double exchange_seconds = 0;   // the ring's copy, the manifest and the agreement
 };
 
+class peer_snapshot;
+template <class Engine, class Comm>
+peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& held, int distance = 1);
+
 // What one rank holds of its world's last complete snapshot: the manifest (every rank's file listed,
-// as save() would commit it), its own data file and its ring predecessor's (rank (r - 1) mod N). Any
-// one rank lost, its file survives on its successor, so the survivors hold the whole snapshot; two
-// neighbours lost, one file is gone. Outlives the engine and the communicator that took it: a world
+// as save() would commit it), its own data file and its ring predecessor's (rank (r - d) mod N, d the
+// take's distance, 1 by default). Any one rank lost, its file survives on its successor, so the
+// survivors hold the whole snapshot; a rank and its successor lost, one file is gone. With d = T,
+// any T consecutive ranks may go together (a tensor-parallel group of T adjacent ranks). Outlives the engine and the communicator that took it: a world
 // of another size loads from it (load_peer_snapshot).
 class peer_snapshot {
  public:
@@ -69,39 +73,55 @@ class peer_snapshot {
   }
   // The same snapshot on every rank that took it together (a value drawn by the world's rank 0).
   std::uint64_t token() const { return token_; }
+  // The take's distance: each file is also held by rank (r + distance) mod N.
+  int distance() const { return distance_; }
   // Frees the memory; the holder is then empty.
   void clear() { *this = peer_snapshot(); }
 
  private:
   template <class Engine, class Comm>
-  friend peer_snapshot_report take_peer_snapshot(Engine&, Comm&, peer_snapshot&);
+  friend peer_snapshot_report take_peer_snapshot(Engine&, Comm&, peer_snapshot&, int);
 
   std::shared_ptr<const manifest> info_;
   std::vector<memory_file> files_;  // the own file first, then the predecessor's (none in a world of one)
   std::uint64_t token_ = 0;
+  int distance_ = 1;
 };
 
 namespace detail {
 
-// The ring's copy: rank r's `own` reaches rank (r + 1) mod N's `predecessor`. The ring's edges
-// (r -> r + 1) are coloured so that no rank has two of one colour (2 colours for an even N, 3 for an
-// odd one); per colour, each edge's two ranks form a world of their own (comm.split) where the sender
-// broadcasts. Each rank sends its file once and receives one: the wire is the own file's bytes.
+// The ring's copy: rank r's `own` reaches rank (r + d) mod N's `predecessor` (d = distance). The
+// edges r -> r + d form gcd(N, d) cycles of N / gcd(N, d) ranks; each cycle's edges are coloured by
+// their place in it so that no rank has two of one colour (2 colours for a cycle of even length, 3 for
+// an odd one). Per colour, each edge's two ranks form a world of their own (comm.split) where the
+// sender broadcasts. Each rank sends its file once and receives one: the wire is the own file's bytes.
 template <class Comm>
-void ring_copy(Comm& comm, const float* own, std::size_t own_floats, float* predecessor, std::size_t pred_floats) {
+void ring_copy(Comm& comm, int distance, const float* own, std::size_t own_floats, float* predecessor,
+               std::size_t pred_floats) {
   const int n = comm.size(), r = comm.rank();
-  if (n < 2) return;
-  const auto colour = [n](int edge) { return n % 2 == 1 && edge == n - 1 ? 2 : edge % 2; };
-  const int out = r, in = (r + n - 1) % n;  // the edges r -> r + 1 and r - 1 -> r
-  for (int c = 0; c < (n % 2 == 1 ? 3 : 2); ++c) {
-    const int group = colour(out) == c ? out : colour(in) == c ? in : n + r;
+  const int d = ((distance % n) + n) % n;
+  if (n < 2 || d == 0) return;
+  int g = n;  // gcd(n, d): the cycles
+  for (int b = d; b != 0;) g = std::exchange(b, g % b);
+  const int length = n / g;
+  // The place of rank q in its cycle (the cycle of q mod g starts at q mod g).
+  const auto place = [&](int q) {
+    int p = 0;
+    for (int at = q % g; at != q; at = (at + d) % n) ++p;
+    return p;
+  };
+  const auto colour = [&](int sender) {
+    const int p = place(sender);
+    return length % 2 == 1 && p == length - 1 ? 2 : p % 2;
+  };
+  const int to = (r + d) % n, from = (r + n - d) % n;  // the edges r -> to and from -> r, named by their senders
+  for (int c = 0; c < (length % 2 == 1 ? 3 : 2); ++c) {
+    const int group = colour(r) == c ? r : colour(from) == c ? from : n + r;
     const std::unique_ptr<Comm> pair = comm.split(group);
-    if (group == out) {
-      const int root = r < (r + 1) % n ? 0 : 1;  // the pair is ranked in the world's order
-      pair->broadcast(own, const_cast<float*>(own), own_floats, root);
-    } else if (group == in) {
-      const int root = in < r ? 0 : 1;
-      pair->broadcast(predecessor, predecessor, pred_floats, root);
+    if (group == r) {
+      pair->broadcast(own, const_cast<float*>(own), own_floats, r < to ? 0 : 1);  // ranked in the world's order
+    } else if (group == from) {
+      pair->broadcast(predecessor, predecessor, pred_floats, from < r ? 0 : 1);
     }
   }
 }
@@ -114,13 +134,15 @@ void ring_copy(Comm& comm, const float* own, std::size_t own_floats, float* pred
 //      of a save would hold them (e.snapshot_memory: counted under mem_category::snapshot), with
 //      the file's xxHash64;
 //   2. the ranks' ranges and checksums are all-gathered, so that every rank holds the whole manifest;
-//   3. each rank's file is copied to its ring successor, whose checksum of it must match.
+//   3. each rank's file is copied to its successor, rank (r + distance) mod N, whose checksum of it
+//      must match (distance 1 by default: the ring's neighbour; T in a mesh whose tensor-parallel
+//      groups of T adjacent ranks are lost together: the same place in the next group).
 // Only when every rank has all of it does `held` change (an agreement): a failure anywhere, a rank
 // lost during the take included, throws on every rank and leaves each holder with the previous
 // snapshot, so the survivors' holders always agree. While it runs a rank holds both snapshots (up
 // to twice held_bytes); afterwards the previous one is freed. A world of one keeps its own file only.
 template <class Engine, class Comm>
-peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& held) {
+peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& held, int distance) {
   static_assert(comm::splittable<Comm>, "take_peer_snapshot: the ring's copy needs comm.split (comm/split.hpp); pass "
                                         "the backend under a wrapper that cannot split");
   static_assert(Comm::system::host_addressable,
@@ -132,6 +154,9 @@ peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& he
   const detail::mesh_place mesh = detail::mesh_place_of(e);
   detail::check_communicator(e, comm, mesh, "peer snapshot");
   const int rank = comm.rank(), world = comm.size();
+  ZERO_CHECK(world == 1 || (distance > 0 && distance % world != 0), invalid_argument,
+             "peer snapshot: distance ", distance, " in a world of ", world,
+             " ranks: each file must go to another rank (1 to N - 1, or any positive value not a multiple of N)");
   const std::size_t units = e.spec().num_units();
   const auto t0 = clock::now();
 
@@ -176,7 +201,7 @@ peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& he
   const std::vector<double> all = detail::all_gather(comm, mine);
   detail::settle(copied, all, stride, "peer snapshot (copying the state)");
   token = detail::get_u64(all, sd + 4);
-  const int pred = (rank + world - 1) % world;
+  const int pred = world > 1 ? (rank + world - distance % world) % world : 0;
   const auto record = [&](int r) { return static_cast<std::size_t>(r) * stride; };
 
   // The manifest, the same on every rank, and the predecessor's file's memory.
@@ -200,7 +225,7 @@ peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& he
 
   // 3. The ring's copy, then the received file checked against its owner's checksum.
   if (world > 1) {
-    detail::ring_copy(comm, static_cast<const float*>(own.bytes.data()), plan.bytes / sizeof(float),
+    detail::ring_copy(comm, distance, static_cast<const float*>(own.bytes.data()), plan.bytes / sizeof(float),
                       static_cast<float*>(received.bytes.data()),
                       info->files[static_cast<std::size_t>(pred)].bytes / sizeof(float));
   }
@@ -219,6 +244,7 @@ peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& he
   next.files_.push_back(std::move(own));
   if (world > 1) next.files_.push_back(std::move(received));
   next.token_ = token;
+  next.distance_ = distance;
   held = std::move(next);
   peer_snapshot_report report;
   report.step = held.step();
@@ -285,7 +311,8 @@ inline std::pair<const peer_snapshot*, std::vector<const memory_file*>> find_sna
   }
   ZERO_CHECK(lost == 0, invalid_argument, "peer snapshot: the snapshot of step ", first->step(),
              " cannot be rebuilt: no holder keeps the data file", lost > 1 ? "s" : "", " of rank", lost > 1 ? "s " : " ",
-             missing, " of its ", world, " (each file is held by its rank and the next one: two neighbours lost)");
+             missing, " of its ", world, " (each file is held by its rank and rank + ", first->distance(),
+             ": both lost)");
   return {first, std::move(files)};
 }
 
