@@ -212,3 +212,24 @@ TEST_CASE("at distance T, any T adjacent ranks may go together (a tensor-paralle
                        zero::error);
   CHECK_THROWS_WITH_AS(snapshot_at<zero::stage1>(3, 1, 0, 0), doctest::Contains("distance 0"), zero::error);
 }
+
+TEST_CASE("the plan's peer snapshot bytes: the formula where no rank's slice holds padding, below it where one does") {
+  zero::model_spec even;  // 2 units of 3,072 and 768 elements: every N below holds them without padding
+  even.unit("a").tensor("w", {48, 64});
+  even.unit("b").tensor("w", {768});
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    const auto p = zero::plan_for<zero::stage3, threads, adamw, zero::precision::fp32>(even, n);
+    REQUIRE(p.padded == p.numel);
+    const auto f = zero::formula::peer_snapshot_bytes(p.padded, n, adamw::slots);
+    CHECK(p.peer_snapshot_bytes == f.held);
+    CHECK(p.peer_snapshot_wire_bytes == f.sent);
+    const auto q = zero::plan_for<zero::stage1, threads, zero::optim::sgd, zero::precision::bf16>(even, n);
+    const auto g = zero::formula::peer_snapshot_bytes(q.padded, n, zero::optim::sgd::slots);
+    CHECK(q.peer_snapshot_bytes == g.held);
+    CHECK(g.held * 3 == f.held * 2);  // two arrays, not three
+    const auto t = zero::plan_for<zero::stage2, threads, adamw, zero::precision::fp32>(toy::spec(), n);
+    CHECK(t.peer_snapshot_bytes <= zero::formula::peer_snapshot_bytes(t.padded, n, adamw::slots).held);
+  }
+  CHECK_THROWS_AS(zero::formula::peer_snapshot_bytes(10, 3, 2), zero::error);
+}

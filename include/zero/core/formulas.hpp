@@ -121,6 +121,20 @@ inline std::uint64_t offloaded_state_bytes(int stage, std::uint64_t psi, int n, 
   return detail::mul(arrays, disk ? detail::add(bytes, 4095) / 4096 * 4096 : bytes);
 }
 
+// A peer snapshot (checkpoint::take_peer_snapshot): a rank's data file holds its canonical slice of
+// the master weights and every optimizer slot in fp32, (1 + S) 4 Psi/N bytes for S slots (at most:
+// the padding is in no file); a rank keeps its own and its ring predecessor's, 2 (1 + S) 4 Psi/N
+// (its own alone at N = 1), and each snapshot sends the own file once, (1 + S) 4 Psi/N (none at N = 1).
+struct peer_snapshot_cost {
+  std::uint64_t held = 0, sent = 0;
+};
+inline peer_snapshot_cost peer_snapshot_bytes(std::uint64_t psi, int n, int slots) {
+  ZERO_CHECK(n > 0 && psi % static_cast<std::uint64_t>(n) == 0 && slots >= 0, invalid_argument, "formula: Psi = ", psi,
+             " is not a multiple of N = ", n, ", or slots ", slots, " < 0");
+  const std::uint64_t file = detail::mul(detail::mul(4, 1 + static_cast<std::uint64_t>(slots)), psi / static_cast<std::uint64_t>(n));
+  return n == 1 ? peer_snapshot_cost{file, 0} : peer_snapshot_cost{detail::mul(2, file), file};
+}
+
 // The host memory the disk tier holds per rank besides its file, for `held` elements per array
 // (offloaded_state_bytes's H): its slice sets, min(3, slices) of them (one per slice in flight: a
 // state of one or two slices needs no more), each of `arrays` slices of `slice` fp32 elements, where
