@@ -168,15 +168,7 @@ peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& he
     plan = detail::plan_own_file(e, mesh, nslots);
     own.bytes = e.snapshot_memory(plan.bytes);
     auto* base = static_cast<unsigned char*>(own.bytes.data());
-    const auto starts = detail::piece_starts(e.spec(), plan.pieces);
-    for (std::size_t p = 0; p < plan.pieces.size(); ++p) {
-      const auto& piece = plan.pieces[p];
-      const std::size_t len = piece.end - piece.begin;
-      float* arrays[nslots];
-      for (std::size_t k = 0; k < nslots; ++k)
-        arrays[k] = reinterpret_cast<float*>(base + piece.offset + k * len * sizeof(float));
-      e.read_state(unit_id{piece.unit}, range{starts[p], starts[p] + len}, arrays[0], arrays + 1);
-    }
+    detail::copy_own_file(e, plan, base);
     checksum = xxh64(base, plan.bytes);
   });
   if (plan.ranges.empty()) plan.ranges.resize(units);

@@ -240,6 +240,22 @@ inline std::vector<std::size_t> piece_starts(const model_spec& spec, const std::
   return out;
 }
 
+// The rank's data file, byte for byte, into `base` (plan.bytes of host memory): each piece's slots
+// one after the other, read from the engine (an offloaded one streams them from its tier).
+template <class Engine>
+void copy_own_file(Engine& e, const data_file_plan& plan, unsigned char* base) {
+  constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Engine::optimizer::slots);
+  const auto starts = piece_starts(e.spec(), plan.pieces);
+  for (std::size_t p = 0; p < plan.pieces.size(); ++p) {
+    const auto& piece = plan.pieces[p];
+    const std::size_t len = piece.end - piece.begin;
+    float* arrays[nslots];
+    for (std::size_t k = 0; k < nslots; ++k)
+      arrays[k] = reinterpret_cast<float*>(base + piece.offset + k * len * sizeof(float));
+    e.read_state(unit_id{piece.unit}, range{starts[p], starts[p] + len}, arrays[0], arrays + 1);
+  }
+}
+
 // What a version's manifest says besides its files and segments, as the engine stands now: taken
 // when the state is read (an asynchronous save's snapshot), written at the commit.
 template <class Engine>

@@ -107,15 +107,7 @@ class async_saver {
       job->ranges = std::move(plan.ranges);
       job->snapshot = e.snapshot_memory(plan.bytes, std::move(kept_));
       auto* base = static_cast<unsigned char*>(job->snapshot.data());
-      const auto starts = detail::piece_starts(e.spec(), plan.pieces);
-      for (std::size_t p = 0; p < plan.pieces.size(); ++p) {
-        const auto& piece = plan.pieces[p];
-        const std::size_t len = piece.end - piece.begin;
-        float* arrays[nslots];
-        for (std::size_t k = 0; k < nslots; ++k)
-          arrays[k] = reinterpret_cast<float*>(base + piece.offset + k * len * sizeof(float));
-        e.read_state(unit_id{piece.unit}, range{starts[p], starts[p] + len}, arrays[0], arrays + 1);
-      }
+      detail::copy_own_file(e, plan, base);
       job->bytes = plan.bytes;
       if (rank == 0) job->head = detail::manifest_head(e, mesh, comm.size());
     });
