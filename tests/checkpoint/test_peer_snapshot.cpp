@@ -189,7 +189,8 @@ TEST_CASE("a take that fails leaves every holder with the previous snapshot, whi
 TEST_CASE("at distance T, any T adjacent ranks may go together (a tensor-parallel group)") {
   // (N, T): cycles of even length (4, 2: two of 2 ranks), of odd length (6, 2: two of 3), one cycle
   // (5, 2), and a distance past N (5, 7 = 2).
-  for (auto [n, t] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{5, 2}, std::pair{5, 7}, std::pair{6, 3}}) {
+  for (const auto& shape : {std::pair{4, 2}, std::pair{6, 2}, std::pair{5, 2}, std::pair{5, 7}, std::pair{6, 3}}) {
+    const int n = shape.first, t = shape.second;  // plain names: lambdas below capture them
     CAPTURE(n);
     CAPTURE(t);
     const state_arrays at3 = train<zero::stage2>(n, 3);
