@@ -175,8 +175,9 @@ class optimizer_sweep {
   // each block of elements (in a buffer the block's size, in cache) go into the tensor's sums
   // (engine/tensor_sums.hpp: in an order fixed by the tensor's own indices, completed over the ranks by
   // one all-reduce on the control link where a shard boundary cuts a tensor); then each tensor's
-  // factor, and the weights. The sums depend on the values only, so every stage, N and thread count
-  // gives the same bits. The host runs it (a device system's passes are not built), in memory or from
+  // factor, and the weights. A tensor held whole in one piece and cut by no shard boundary (every one
+  // at stage 0 or N = 1) takes its weights' pass right after its first, from cache. The sums depend on
+  // the values only, so every stage, N and thread count gives the same bits. The host runs it (a device system's passes are not built), in memory or from
   // the offload tier (whose disk file the two passes read twice and write twice). Where the optimizer allows it and the gradients are
   // fp32 (keeps_direction), the first pass leaves the update's direction in each gradient element
   // instead of zero, and the last pass reads it there (and zeroes it) instead of recomputing it from
@@ -220,12 +221,37 @@ class optimizer_sweep {
         f(first_tensor[u.index] + t, piece, g, w, Prec::separate_master ? p : nullptr, st);
       }
     };
+    // The weights of a piece of tensor t from its factor (its sums complete).
+    const auto weights = [&](unit_id u, std::size_t t, range piece, std::size_t g, float* w, param_type* p,
+                             float* const* st) {
+      double sq[K];
+      for (std::size_t k = 0; k < K; ++k) sq[k] = sums.sum(t, k);
+      const float f = Opt::tensor_factor(c[g], sq);
+      const unit_layout& ul = ctx_.layout.unit(u);
+      gradients([&]<class T>(T* store, bool sharded) {
+        pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
+          if constexpr (keeps_direction<T>) {
+            T* d = store + element_index(ul, piece.begin, sharded, ctx_.rank);
+            elementwise::apply_direction<Opt>(ctx_.sys, c[g], f, d + b, w + b, p ? p + b : p, e - b);
+          } else {
+            const float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
+            for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
+            elementwise::apply_factor<Opt>(ctx_.sys, c[g], f, w + b, s, p ? p + b : p, e - b);
+          }
+        });
+      });
+    };
+    // A tensor this rank holds whole, in one piece, and no shard boundary cuts has its sums when its
+    // first pass ends: its weights follow at once, while its weights and directions are still in cache,
+    // so that each crosses memory once, as in an element-wise step (the same bits: the same factor and
+    // direction). The others wait for the exchange.
+    applied_.assign(sums.tensors(), 0);
     store_.begin_step();
-    // 1. The slots, and the terms' sums.
+    // 1. The slots, and the terms' sums; the weights of the local tensors.
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
           pieces(u, i, n, arrays,
-                 [&](std::size_t t, range piece, std::size_t g, float* w, param_type*, float* const* st) {
+                 [&](std::size_t t, range piece, std::size_t g, float* w, param_type* p, float* const* st) {
                    const unit_layout& ul = ctx_.layout.unit(u);
                    // The piece's first element's index in its tensor.
                    const std::size_t local = piece.begin - ul.tensors[t - first_tensor[u.index]].begin;
@@ -258,6 +284,11 @@ class optimizer_sweep {
                        adder.finish();
                      });
                    });
+                   if (piece.size() == ul.tensors[t - first_tensor[u.index]].size() && sums.local(t)) {
+                     sums.complete_tensor(t);
+                     weights(u, t, piece, g, w, p, st);
+                     applied_[t] = 1;
+                   }
                  });
         },
         true, [](unit_id) {});
@@ -265,27 +296,12 @@ class optimizer_sweep {
     std::vector<double>& exchange = sums.exchange();
     exchange = reduce_over_ranks(std::move(exchange), reduce_op::sum, "tensor norms");
     sums.complete();
-    // 3. Each tensor's factor, and the weights.
+    // 3. The weights of the other tensors.
     for_each_held_segment(
         [&](unit_id u, std::size_t i, std::size_t n, float* const* arrays) {
           pieces(u, i, n, arrays,
                  [&](std::size_t t, range piece, std::size_t g, float* w, param_type* p, float* const* st) {
-                   double sq[K];
-                   for (std::size_t k = 0; k < K; ++k) sq[k] = sums.sum(t, k);
-                   const float f = Opt::tensor_factor(c[g], sq);
-                   const unit_layout& ul = ctx_.layout.unit(u);
-                   gradients([&]<class T>(T* store, bool sharded) {
-                     pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
-                       if constexpr (keeps_direction<T>) {
-                         T* d = store + element_index(ul, piece.begin, sharded, ctx_.rank);
-                         elementwise::apply_direction<Opt>(ctx_.sys, c[g], f, d + b, w + b, p ? p + b : p, e - b);
-                       } else {
-                         const float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
-                         for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + b;
-                         elementwise::apply_factor<Opt>(ctx_.sys, c[g], f, w + b, s, p ? p + b : p, e - b);
-                       }
-                     });
-                   });
+                   if (!applied_[t]) weights(u, t, piece, g, w, p, st);
                  });
         },
         true, done);
@@ -754,6 +770,7 @@ class optimizer_sweep {
   typename matrix_workspace<Opt>::type workspace_;
   thread_pool pool_;                               // the host update's threads (engine_options::host_threads)
   std::unique_ptr<tensor_sums> tensor_sums_;       // a tensor-wise optimizer's sums, kept between steps
+  std::vector<char> applied_;                      // in a tensor-wise step: the tensors whose weights are done
 };
 
 }  // namespace zero

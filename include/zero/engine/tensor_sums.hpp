@@ -263,13 +263,24 @@ class tensor_sums {
           leaf_entry(t, leaf, k) = sum_in_order(cut_leaf_entry(s, k), all_blocks(t, leaf));
       }
     }
-    for (std::size_t t = 0; t < tensors(); ++t) {
-      const std::size_t leaves = (shape_.tensors[t].size + leaf_size - 1) / leaf_size;
-      for (std::size_t k = 0; k < K; ++k) {
-        double sum = 0.0;
-        for (std::size_t leaf = 0; leaf < leaves; ++leaf) sum += leaf_entry(t, leaf, k);
-        totals_[t * K + k] = sum;
-      }
+    for (std::size_t t = 0; t < tensors(); ++t) complete_tensor(t);
+  }
+
+  // Whether tensor t is held whole by this rank and cut by no shard boundary: then its sums need
+  // nothing from the other ranks, and complete_tensor(t) gives them as soon as every element of t was
+  // added, before complete() (which gives the same bits again).
+  bool local(std::size_t t) const {
+    return shape_.tensors[t].first_exchanged == shape::not_cut && held_[t].begin == 0 &&
+           held_[t].end == shape_.tensors[t].size;
+  }
+  // Tensor t's sums from its leaves, added in order: after complete()'s exchange, or for a local tensor
+  // once every adder of its elements finished.
+  void complete_tensor(std::size_t t) {
+    const std::size_t leaves = (shape_.tensors[t].size + leaf_size - 1) / leaf_size;
+    for (std::size_t k = 0; k < sums_; ++k) {
+      double sum = 0.0;
+      for (std::size_t leaf = 0; leaf < leaves; ++leaf) sum += leaf_entry(t, leaf, k);
+      totals_[t * sums_ + k] = sum;
     }
   }
 

@@ -25,8 +25,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline __m512d eig
   __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
   for (std::size_t row = 0; row < square_blocks::size; row += square_blocks::lanes) {
     const __m512d lo = _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + row)), hi = _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + row + 8));
-    a0 = _mm512_add_pd(a0, _mm512_mul_pd(lo, lo));
-    a1 = _mm512_add_pd(a1, _mm512_mul_pd(hi, hi));
+    a0 = _mm512_fmadd_pd(lo, lo, a0);  // a float's square is exact in double: the bits of a product and a sum
+    a1 = _mm512_fmadd_pd(hi, hi, a1);
   }
   return _mm512_add_pd(a0, a1);
 }
