@@ -11,17 +11,21 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "../core/isa_levels.hpp"
 #include "../plain_threads.hpp"
 #include "zero/comm/any_backend.hpp"
 #include "zero/comm/conformance.hpp"
 #include "zero/comm/mesh.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
+#include "zero/comm/detail/combine.hpp"
 #include "zero/comm/detail/streaming_copy.hpp"
 #include "zero/comm/detail/threads_world.hpp"
 #include "zero/comm/backends/modeled.hpp"
@@ -102,6 +106,64 @@ TEST_CASE_TEMPLATE("conformance: canonical NaNs", W, ZERO_WORLDS) {
 }
 TEST_CASE_TEMPLATE("conformance: the engine's other types (int64, bytes, all_to_all)", W, ZERO_WORLDS) {
   W::launch([](auto& c) { zero::conformance::engine_types(c); });
+}
+
+// The threads backend's group sums on packs (comm/detail/combine.hpp: sum_group) at every ISA level the
+// CPU has: the bits of the scalar additions in rank order, a NaN reported wherever one sum is NaN,
+// across whole packs and the tail, for each type the engine reduces.
+namespace {
+template <class T>
+void check_group_sums(std::mt19937_64& rng) {
+  for (std::size_t n : {std::size_t{2}, std::size_t{3}, std::size_t{5}}) {
+    for (std::size_t g : {std::size_t{1}, std::size_t{7}, 256 / sizeof(T) - 1, 256 / sizeof(T)}) {
+      const std::size_t at = 3;  // the group's first element in every input: packs not aligned
+      std::vector<std::vector<T>> in(n, std::vector<T>(at + g));
+      for (auto& v : in)
+        for (T& x : v) {
+          if constexpr (std::is_floating_point_v<T>)
+            x = std::ldexp(static_cast<T>(std::uniform_real_distribution<double>(-1.0, 1.0)(rng)),
+                           std::uniform_int_distribution<int>(-20, 20)(rng));
+          else
+            x = static_cast<T>(rng());  // wraps in the sum, as the scalar sum of the words does
+        }
+      const bool with_nan = std::is_floating_point_v<T> && g > 1;
+      if constexpr (std::is_floating_point_v<T>)
+        if (with_nan) in[n - 1][at + g - 2] = std::numeric_limits<T>::quiet_NaN();
+      std::vector<const void*> ins;
+      for (const auto& v : in) ins.push_back(v.data());
+      std::vector<T> want(g);
+      for (std::size_t j = 0; j < g; ++j) {
+        T s = in[0][at + j];
+        for (std::size_t k = 1; k < n; ++k) {
+          if constexpr (std::is_floating_point_v<T>)
+            s += in[k][at + j];
+          else
+            s = static_cast<T>(static_cast<std::make_unsigned_t<T>>(s) + static_cast<std::make_unsigned_t<T>>(in[k][at + j]));
+        }
+        want[j] = s;
+      }
+      for (zero::sys::host_loop::isa level : isa_levels::available()) {
+        const isa_levels::cap_guard guard(level);
+        INFO("level ", zero::sys::host_loop::name(level), ", inputs ", n, ", group ", g, ", ", sizeof(T), "-byte type");
+        std::vector<T> got(g);
+        const bool nan = zero::comm::detail::sum_group(got.data(), ins.data(), n, at, g);
+        CHECK(nan == with_nan);
+        for (std::size_t j = 0; j < g; ++j) {
+          if (with_nan && j == g - 2) continue;  // a NaN: its bits are made canonical by the caller
+          CHECK(std::memcmp(&got[j], &want[j], sizeof(T)) == 0);
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("threads backend: a group's sums on packs have the scalar sums' bits at every ISA level") {
+  std::mt19937_64 rng(20261205);
+  check_group_sums<float>(rng);
+  check_group_sums<double>(rng);
+  check_group_sums<std::int64_t>(rng);
+  check_group_sums<std::int32_t>(rng);
 }
 
 // ---- the suite catches broken backends ---------------------------------------------------------

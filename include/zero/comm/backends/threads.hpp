@@ -205,6 +205,7 @@ class threads {
   static bool streams(std::size_t bytes) { return bytes >= detail::streaming_threshold; }
   static void copy(void* dst, const void* src, std::size_t bytes, bool streaming) {
     if (streaming) detail::streaming_copy(dst, src, bytes);
+    else if (bytes == 256) std::memcpy(dst, src, 256);  // a whole group: a copy of known size, in registers
     else std::memcpy(dst, src, bytes);
   }
 
@@ -213,8 +214,9 @@ class threads {
   // (256 bytes of T) is read from every input and combined in registers or L1 before it is stored, so
   // each input byte is read once and each output byte written once, with the inputs read as N
   // parallel streams (a block of kilobytes per input, one after the other, measured 1.3-2x slower
-  // at 64 MiB). A group is complete before it is stored, so an output that is an input at the same
-  // element (in place) is safe. 2-byte floats are summed in fp32 and rounded once; every NaN stored
+  // at 64 MiB). Sums run on packs of the CPU's widest vectors (detail::sum_group). A group (a pack,
+  // where the sums go straight to the one output) is complete before it is stored, so an output that
+  // is an input at the same element (in place) is safe. 2-byte floats are summed in fp32 and rounded once; every NaN stored
   // is the canonical one. `streaming`: the output is written with non-temporal stores.
   template <class T>
   void reduce_range(std::size_t from, std::size_t len, void* const* out, std::size_t outs, std::size_t at,
@@ -232,11 +234,19 @@ class threads {
       const std::size_t g = std::min(group, len - i);
       const T* first = static_cast<const T*>(ins_[0]) + from + i;
       if constexpr (std::is_same_v<A, T>) {
-        if (n == 1) std::memcpy(acc, first, g * sizeof(T));
-        else detail::combine_pair(acc, first, static_cast<const T*>(ins_[1]) + from + i, g, op);
-        for (std::size_t k = 2; k < n; ++k) detail::combine(acc, static_cast<const T*>(ins_[k]) + from + i, g, op);
-        if constexpr (std::is_floating_point_v<T>)
-          for (std::size_t j = 0; j < g; ++j) acc[j] = store_as<T>(acc[j]);  // one NaN on every system
+        if (op == reduce_op::sum && n > 1) {
+          // One output written with plain stores takes the sums straight from the registers.
+          T* sums = outs == 1 && !streaming ? static_cast<T*>(out[0]) + at + i : acc;
+          if (detail::sum_group(sums, ins_.data(), n, from + i, g))
+            for (std::size_t j = 0; j < g; ++j) sums[j] = store_as<T>(sums[j]);  // one NaN on every system
+          if (sums != acc) continue;
+        } else {
+          if (n == 1) std::memcpy(acc, first, g * sizeof(T));
+          else detail::combine_pair(acc, first, static_cast<const T*>(ins_[1]) + from + i, g, op);
+          for (std::size_t k = 2; k < n; ++k) detail::combine(acc, static_cast<const T*>(ins_[k]) + from + i, g, op);
+          if constexpr (std::is_floating_point_v<T>)
+            for (std::size_t j = 0; j < g; ++j) acc[j] = store_as<T>(acc[j]);  // one NaN on every system
+        }
         for (std::size_t k = 0; k < outs; ++k) copy(static_cast<T*>(out[k]) + at + i, acc, g * sizeof(T), streaming);
       } else {
         for (std::size_t j = 0; j < g; ++j) acc[j] = static_cast<A>(first[j]);
