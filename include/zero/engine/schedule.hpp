@@ -87,7 +87,7 @@ class gather_schedule {
     } else {
       const unit_layout& ul = ctx_.layout.unit(u);
       ctx_.make_room(params_.gather_bytes(ul, g.from_secondary));
-      g.full = buffer<param_type, system>(ul.padded, mem_category::transient, ctx_.acct);
+      g.full = buffer<param_type, system>(ul.padded, mem_category::transient, ctx_.acct, uninitialized);
       // (the step follows the order here unless it just departed from it: then the order is not asked)
       const std::vector<std::size_t> others =
           bucketing() && order_holds_ ? bucket_after(position, ul.padded, ul.padded * sizeof(param_type)) : none_;
@@ -133,7 +133,7 @@ class gather_schedule {
       const std::size_t bytes = params_.gather_bytes(ul, secondary);
       if (!ctx_.has_room(bytes)) return;
       const std::vector<std::size_t> others = bucketing() ? bucket_after(next_, ul.padded, 0) : none_;
-      t.full = buffer<param_type, system>(ul.padded, mem_category::transient, ctx_.acct);
+      t.full = buffer<param_type, system>(ul.padded, mem_category::transient, ctx_.acct, uninitialized);
       if (others.empty())
         t.pending = params_.start_gather(ctx_.protocol, v, t.full.data(), t.wire, secondary);
       else
@@ -219,10 +219,10 @@ class gather_schedule {
     std::vector<buffer<param_type, system>> full;  // the others' buffers, theirs once the all-gather started
     for (std::size_t v : others) {
       const std::size_t padded = ctx_.layout.unit(unit_id{v}).padded;
-      full.emplace_back(padded, mem_category::transient, ctx_.acct);
+      full.emplace_back(padded, mem_category::transient, ctx_.acct, uninitialized);
       elements += padded;
     }
-    b->wire = buffer<param_type, system>(elements, mem_category::transient, ctx_.acct);
+    b->wire = buffer<param_type, system>(elements, mem_category::transient, ctx_.acct, uninitialized);
     const std::size_t slot = elements / static_cast<std::size_t>(ctx_.ranks());
     param_type* mine = b->wire.data() + static_cast<std::size_t>(ctx_.rank) * slot;
     for (std::size_t v : b->members) {

@@ -332,7 +332,8 @@ class binned_method {
       zero_all_but_updated(ctx_, grads32_.data(), grads32_.size(), sharded());
     else
       ctx_.sys.fill_zero(grads32_.data(), grads32_.size() * sizeof(float));
-    ctx_.sys.fill_zero(bins_.data(), bins_.size() * sizeof(std::int64_t));
+    // bins_ is not cleared: a unit's store is read only once its summary says words were written
+    // there this step, and its first words are copied in (merge), not added.
     for (auto& s : sums_) s = binned::summary{};
   }
 
@@ -358,6 +359,10 @@ class binned_method {
       const std::int64_t* w = f.wire.data() +
                               (updates_every_element<P> ? b * f.block : static_cast<std::size_t>(ctx_.rank) * f.block) +
                               part.at;
+      if (before.bin < 0) {  // the unit's first words of the step: the store holds last step's, not zeros
+        ctx_.sys.copy(st, w, K * ul.shard * sizeof(std::int64_t));
+        continue;
+      }
       ctx_.sys.for_each(ul.shard, rule, elementwise::inout(st), elementwise::inout(st + ul.shard),
                         elementwise::inout(st + 2 * ul.shard), elementwise::in(w), elementwise::in(w + ul.shard),
                         elementwise::in(w + 2 * ul.shard));

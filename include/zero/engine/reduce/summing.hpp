@@ -196,7 +196,7 @@ class summing_store {
     }
     const auto ranks = static_cast<std::size_t>(lay.ranks());
     ctx_.make_room(shard_sum * ranks * sizeof(grad_type));
-    bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, ctx_.acct);
+    bucket = buffer<grad_type, system>(shard_sum * ranks, mem_category::transient, ctx_.acct, uninitialized);
     std::size_t off = 0;
     for (auto& p : in) {
       const std::size_t shard = lay.unit(p.unit).shard;
