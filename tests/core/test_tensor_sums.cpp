@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <random>
@@ -15,6 +16,7 @@
 #include "zero/core/layout.hpp"
 #include "zero/core/model_spec.hpp"
 #include "zero/engine/tensor_sums.hpp"
+#include "zero/optim/lamb.hpp"
 #include "zero/sys/host.hpp"
 #include "zero/sys/host_loop.hpp"
 
@@ -257,5 +259,75 @@ TEST_CASE("tensor_sums: a NaN or an infinity anywhere decides the sum on every r
       if (!std::isnan(mine[2])) CHECK(std::isinf(mine[2]));
       CHECK(std::isnan(mine[3]));
     }
+  }
+}
+
+TEST_CASE("tensor_sums: LAMB's first pass fused with its block sums gives the separate passes' bits on every level") {
+  // The fused pass (sys/host_square_blocks.hpp) against the pass alone and then the blocks' sums of the
+  // values it left: the slots, the kept direction and every block sum bit for bit, with zeros, NaN and
+  // infinities among the gradients. Where the level has no fused loop (SSE2, scalar) it does nothing.
+  using zero::optim::lamb;
+  constexpr std::size_t blocks = 48, n = 64 * blocks;
+  std::mt19937_64 rng(11);
+  const std::vector<float> g0 = random_values(n, rng), w = random_values(n, rng);
+  std::vector<float> m0 = random_values(n, rng), v0 = random_values(n, rng);
+  for (float& x : v0) x = std::fabs(x);
+  std::vector<float> g_in = g0;
+  for (std::size_t i = 0; i < n; i += 89) g_in[i] = 0.0f;
+  g_in[5] = std::numeric_limits<float>::quiet_NaN();
+  g_in[700] = std::numeric_limits<float>::infinity();
+  const lamb opt{.lr = 0.01f, .weight_decay = 0.1f};
+  const auto c = opt.constants(3);
+  using zero::sys::host_loop::isa;
+  for (isa level : {isa::scalar, isa::sse2, isa::avx2, isa::avx512}) {
+    CAPTURE(static_cast<int>(level));
+    const isa before = zero::sys::host_loop::set_cap(level);
+    // The separate passes.
+    std::vector<float> g1 = g_in, m1 = m0, v1 = v0;
+    float* s1[] = {m1.data(), v1.data()};
+    zero::elementwise::advance_keeping_direction<lamb>(zero::sys::host{}, c, g1.data(), 2.0f, 0.5f, w.data(), s1,
+                                                        nullptr, n);
+    std::vector<double> want_w(blocks), want_d(blocks);
+    zero::sys::host::square_block_sums(w.data(), blocks, want_w.data());
+    zero::sys::host::square_block_sums(g1.data(), blocks, want_d.data());
+    // The fused pass.
+    std::vector<float> g2 = g_in, m2 = m0, v2 = v0;
+    float* s2[] = {m2.data(), v2.data()};
+    std::vector<double> got_w(blocks, -1.0), got_d(blocks, -1.0);
+    double* sums[] = {got_w.data(), got_d.data()};  // lamb's terms: the weight, then the direction
+    const bool fused = zero::elementwise::advance_keeping_direction_summed<lamb>(
+        zero::sys::host{}, c, g2.data(), 2.0f, 0.5f, w.data(), s2, nullptr, blocks, sums);
+    zero::sys::host_loop::set_cap(before);
+    const bool wide = std::min(level, zero::sys::host_loop::detected()) >= isa::avx2;
+    CHECK(fused == wide);
+    const auto same = [](const auto& a, const auto& b) {
+      REQUIRE(a.size() == b.size());
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof a[i]) != 0) {
+          MESSAGE("first difference at ", i);
+          return false;
+        }
+      return true;
+    };
+    if (!fused) {
+      CHECK(same(g2, g_in));  // nothing done
+      continue;
+    }
+    CHECK(same(g2, g1));
+    CHECK(same(m2, m1));
+    CHECK(same(v2, v1));
+    CHECK(same(got_w, want_w));
+    // A NaN sum is NaN (its payload depends on which NaN the additions meet first; the factor of a
+    // sum that is not finite is NaN whatever the bits), every other one the same bits.
+    for (std::size_t b = 0; b < blocks; ++b) {
+      CAPTURE(b);
+      if (std::isnan(want_d[b]))
+        CHECK(std::isnan(got_d[b]));
+      else
+        CHECK(std::bit_cast<std::uint64_t>(got_d[b]) == std::bit_cast<std::uint64_t>(want_d[b]));
+    }
+    CHECK(std::isnan(got_d[0]));    // the NaN gradient's block
+    CHECK(std::isnan(got_d[10]));   // the infinite one's: inf / inf
+    CHECK(!std::isnan(got_d[20]));
   }
 }

@@ -94,6 +94,15 @@ concept TensorwiseDirection = TensorwiseOptimizer<O> && requires(float& w, float
   O::apply_direction(c, f, w, static_cast<const float&>(w));
 } && (O::direction_term >= 0) && (O::direction_term < O::tensor_sums);
 
+// A tensor-wise optimizer one of whose norm terms is the weight itself (optional; optim::lamb's ||w||):
+// the engine sums that term's squares from the weights, which the first pass leaves as they were,
+// instead of storing a copy of each.
+//   O::weight_term                constexpr int: the index among norm_terms' x of the term equal to w
+template <class O>
+concept TensorwiseWeightTerm = TensorwiseOptimizer<O> && requires {
+  { O::weight_term } -> std::convertible_to<int>;
+} && (O::weight_term >= 0) && (O::weight_term < O::tensor_sums);
+
 namespace detail {
 // What a matrix optimizer's orthogonalize is handed: the system's products (MatrixOptimizer below).
 struct products_archetype {

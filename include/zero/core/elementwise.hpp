@@ -241,11 +241,27 @@ struct advance_terms_rule : advance_rule<Opt> {
   }
 };
 
-// The first pass keeping the direction (concepts/optimizer_state.hpp: TensorwiseDirection) in the
-// fp32 gradient element it read, instead of zeroing it. Arrays: as advance_terms_rule's, the gradient
-// read and written.
+// The index of the norm term that is the weight itself (concepts/optimizer_state.hpp:
+// TensorwiseWeightTerm), -1 where the optimizer names none.
 template <class Opt>
-struct advance_keeping_direction_rule : advance_terms_rule<Opt> {
+inline constexpr int weight_term_of = [] {
+  if constexpr (requires { Opt::weight_term; })
+    return static_cast<int>(Opt::weight_term);
+  else
+    return -1;
+}();
+// The norm terms the first pass keeping the direction stores in block buffers: all but the direction
+// (left in the gradient element) and the weight (whose squares are summed from the weights).
+template <class Opt>
+inline constexpr int buffered_terms = Opt::tensor_sums - 1 - (weight_term_of<Opt> >= 0 ? 1 : 0);
+
+// The first pass keeping the direction (concepts/optimizer_state.hpp: TensorwiseDirection) in the
+// fp32 gradient element it read, instead of zeroing it, and the terms other than the direction and the
+// weight in block buffers. Arrays: gradient g (read and written), master weights w (read), one per slot,
+// then one per buffered term (buffered_terms, in the terms' order).
+template <class Opt>
+struct advance_keeping_direction_rule : advance_rule<Opt> {
+  static_assert(weight_term_of<Opt> != Opt::direction_term, "the direction and the weight are different terms");
   template <class... Arrays>
   ZERO_HD void operator()(std::size_t j, float* g, const float* w, Arrays*... arrays) const {
     keep<float>(j, g, w, arrays...);
@@ -257,9 +273,29 @@ struct advance_keeping_direction_rule : advance_terms_rule<Opt> {
   }
   template <class V, class... Arrays>
   ZERO_HD void keep(std::size_t j, float* g, const float* w, Arrays*... arrays) const {
-    this->template step_terms<V>(j, static_cast<const float*>(g), w, arrays...);
-    float* const a[] = {arrays...};
-    store(g, j, load<V>(a[Opt::slots + Opt::direction_term], j));
+    V x[Opt::tensor_sums];
+    advance_terms<V>(j, x, g, w, arrays...);
+  }
+  // The pass at element j, with the element's terms left in x[0..tensor_sums) as well (the pass fused
+  // with the terms' sums: sys/host_square_blocks.hpp).
+  template <class V, class... Arrays>
+  ZERO_HD void advance_terms(std::size_t j, V* x, float* g, const float* w, Arrays*... arrays) const {
+    constexpr int S = Opt::slots, K = Opt::tensor_sums;
+    static_assert(sizeof...(Arrays) == static_cast<std::size_t>(S + buffered_terms<Opt>),
+                  "one array per slot, then one per buffered term");
+    using namespace zero::fp;
+    float* const a[] = {arrays..., nullptr};
+    V gj = this->divisor.divide(load<V>(g, j));
+    if (this->coef != 1.0f) gj = mul(gj, V(this->coef));
+    V s[S > 0 ? S : 1];
+    for (int k = 0; k < S; ++k) s[k] = load<V>(a[k], j);
+    const V wj = load<V>(w, j);
+    Opt::advance(this->c, wj, gj, s);
+    for (int k = 0; k < S; ++k) store(a[k], j, s[k]);
+    Opt::norm_terms(this->c, wj, static_cast<const V*>(s), x);
+    store(g, j, x[Opt::direction_term]);
+    for (int k = 0, b = S; k < K; ++k)
+      if (k != Opt::direction_term && k != weight_term_of<Opt>) store(a[b++], j, x[k]);
   }
 };
 
@@ -493,16 +529,35 @@ void advance_with_terms(const System& sys, const typename Opt::step_constants& c
   (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{},
    std::make_index_sequence<static_cast<std::size_t>(Opt::tensor_sums)>{});
 }
-// The first pass keeping the direction in the fp32 gradient elements (advance_keeping_direction_rule).
+// The first pass keeping the direction in the fp32 gradient elements (advance_keeping_direction_rule);
+// buffers[0..buffered_terms): the terms it stores apart.
 template <class Opt, class System>
 void advance_keeping_direction(const System& sys, const typename Opt::step_constants& c, float* g, float divisor,
-                               float coef, const float* w, float* const* slots, float* const* terms, std::size_t n) {
+                               float coef, const float* w, float* const* slots, float* const* buffers, std::size_t n) {
   [&]<std::size_t... K, std::size_t... T>(std::index_sequence<K...>, std::index_sequence<T...>) {
-    sys.for_each(n, advance_keeping_direction_rule<Opt>{{{c, divisor, coef}}}, inout(g), in(w), inout(slots[K])...,
-                 out(terms[T])...);
+    sys.for_each(n, advance_keeping_direction_rule<Opt>{{c, divisor, coef}}, inout(g), in(w), inout(slots[K])...,
+                 out(buffers[T])...);
   }
   (std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{},
-   std::make_index_sequence<static_cast<std::size_t>(Opt::tensor_sums)>{});
+   std::make_index_sequence<static_cast<std::size_t>(buffered_terms<Opt>)>{});
+}
+// The same pass over `blocks` whole blocks of square_blocks::size elements with each term's block sums
+// of squares into sums[k][0..blocks) (core/square_blocks.hpp's order), where the system fuses them
+// (sys::host on AVX-512 and AVX2: each term's squares added while it is in a register); false, with
+// nothing done, where it does not.
+template <class Opt, class System>
+bool advance_keeping_direction_summed(const System& sys, const typename Opt::step_constants& c, float* g,
+                                      float divisor, float coef, const float* w, float* const* slots,
+                                      float* const* buffers, std::size_t blocks, double* const* sums) {
+  if constexpr (requires { sys.template for_each_summing<Opt::tensor_sums>(blocks, advance_keeping_direction_rule<Opt>{}, sums); }) {
+    return [&]<std::size_t... K, std::size_t... T>(std::index_sequence<K...>, std::index_sequence<T...>) {
+      return sys.template for_each_summing<Opt::tensor_sums>(blocks, advance_keeping_direction_rule<Opt>{{c, divisor, coef}},
+                                                             sums, inout(g), in(w), inout(slots[K])..., out(buffers[T])...);
+    }(std::make_index_sequence<static_cast<std::size_t>(Opt::slots)>{},
+           std::make_index_sequence<static_cast<std::size_t>(buffered_terms<Opt>)>{});
+  } else {
+    return false;
+  }
 }
 // The last pass from the kept direction d, zeroing it (apply_direction_rule); p == nullptr: no
 // separate parameter copy.

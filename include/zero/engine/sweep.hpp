@@ -177,11 +177,13 @@ class optimizer_sweep {
   // one all-reduce on the control link where a shard boundary cuts a tensor); then each tensor's
   // factor, and the weights. A tensor held whole in one piece and cut by no shard boundary (every one
   // at stage 0 or N = 1) takes its weights' pass right after its first, from cache. The sums depend on
-  // the values only, so every stage, N and thread count gives the same bits. The host runs it (a device system's passes are not built), in memory or from
-  // the offload tier (whose disk file the two passes read twice and write twice). Where the optimizer allows it and the gradients are
-  // fp32 (keeps_direction), the first pass leaves the update's direction in each gradient element
-  // instead of zero, and the last pass reads it there (and zeroes it) instead of recomputing it from
-  // the slots: the same value, so the same bits.
+  // the values only, so every stage, N and thread count gives the same bits. The host runs it (a device
+  // system's passes are not built), in memory or from the offload tier (whose disk file the two passes
+  // read twice and write twice). Where the optimizer allows it and the gradients are fp32
+  // (keeps_direction), the first pass leaves the update's direction in each gradient element instead
+  // of zero; the sums read it there, and the last pass reads it there (and zeroes it) instead of
+  // recomputing it from the slots: the same value, so the same bits. A term that is the weight itself
+  // (TensorwiseWeightTerm) is summed from the weights, not from a copy.
   template <class Gradients, class Done>
   void update_tensorwise(parameter_placement<Ctx>& params, const param_group_map& groups,
                          const std::vector<typename Opt::step_constants>& c, float divisor, float coef,
@@ -259,6 +261,7 @@ class optimizer_sweep {
                      T* gp = store + element_index(ul, piece.begin, sharded, ctx_.rank);
                      pool_.run(piece.size(), [&](std::size_t b, std::size_t e) {
                        alignas(64) float buffers[K][term_block];
+                       double block_sums[K][term_block / tensor_sums::block_size];
                        float* terms[K];
                        for (std::size_t k = 0; k < K; ++k) terms[k] = buffers[k];
                        tensor_sums::adder adder(sums, t);
@@ -270,16 +273,42 @@ class optimizer_sweep {
                            m = edge - (local + at);
                          float* s[Opt::slots > 0 ? Opt::slots : 1] = {};
                          for (int k = 0; k < Opt::slots; ++k) s[k] = st[k] + at;
-                         if constexpr (keeps_direction<T>)
-                           elementwise::advance_keeping_direction<Opt>(ctx_.sys, c[g], gp + at, divisor, coef, w + at,
-                                                                       s, terms, m);
-                         else if constexpr (update_zeroes_gradients)
+                         const float* summed[K];  // where each term's values of the block are
+                         for (std::size_t k = 0; k < K; ++k) summed[k] = terms[k];
+                         bool fused = false;  // the block's sums taken in the pass itself
+                         if constexpr (keeps_direction<T>) {
+                           // The direction is left in the gradient elements and the weight term is the
+                           // weights: only the other terms go into buffers.
+                           float* buffered[K] = {};
+                           for (std::size_t k = 0, b = 0; k < K; ++k) {
+                             if (static_cast<int>(k) == Opt::direction_term)
+                               summed[k] = gp + at;
+                             else if (static_cast<int>(k) == elementwise::weight_term_of<Opt>)
+                               summed[k] = w + at;
+                             else
+                               buffered[b++] = terms[k];
+                           }
+                           const std::size_t blocks = m / tensor_sums::block_size;
+                           if ((local + at) % tensor_sums::block_size == 0 && m % tensor_sums::block_size == 0) {
+                             double* out[K];
+                             for (std::size_t k = 0; k < K; ++k) out[k] = block_sums[k];
+                             fused = elementwise::advance_keeping_direction_summed<Opt>(
+                                 ctx_.sys, c[g], gp + at, divisor, coef, w + at, s, buffered, blocks, out);
+                             if (fused)
+                               for (std::size_t k = 0; k < K; ++k) adder.add_block_sums(k, local + at, out[k], blocks);
+                           }
+                           if (!fused)
+                             elementwise::advance_keeping_direction<Opt>(ctx_.sys, c[g], gp + at, divisor, coef,
+                                                                         w + at, s, buffered, m);
+                         } else if constexpr (update_zeroes_gradients) {
                            elementwise::advance_with_terms<Opt>(ctx_.sys, c[g], gp + at, divisor, coef, w + at, s,
                                                                 terms, m);
-                         else
+                         } else {
                            elementwise::advance_with_terms<Opt>(ctx_.sys, c[g], static_cast<const T*>(gp + at),
                                                                 divisor, coef, w + at, s, terms, m);
-                         for (std::size_t k = 0; k < K; ++k) adder.add(ctx_.sys, k, local + at, terms[k], m);
+                         }
+                         if (!fused)
+                           for (std::size_t k = 0; k < K; ++k) adder.add(ctx_.sys, k, local + at, summed[k], m);
                        }
                        adder.finish();
                      });

@@ -187,6 +187,24 @@ class tensor_sums {
         j = hi;
       }
     }
+    // Adds the sums of `count` whole blocks of sum k from tensor-local element `at` on, a block's first
+    // (square_block_sums over the values; the pass fused with its sums: sys/host_square_blocks.hpp).
+    void add_block_sums(std::size_t k, std::size_t at, const double* block_sums, std::size_t count) {
+      const range held = s_.held_[t_];
+      const std::size_t end = at + count * block_size;
+      ZERO_CHECK(at % block_size == 0 && at >= held.begin && end <= held.end, invalid_argument,
+                 "tensor_sums: the whole blocks of elements [", at, ", ", end, ") of tensor ", t_,
+                 " are not all in this rank's [", held.begin, ", ", held.end, ")");
+      for (std::size_t i = at / block_size, b = 0; b < count;) {
+        open(k, i / leaf_blocks);
+        leaf_part& o = open_[k];
+        const std::size_t whole = std::min(count - b, leaf_blocks - i % leaf_blocks);
+        std::copy(block_sums + b, block_sums + b + whole, o.sums + i % leaf_blocks);
+        o.present |= bits(i % leaf_blocks, i % leaf_blocks + whole);
+        i += whole;
+        b += whole;
+      }
+    }
     // The leaves this thread did not complete, to the shared state.
     void finish() {
       for (std::size_t k = 0; k < max_sums; ++k) close(k);

@@ -82,9 +82,11 @@ struct lamb {
   }
   template <class V>
   ZERO_HD_INLINE static void norm_terms(const step_constants& c, const V& w, const V* s, V* x) {
-    x[0] = w;
-    x[1] = direction(c, w, s);
+    x[weight_term] = w;
+    x[direction_term] = direction(c, w, s);
   }
+  // Which term is the weight (concepts/optimizer_state.hpp: TensorwiseWeightTerm).
+  static constexpr int weight_term = 0;
   // phi(||w||) / ||r||, in double from the exact sums, rounded once; 1 where either is 0. A sum that is
   // not finite (a NaN or infinite weight or update) gives NaN: the tensor's weights become NaN, as an
   // element-wise rule's would.
@@ -108,6 +110,6 @@ struct lamb {
     w = sub(w, mul(fp::mul(c.adam.lr, f), r));
   }
 };
-static_assert(TensorwiseDirection<lamb>);
+static_assert(TensorwiseDirection<lamb> && TensorwiseWeightTerm<lamb>);
 
 }  // namespace zero::optim

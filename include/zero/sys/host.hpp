@@ -119,6 +119,15 @@ struct host {
     for (std::size_t b = 0; b < count; ++b) out[b] = square_blocks::sum(x + b * square_blocks::size, square_blocks::size);
   }
 
+  // The first pass of a tensor-wise optimizer (elementwise::advance_keeping_direction_rule) over
+  // `blocks` whole blocks, fused with its K terms' block sums into sums[k] (sys/host_square_blocks.hpp);
+  // false, with nothing done, where the CPU has no AVX-512 or AVX2 (the caller runs the pass, then the sums).
+  template <int K, class Rule, class... Ts>
+  static bool for_each_summing(std::size_t blocks, const Rule& rule, double* const* sums,
+                               elementwise::operand<Ts>... ops) {
+    return host_square_blocks::summing<K>(blocks, rule, sums, reads_of(ops...), ops.data...);
+  }
+
   // ---- the reproducible reduction's reductions (core/binned.hpp; a system without them cannot run
   // engine_options::reproducible) ----
 
