@@ -106,30 +106,54 @@ int main(int argc, char** argv) {
     auto t0 = clock_type::now();
     const auto blocking = zero::checkpoint::save(e, comm, root / "blocking");
     const double blocking_s = seconds_since(t0);
+    comm.barrier();
+    t0 = clock_type::now();
+    zero::checkpoint::save_options through_page_cache;
+    through_page_cache.direct_io = false;
+    zero::checkpoint::save(e, comm, root / "blocking", through_page_cache);
+    const double blocking_buffered_s = seconds_since(t0);
 
+    // An asynchronous save and the steps during its write: the stall, the write's time, the median
+    // step and how many ran, the bytes that went past the page cache.
+    struct async_round {
+      double stall_s, write_s, step_s;
+      std::size_t steps;
+      std::uint64_t direct_bytes;
+    };
+    const auto save_while_training = [&](zero::checkpoint::async_saver& saver, bool direct) {
+      comm.barrier();
+      const auto a0 = clock_type::now();
+      zero::checkpoint::save_options o;
+      o.direct_io = direct;
+      saver.save(e, comm, root / "async", o);
+      const double stall = seconds_since(a0);
+      std::vector<double> during;
+      int writing = 1;
+      while (writing > 0) {  // every rank steps until every rank's writer is done
+        const auto s0 = clock_type::now();
+        step(e);
+        during.push_back(seconds_since(s0));
+        std::vector<int> w{saver.writing() ? 1 : 0};
+        comm.all_reduce(w.data(), w.data(), 1, zero::reduce_op::sum);
+        writing = w[0];
+      }
+      saver.wait(e, comm);
+      return async_round{stall, saver.last().write_seconds, median(during), during.size(), saver.last().direct_bytes};
+    };
     zero::checkpoint::async_saver saver;
-    comm.barrier();
-    t0 = clock_type::now();
-    const auto started = saver.save(e, comm, root / "async");
-    const double stall_s = seconds_since(t0);
-    std::vector<double> during;
-    int writing = 1;
-    while (writing > 0) {  // every rank steps until every rank's writer is done
-      const auto s0 = clock_type::now();
-      step(e);
-      during.push_back(seconds_since(s0));
-      std::vector<int> w{saver.writing() ? 1 : 0};
-      comm.all_reduce(w.data(), w.data(), 1, zero::reduce_op::sum);
-      writing = w[0];
-    }
-    saver.wait(e, comm);
-    const double write_s = saver.last().write_seconds;
+    const async_round first = save_while_training(saver, true);
+    const auto started = saver.last();
+    const double stall_s = first.stall_s;
     // The second save copies into the first one's memory (async_saver_options::keep_memory).
-    comm.barrier();
-    t0 = clock_type::now();
-    saver.save(e, comm, root / "async");
-    const double stall_again_s = seconds_since(t0);
-    saver.wait(e, comm);
+    const async_round again = save_while_training(saver, true);
+    const double stall_again_s = again.stall_s;
+    saver.trim();
+    // The same through the page cache (save_options::direct_io off), after a first save that fills
+    // the saver's kept memory.
+    zero::checkpoint::async_saver buffered_saver;
+    (void)save_while_training(buffered_saver, false);
+    const async_round buffered = save_while_training(buffered_saver, false);
+    buffered_saver.trim();
 
     comm.barrier();
     t0 = clock_type::now();
@@ -161,14 +185,23 @@ int main(int argc, char** argv) {
            {"checkpoint_bytes", blocking.bytes},
            {"step_s", step_s},
            {"blocking_save_s", blocking_s},
+           {"buffered_blocking_save_s", blocking_buffered_s},
            {"async_stall_s", stall_s},
            {"async_snapshot_s", started.snapshot_seconds},
            {"async_stall_again_s", stall_again_s},
-           {"async_write_s", write_s},
-           {"write_bytes_per_s", static_cast<double>(started.bytes) / write_s},
-           {"steps_during_write", during.size()},
-           {"step_during_write_s", median(during)},
-           {"step_during_write_ratio", median(during) / step_s},
+           {"async_write_s", again.write_s},
+           {"write_bytes_per_s", static_cast<double>(started.bytes) / again.write_s},
+           {"direct_bytes", again.direct_bytes},
+           {"steps_during_write", again.steps},
+           {"step_during_write_s", again.step_s},
+           {"step_during_write_ratio", again.step_s / step_s},
+           {"first_async_write_s", first.write_s},
+           {"first_step_during_write_ratio", first.step_s / step_s},
+           {"buffered_async_stall_s", buffered.stall_s},
+           {"buffered_async_write_s", buffered.write_s},
+           {"buffered_write_bytes_per_s", static_cast<double>(started.bytes) / buffered.write_s},
+           {"buffered_steps_during_write", buffered.steps},
+           {"buffered_step_during_write_ratio", buffered.step_s / step_s},
            {"released_bytes", released_bytes},
            {"release_host_s", release_host_s},
            {"restore_host_s", restore_host_s},

@@ -4,8 +4,9 @@
 # 1. bench_checkpoint (ranks on threads, stage 1, AdamW, MIB MiB of checkpoint per rank): a step alone;
 #    a blocking save; an asynchronous save's stall against every rank copying the same bytes with
 #    memcpy at once (target: stall <= 1.2x); the steps that run while the writers write against a
-#    step alone (target: <= 1.15x); each rank's write rate; release_memory/restore_memory to host and
-#    to disk against memcpy of the same bytes.
+#    step alone (target: <= 1.15x); each rank's write rate; the same two through the page cache
+#    (buffered_*: async_saver_options::direct_io off); release_memory/restore_memory to host and to disk
+#    against memcpy of the same bytes.
 # 2. dd: as many files as ranks, MIB MiB each, written at once with bs=4M and conv=fsync (the writer's
 #    block and its fsync) into the same directory; the writers' rate over dd's (target: >= 0.7).
 # 3. Under MPI (where built): train_mlp --backend mpi --save-async, its saves' stall and write rate.
@@ -60,6 +61,7 @@ seconds = float(sys.argv[3]) - float(sys.argv[2])
 dd_rate = int(sys.argv[4]) * 4 * 2**20 / seconds  # per file: they ran at once, as the ranks' writers do
 print(json.dumps({"bench": "checkpoint_dd", "dd_bytes_per_s_per_file": dd_rate,
                   "write_bytes_per_s": b["write_bytes_per_s"], "write_over_dd": b["write_bytes_per_s"] / dd_rate,
+                  "buffered_write_over_dd": b["buffered_write_bytes_per_s"] / dd_rate,
                   **json.loads("{" + sys.argv[5] + "}")}))
 PY
 

@@ -3,6 +3,9 @@
 // writer surfacing on every rank with the new version gone and the previous one current.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <optional>
 #include <set>
 #include <thread>
@@ -24,7 +27,59 @@ std::map<std::string, std::string> files_of(const fs::path& vdir) {
   return out;
 }
 
+// Whether a file in `dir` can be opened for writes past the page cache (not on tmpfs, for one).
+bool takes_direct_io(const fs::path& dir) {
+  const fs::path probe = dir / "direct-probe";
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  fs::remove(probe);
+  return true;
+}
+
 }  // namespace
+
+TEST_CASE("data files written past the page cache hold the page cache's bytes, blocking and asynchronous") {
+  // Data files of several 4 MiB blocks and a ragged last one, saved with save_options::direct_io on
+  // (the default) and off, and asynchronously: the same files.
+  zero::model_spec spec;
+  spec.unit("a").tensor("w", {700001});
+  spec.unit("b").tensor("w", {333333}).tensor("v", {17});
+  temp_dir direct("direct-b"), cached("cached-b"), background("direct-a");
+  for (int n : {1, 2}) {
+    CAPTURE(n);
+    threads::launch(n, [&](threads& comm) {
+      zero::engine<zero::stage1, threads, adamw> e(comm, spec);
+      e.initialize([](const zero::unit_spec&, const zero::tensor_spec&, std::span<float> v) {
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 1e-3f * static_cast<float>(i % 977) - 0.3f;
+      });
+      ckpt::save_options through_cache;
+      through_cache.direct_io = false;
+      const auto d = ckpt::save(e, comm, direct.path);
+      const auto c = ckpt::save(e, comm, cached.path, through_cache);
+      ckpt::async_saver saver;
+      saver.save(e, comm, background.path);
+      const std::optional<ckpt::save_result> a = saver.wait(e, comm);
+      REQUIRE(a.has_value());
+      if (comm.rank() == 0) {
+        CHECK(files_of(d.version_dir) == files_of(c.version_dir));
+        CHECK(files_of(a->version_dir) == files_of(c.version_dir));
+      }
+      // Where the file system takes O_DIRECT every whole 4 MiB block of the writer went past the page
+      // cache (and a last one too where its size is aligned); where it does not, none did.
+      constexpr std::uint64_t block = std::uint64_t{4} << 20;
+      const std::uint64_t bytes = saver.last().bytes, direct_bytes = saver.last().direct_bytes;
+      CHECK(bytes > 2 * block);
+      if (takes_direct_io(background.path)) {
+        CHECK(direct_bytes >= bytes / block * block);
+        CHECK(direct_bytes <= bytes);
+        CHECK(direct_bytes % ckpt::durable_writer::direct_alignment == 0);
+      } else {
+        CHECK(direct_bytes == 0);
+      }
+    });
+  }
+}
 
 TEST_CASE_TEMPLATE("an asynchronous save writes exactly the blocking save's files", Stage, zero::stage0, zero::stage1,
                    zero::stage3) {

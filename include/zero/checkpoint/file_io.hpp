@@ -10,8 +10,10 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <random>
 #include <string>
 #include <string_view>
@@ -48,6 +50,31 @@ inline constexpr std::string_view io_prefix = "checkpoint: ";
 // Elements of master weights and optimizer slots staged at once by save and load (4 MiB per array):
 // the host memory a checkpoint takes, whatever the units' sizes.
 inline constexpr std::size_t state_chunk_elements = std::size_t{1} << 20;
+
+// The address, offset and size a block written past the page cache (O_DIRECT) is a multiple of: the
+// logical block of every common device, and the page.
+inline constexpr std::size_t direct_io_alignment = 4096;
+
+// A staging buffer of `count` floats at an address aligned for writes past the page cache.
+class aligned_floats {
+ public:
+  explicit aligned_floats(std::size_t count)
+      : p_(static_cast<float*>(std::aligned_alloc(
+            direct_io_alignment,
+            (count * sizeof(float) + direct_io_alignment - 1) / direct_io_alignment * direct_io_alignment))),
+        count_(count) {
+    if (!p_) throw std::bad_alloc();
+  }
+  aligned_floats(const aligned_floats&) = delete;
+  aligned_floats& operator=(const aligned_floats&) = delete;
+  ~aligned_floats() { std::free(p_); }
+  float* data() const { return p_; }
+  std::size_t size() const { return count_; }
+
+ private:
+  float* p_;
+  std::size_t count_;
+};
 
 // Bytes hashed at once by hash_file: a bounded buffer whatever the file's size.
 inline constexpr std::size_t hash_chunk = std::size_t{1} << 20;
@@ -138,17 +165,40 @@ class durable_writer {
   }
 
   void write(const void* data, std::size_t bytes) {
-    f_.pwrite_all(data, bytes, bytes_);
+    std::size_t done = 0;
+    if (direct_) {
+      if (direct_block(data, bytes)) done = f_.pwrite_until_refused(data, bytes, bytes_);
+      direct_bytes_ += done;
+      if (done < bytes) direct_ = f_.set_direct(false);  // the rest through the page cache
+    }
+    if (done < bytes) f_.pwrite_all(static_cast<const unsigned char*>(data) + done, bytes - done, bytes_ + done);
     hash_.update(data, bytes);
     bytes_ += bytes;
   }
+  // From here on, write() sends each block given at an address, file offset and size that are
+  // multiples of direct_alignment from the caller's memory to the device (O_DIRECT), where the file
+  // system allows it; the first other block, or one the device refuses, goes through the page cache,
+  // and so does everything after it. Why: a large file written beside training (an asynchronous
+  // save's data file) costs, through the page cache, a copy of every byte and the kernel's writeback:
+  // CPU time and memory bandwidth that the training threads pay for. Whether it is on.
+  bool bypass_page_cache() {
+    direct_ = f_.set_direct(true);
+    return direct_;
+  }
+  // The bytes that went past the page cache (bypass_page_cache).
+  std::uint64_t direct_bytes() const { return direct_bytes_; }
+  static constexpr std::size_t direct_alignment = detail::direct_io_alignment;
   // Bytes outside the running checksum (a header that will carry the checksum of what follows it).
   void write_unhashed(const void* data, std::size_t bytes) {
+    if (direct_) direct_ = f_.set_direct(false);
     f_.pwrite_all(data, bytes, bytes_);
     bytes_ += bytes;
   }
   // Replaces bytes already written (a checksum placeholder), before commit().
-  void overwrite(const void* data, std::size_t bytes, std::uint64_t offset) { f_.pwrite_all(data, bytes, offset); }
+  void overwrite(const void* data, std::size_t bytes, std::uint64_t offset) {
+    if (direct_) direct_ = f_.set_direct(false);
+    f_.pwrite_all(data, bytes, offset);
+  }
 
   std::uint64_t bytes() const { return bytes_; }
   std::uint64_t checksum() const { return hash_.digest(); }
@@ -166,12 +216,18 @@ class durable_writer {
   }
 
  private:
+  bool direct_block(const void* data, std::size_t bytes) const {
+    return reinterpret_cast<std::uintptr_t>(data) % direct_alignment == 0 && bytes_ % direct_alignment == 0 &&
+           bytes % direct_alignment == 0;
+  }
+
   fs::path final_, tmp_;
   existing_file existing_;
   file f_;
   xxh64_stream hash_;
-  std::uint64_t bytes_ = 0;
+  std::uint64_t bytes_ = 0, direct_bytes_ = 0;
   bool committed_ = false;
+  bool direct_ = false;
 };
 
 // Replaces `path` atomically and durably with `bytes`.

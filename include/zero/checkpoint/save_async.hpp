@@ -31,6 +31,7 @@ struct async_save_report {
   double waited_seconds = 0;    // save(): held waiting for the previous save's writer to finish
   double snapshot_seconds = 0;  // save(): copying the rank's state into the snapshot (with the version's creation)
   double write_seconds = 0;     // the writer: the data file, from its first byte to its durable rename
+  std::uint64_t direct_bytes = 0;  // the writer: of the data file's bytes, those that went past the page cache
   bool completed = false;       // committed by a later save() or wait()
 };
 
@@ -176,6 +177,10 @@ class async_saver {
       const auto t0 = std::chrono::steady_clock::now();
       written.result = detail::attempt([&] {
         durable_writer w(file, existing_file::refuse);
+        // The snapshot is aligned (host_block, or the system's pinned pages) and so are its 4 MiB
+        // blocks: where save_options::direct_io bypasses the page cache, all but a ragged last one go
+        // from it to the device (the writer's training neighbours keep their memory bandwidth).
+        if (options.direct_io) w.bypass_page_cache();
         detail::half_way half(bytes, [&] {
           if (options.on_phase) options.on_phase(save_phase::data_partly_written, rank);
         });
@@ -186,6 +191,7 @@ class async_saver {
           half.wrote(w.bytes());
         }
         half.wrote(w.bytes());
+        report.direct_bytes = w.direct_bytes();
         w.commit();
         written.checksum = w.checksum();
         written.bytes = w.bytes();

@@ -168,18 +168,25 @@ class posix_file {
 
   // Writes all `bytes` at `offset`.
   void pwrite_all(const void* src, std::size_t bytes, std::uint64_t offset) const {
-    const auto* p = static_cast<const unsigned char*>(src);
-    std::size_t done = 0;
-    while (done < bytes) {
-      const ssize_t put = ::pwrite(fd_, p + done, bytes - done, static_cast<off_t>(offset + done));
-      if (put < 0 && errno == EINTR) continue;
-      if (put <= 0) {
-        const int e = put < 0 ? errno : 0;
-        fail(error_kind::io, label_.prefix, "cannot write ", label_.name, ", bytes ", offset + done, " to ",
-             offset + bytes, ": ", e ? errno_text(e) : std::string("no progress"));
-      }
-      done += static_cast<std::size_t>(put);
-    }
+    (void)write_loop(src, bytes, offset, false);
+  }
+  // The same, except that where the kernel refuses a write as invalid (EINVAL: with O_DIRECT set, an
+  // address, offset or size the device's blocks do not allow) it stops there: the bytes written.
+  std::size_t pwrite_until_refused(const void* src, std::size_t bytes, std::uint64_t offset) const {
+    return write_loop(src, bytes, offset, true);
+  }
+  // Sets or clears O_DIRECT (writes from the caller's memory to the device, past the page cache) on
+  // this descriptor; whether it is set afterwards (a file system without it, tmpfs for one, refuses).
+  bool set_direct(bool on) const {
+#ifdef O_DIRECT
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0) return false;
+    (void)::fcntl(fd_, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT);
+    return (::fcntl(fd_, F_GETFL) & O_DIRECT) != 0;
+#else
+    (void)on;
+    return false;
+#endif
   }
 
   // Forces the data to stable storage.
@@ -204,6 +211,23 @@ class posix_file {
   }
 
  private:
+  std::size_t write_loop(const void* src, std::size_t bytes, std::uint64_t offset, bool stop_if_refused) const {
+    const auto* p = static_cast<const unsigned char*>(src);
+    std::size_t done = 0;
+    while (done < bytes) {
+      const ssize_t put = ::pwrite(fd_, p + done, bytes - done, static_cast<off_t>(offset + done));
+      if (put < 0 && errno == EINTR) continue;
+      if (put < 0 && errno == EINVAL && stop_if_refused) return done;
+      if (put <= 0) {
+        const int e = put < 0 ? errno : 0;
+        fail(error_kind::io, label_.prefix, "cannot write ", label_.name, ", bytes ", offset + done, " to ",
+             offset + bytes, ": ", e ? errno_text(e) : std::string("no progress"));
+      }
+      done += static_cast<std::size_t>(put);
+    }
+    return done;
+  }
+
   void close_quietly() noexcept {
     if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   }
