@@ -43,7 +43,7 @@ TEST_CASE("data files written past the page cache hold the page cache's bytes, b
   // Data files of several 4 MiB blocks and a ragged last one, saved with save_options::direct_io on
   // (the default) and off, and asynchronously: the same files.
   zero::model_spec spec;
-  spec.unit("a").tensor("w", {700001});
+  spec.unit("a").tensor("w", {1400001});
   spec.unit("b").tensor("w", {333333}).tensor("v", {17});
   temp_dir direct("direct-b"), cached("cached-b"), background("direct-a");
   for (int n : {1, 2}) {
