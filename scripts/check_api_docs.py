@@ -34,6 +34,7 @@ HEADERS = {
     "include/zero/offload/options.hpp": None,
     "include/zero/offload/state_store.hpp": ["offload_report", "offload_traffic"],
     "include/zero/engine/plan.hpp": None,
+    "include/zero/engine/activation_plan.hpp": None,
     "include/zero/engine/activation_store.hpp": None,
     "include/zero/engine/memory_check.hpp": ["model_state_plan"],
     "include/zero/partition/stages.hpp": None,
