@@ -46,14 +46,13 @@
 #include "zero/engine/initializer.hpp"
 #include "zero/engine/memory_check.hpp"
 #include "zero/engine/memory_release.hpp"
-#include "zero/engine/node_links.hpp"
+#include "zero/engine/links.hpp"
 #include "zero/engine/option_checks.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/param_groups.hpp"
 #include "zero/engine/parameters.hpp"
 #include "zero/engine/rank_agreement.hpp"
 #include "zero/engine/reduce/catalog.hpp"
-#include "zero/engine/replica_groups.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/schedule.hpp"
 #include "zero/engine/sweep.hpp"
@@ -121,29 +120,16 @@ class engine {
   engine(Comm& comm, Comm* tp_group, Comm* world, const model_spec& spec, const model_spec& model, Opt opt,
          engine_options options)
       : sys_(system_of(comm)),
-        groups_(comm, options.shard_group_size),
-        comm_(comm),
-        other_comm_(comm),
-        control_comm_(comm),
-        eval_comm_(comm),
-        tp_comm_(tp_group ? std::make_unique<comm::counted<Comm>>(*tp_group) : nullptr),
-        everyone_comm_(groups_.count() > 1 ? std::make_unique<comm::counted<Comm>>(comm) : nullptr),
-        everyone_control_comm_(groups_.count() > 1 ? std::make_unique<comm::counted<Comm>>(comm) : nullptr),
+        links_(comm, tp_group, options.shard_group_size),
         spec_(spec),
         model_(model),
-        layout_(layout::make(spec, groups_.size(), comm.size())),
+        layout_(layout::make(spec, links_.groups().size(), comm.size())),
         opt_(validated(opt, comm.rank())),
         options_(detail::checked_options<P>(options, comm.rank())),
         scaler_(Prec::loss_scaling ? options.loss_scale : loss_scale_options{.dynamic = false, .initial = 1.0f}),
-        rank_(groups_.rank_in_group()),
+        rank_(links_.groups().rank_in_group()),
         units_(spec.num_units()) {
-    if (groups_.count() > 1) replicate(tp_group != nullptr);
-    if (tp_group) {
-      ctx_.tp = tp_comm_.get();
-      ctx_.world = world;
-      ctx_.tp_size = tp_group->size();
-      ctx_.tp_rank = tp_group->rank();
-    }
+    links_.enter(ctx_, world);  // the tensor-parallel group and the replicas' place (engine/links.hpp)
     acct_.configure(rank_, options_.memory_limit_bytes);  // every buffer below is held to the budget
     ctx_.make_room = [this](std::size_t bytes) { make_room(bytes); };
     ctx_.has_room = [this](std::size_t bytes) { return has_room(bytes); };
@@ -163,16 +149,12 @@ class engine {
         offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays, sweep_.elements())});
     agreement_.check_settings(opt_);  // every rank's options and optimizer, before the model states are allocated
     param_groups_ = param_group_map::make<Opt>(spec_, layout_, options_.param_groups, rank_);  // agreed on above
-    if constexpr (TensorwiseOptimizer<Opt>) check_tensorwise();  // on every rank alike: the options agree
-    if constexpr (MatrixOptimizer<Opt>) {
-      check_tensorwise();
-      sweep_.plan_matrices(param_groups_);
-    }
-    if (groups_.count() > 1) connect_replicas();  // the shard groups' split, agreed on above
+    sweep_.plan_kind(param_groups_);  // the optimizer kind's refusals and plans (engine/sweep_kind.hpp), alike on every rank
+    links_.connect_replicas(ctx_);  // the shard groups' split, agreed on above
     placement_.allocate();
     reducer_ = reduce::make_chosen(ctx_);  // its gradient store
     sweep_.allocate();
-    connect_nodes();
+    links_.connect_nodes(ctx_);
   }
 
  public:
@@ -249,8 +231,8 @@ class engine {
       } else if (evaluating_) {
         s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
         buffer<std::uint8_t, system> wire;
-        auto r = placement_.start_gather(eval_comm_, u, s.full_params.data(), wire, false);
-        placement_.finish_gather(eval_comm_, r, u, s.full_params.data(), wire, false, false);
+        auto r = placement_.start_gather(links_.eval(), u, s.full_params.data(), wire, false);
+        placement_.finish_gather(links_.eval(), r, u, s.full_params.data(), wire, false, false);
       } else {
         gather_in_step(u, s);
       }
@@ -345,9 +327,9 @@ class engine {
     }
     if (!r.skipped) {
       ++step_;
-      const comm::comm_stats control_before = control_comm_.stats();
+      const comm::comm_stats control_before = links_.control().stats();
       update_and_gather_params(group_constants(), divisor, coef);
-      r.optimizer_exchange = control_comm_.stats() - control_before;
+      r.optimizer_exchange = links_.control().stats() - control_before;
     } else {
       ++skipped_;
     }
@@ -557,7 +539,7 @@ class engine {
     skipped_ = ts.skipped_steps;
     if constexpr (Prec::loss_scaling) scaler_.restore(ts.loss_scale, ts.clean_steps, ts.hysteresis_left);
     if constexpr (Prec::separate_master) sweep_.cast_master_into(placement_);
-    placement_.refresh_whole(other_comm_, "parameter refresh");
+    placement_.refresh_whole(links_.other(), "parameter refresh");
   }
 
   // Everything besides the tensors that a resumed run needs to continue identically.
@@ -587,13 +569,7 @@ class engine {
     return r;
   }
   comm_report comm() const {
-    return comm_report{protocol_stats(),
-                       last_step_,
-                       other_comm_.stats() + stats_of(everyone_comm_),
-                       control_comm_.stats() + stats_of(everyone_control_comm_),
-                       step_ + skipped_,
-                       eval_comm_.stats(),
-                       tp_comm_ ? tp_comm_->stats() : comm::comm_stats{}};
+    return links_.report(last_step_, step_ + skipped_);
   }
 
   // The formulas for this engine (engine/formula_report.hpp): the per-parameter sizes of the paper's
@@ -602,11 +578,9 @@ class engine {
   // the bytes per step (reproducible, ZeRO++ and the extra gathers of shared units included), per link
   // level, and per forward-only pass inside evaluation().
   formula::state_sizes state_sizes() const { return formulas_.sizes(); }
-  // A matrix optimizer's exchange of each step on the control link (engine/matrix_owners.hpp: each matrix
-  // to its owner and its result back), in bus bytes; 0 for the other kinds.
-  std::uint64_t optimizer_exchange_formula_bytes() const {
-    return sweep_.matrix_exchange_bytes();
-  }
+  // The optimizer kind's exchange of each step on the control link, in bus bytes (a matrix optimizer's:
+  // each matrix to its owner and its result back, engine/matrix_owners.hpp); 0 for the other kinds.
+  std::uint64_t optimizer_exchange_formula_bytes() const { return sweep_.exchange_bytes(); }
   std::uint64_t model_state_formula_bytes() const { return formulas_.model_state_bytes(); }
   const offload_report& offload() const { return sweep_.store().report(); }
   std::uint64_t offload_formula_bytes() const { return formulas_.offload_bytes(); }
@@ -671,7 +645,7 @@ class engine {
     bool parameter_gather_pending = false;
   };
 
-  bool overlapping() const { return options_.overlap && comm_.overlaps(); }
+  bool overlapping() const { return ctx_.overlapping(); }
 
   // Whether `bytes` more fit under memory_limit_bytes beside the bytes the reduces in flight will
   // allocate to complete (their reserve: a reduce in flight must always be able to complete).
@@ -697,7 +671,7 @@ class engine {
     s.gathered = true;  // counted as live by the prefetches
     try {
       schedule_.prefetch_ahead();
-      placement_.finish_gather(comm_, g.pending, u, s.full_params.data(), g.wire, g.from_secondary, true);
+      placement_.finish_gather(links_.protocol(), g.pending, u, s.full_params.data(), g.wire, g.from_secondary, true);
       // hpZ: the walk stops at a secondary gather whose primary had not completed (this one's, for the
       // backward pass's first unit); now it has.
       if (zpp().hpz) schedule_.prefetch_ahead();
@@ -734,7 +708,7 @@ class engine {
       unit_state& s = units_[u.index];
       {
         const auto l = label("step", u);
-        s.parameter_gather = placement_.start_whole_gather(comm_, u);
+        s.parameter_gather = placement_.start_whole_gather(links_.protocol(), u);
       }
       s.parameter_gather_pending = true;
       if (!overlapping())
@@ -746,7 +720,7 @@ class engine {
   void complete_parameter_gather(unit_state& s) {
     if (!s.parameter_gather_pending) return;
     s.parameter_gather_pending = false;
-    comm_.wait(s.parameter_gather);
+    links_.protocol().wait(s.parameter_gather);
   }
   // Before anything but gather(u) reads or writes the parameters (stages 1-2; nothing elsewhere).
   void complete_parameter_gathers() {
@@ -776,43 +750,8 @@ class engine {
   static constexpr bool can_split = comm::splittable<Comm>;
 
   const zeropp_options& zpp() const { return options_.zeropp; }
-  // After the model states exist: tells the counters where the nodes are, and splits the node links.
-  void connect_nodes() {
-    for (auto* c : {&comm_, &other_comm_, &control_comm_, &eval_comm_}) c->set_node_size(ctx_.node_size());
-    nodes_.connect(ctx_);
-  }
-  // The protocol's traffic on every communicator it uses.
-  comm::comm_stats protocol_stats() const { return nodes_.add_to(comm_.stats()) + stats_of(replicas_comm_); }
-  static comm::comm_stats stats_of(const std::unique_ptr<comm::counted<Comm>>& c) {
-    return c ? c->stats() : comm::comm_stats{};
-  }
+  comm::comm_stats protocol_stats() const { return links_.protocol_stats(); }
 
-  // ---- replicated shard groups (engine_options::shard_group_size, engine/replica_groups.hpp) ----
-
-  // Before any collective: this rank's place among the replicas, and the whole group's links for the
-  // agreement checks (the settings check among them, which the split waits for).
-  void replicate(bool in_mesh) {
-    ZERO_CHECK(!in_mesh, invalid_argument, "rank ", rank_,
-               ": engine_options::shard_group_size inside a tensor-parallel mesh is not supported yet; build the "
-               "engine over the mesh without it, or over a plain data-parallel backend with it");
-    ZERO_CHECK(!(options_.zeropp.qwz || options_.zeropp.qgz || options_.zeropp.hpz), invalid_argument, "rank ", rank_,
-               ": engine_options::shard_group_size and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined yet: their "
-               "hierarchy is the node's, the replicas' is the shard group's; set one of them");
-    ctx_.everyone = everyone_comm_.get();
-    ctx_.everyone_control = everyone_control_comm_.get();
-    ctx_.replica_count = groups_.count();
-    ctx_.replica_index = groups_.index();
-  }
-  // Once the ranks agree on the groups: the splits, the engine's links moved to the shard group, and
-  // the replicas' link (the gradients' all-reduce across the groups: all of its traffic between
-  // groups, a group being a node).
-  void connect_replicas() {
-    groups_.split();
-    for (auto* c : {&comm_, &other_comm_, &control_comm_, &eval_comm_}) c->rebind(groups_.shard());
-    replicas_comm_ = std::make_unique<comm::counted<Comm>>(*groups_.replicas());
-    replicas_comm_->set_node_size(1);
-    ctx_.replicas = replicas_comm_.get();
-  }
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
   static system system_of(Comm& c) {
     if constexpr (requires { c.make_system(); })
@@ -824,7 +763,7 @@ class engine {
   // Names the collectives issued while the returned guard lives ("reduce unit 'fc2'") for backends
   // that put labels in their fingerprints (comm::threads, comm::mpi); a no-op for the others.
   comm::scoped_label<Comm> label(const char* phase, unit_id u) {
-    return comm::scoped_label<Comm>(comm_.inner(), phase, spec_.units()[u.index].name);
+    return ctx_.label(phase, u);
   }
 
   std::string where(unit_id u) const {
@@ -857,17 +796,6 @@ class engine {
     }
   }
   grad_type* full_grads_of(unit_id u) { return reducer().unit_gradient(u); }
-
-  // What a tensor-wise or matrix optimizer's step (optimizer_sweep::update_tensorwise, update_matrixwise)
-  // does not cover yet.
-  void check_tensorwise() const {
-    ZERO_CHECK(ctx_.tp_size == 1, invalid_argument, "rank ", rank_, ": optim::", Opt::name,
-               MatrixOptimizer<Opt> ? " needs each weight matrix whole, which the engine does not gather over a "
-                                      "tensor-parallel group yet: "
-                                    : " needs each tensor's norms, which the engine does not combine over a "
-                                      "tensor-parallel group yet: ",
-               "build the engine over comm::mesh with tp = 1, or over the data-parallel backend");
-  }
 
   // ---- gradient accumulation and norms ----
 
@@ -922,7 +850,7 @@ class engine {
                     { s.available() } -> std::convertible_to<memory_info>;
                   }) {
       const std::uint64_t free = sys_.available().free;
-      other_comm_.barrier();
+      links_.other().barrier();
       // Read again for the sharers: past the barrier every rank sharing the memory exists.
       m = sys_.available();
       m->free = free;
@@ -933,17 +861,7 @@ class engine {
 
   memory_accounting acct_;            // first: every buffer below reports to it and must die before it
   system sys_;                        // where the buffers live and the element-wise loops run
-  replica_groups<Comm> groups_;       // the shard group the links below run over, and its replicas
-  comm::counted<Comm> comm_;          // the protocol's traffic, what the formulas count
-  comm::counted<Comm> other_comm_;    // set-up and consolidation traffic
-  comm::counted<Comm> control_comm_;  // the step's norm all-reduce and the optimizer's fingerprint
-  comm::counted<Comm> eval_comm_;     // gathers inside evaluation() scopes
-  // The tensor-parallel group's traffic (the norm's exchange, full_model_params): in a mesh only.
-  std::unique_ptr<comm::counted<Comm>> tp_comm_;
-  // With replicated shard groups: the replicas' all-reduce (protocol traffic), and the whole
-  // data-parallel group's set-up (init broadcast and check) and control (the fingerprint) traffic.
-  std::unique_ptr<comm::counted<Comm>> replicas_comm_, everyone_comm_, everyone_control_comm_;
-  node_links<context> nodes_;         // ZeRO++'s node and cross-node links, over comm_'s backend
+  engine_links<context> links_;       // the groups and a counted link per kind of traffic (engine/links.hpp)
   const model_spec spec_;             // what this rank's units hold
   const model_spec model_;            // the model as declared (spec_ outside a tensor-parallel mesh)
   const zero::layout layout_;
@@ -955,7 +873,8 @@ class engine {
   overlap_report overlap_;
   // The parts (engine/context.hpp): where the parameters live and how gathers travel, the optimizer
   // sweep over the state arrays, the ranks' agreement, the gradient reducer the options chose.
-  context ctx_{sys_, acct_, layout_, spec_, options_, rank_, comm_, other_comm_, control_comm_, eval_comm_, overlap_};
+  context ctx_{sys_,   acct_, layout_, spec_, options_, rank_, links_.protocol(), links_.other(), links_.control(),
+               links_.eval(), overlap_};
   std::unique_ptr<detail::parked_buffers<system>> parked_;  // while released (release_memory)
   release_target released_to_ = release_target::host;
   // Expires with the engine: memory it handed out (snapshot_memory) then leaves acct_ alone.
