@@ -51,6 +51,7 @@
 #include "zero/engine/options.hpp"
 #include "zero/engine/param_groups.hpp"
 #include "zero/engine/parameters.hpp"
+#include "zero/engine/protocol_ledger.hpp"
 #include "zero/engine/rank_agreement.hpp"
 #include "zero/engine/reduce/catalog.hpp"
 #include "zero/engine/reports.hpp"
@@ -134,19 +135,11 @@ class engine {
     ctx_.make_room = [this](std::size_t bytes) { make_room(bytes); };
     ctx_.has_room = [this](std::size_t bytes) { return has_room(bytes); };
     reduce::accept_chosen(ctx_);  // the gradient reducer the options choose (engine/reduce/catalog.hpp)
-    detail::check_zeropp<P>(options_, layout_.ranks(), rank_, can_qwz, can_split);
-    const std::size_t full = layout_.padded(), shard = layout_.shard_total();
-    const std::size_t grad_elems = reduce::chosen_store_sharded<context>(options_) ? shard : full;
-    const std::size_t grad_bytes = reduce::chosen_grad_bytes<context>(options_);
-    // Offloaded master weights and slots are not in the system's memory; what the tier holds in host
-    // memory is, where host memory is the system's (offload::state_store::counted_host_bytes).
-    const std::size_t in_system = options_.offload.tier == offload_tier::none ? sweep_.elements() : 0;
-    check_memory(model_state_plan{
-        placement_.elements() * sizeof(param_type),
-        grad_elems * grad_bytes + reduce::chosen_extra_state_bytes<context>(options_, full),
-        Prec::separate_master ? in_system * sizeof(float) : 0,
-        static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
-        offload::state_store<system>::counted_host_bytes(options_.offload, state_arrays, sweep_.elements())});
+    // ZeRO++ (engine/zeropp.hpp) changes how gathers and reduces travel, never the protocol: what the
+    // backend and the system cannot serve is refused here, so an engine without them still compiles.
+    detail::check_zeropp<P>(options_, layout_.ranks(), rank_, gather::quantized<context>::usable,
+                            comm::splittable<Comm>);
+    check_memory(formulas_.allocation());  // what the parts below will allocate, before any of it
     agreement_.check_settings(opt_);  // every rank's options and optimizer, before the model states are allocated
     param_groups_ = param_group_map::make<Opt>(spec_, layout_, options_.param_groups, rank_);  // agreed on above
     sweep_.plan_kind(param_groups_);  // the optimizer kind's refusals and plans (engine/sweep_kind.hpp), alike on every rank
@@ -213,22 +206,12 @@ class engine {
   // Makes unit u's parameters available in full until release(u) (or the handle's destruction).
   gathered gather(unit_id u) {
     unit_state& s = state(u, "gather");
-    ZERO_CHECK(!s.gathered, protocol, where(u), "gather of a unit that is already gathered; release it first");
-    if (!evaluating_) {
-      const int declared = spec_.units()[u.index].gathers;  // both ints: the product in 64 bits
-      const std::int64_t limit = std::int64_t{2} * declared * options_.micro_batches;
-      ZERO_CHECK(s.step_gathers < limit, protocol, where(u), "gathered ", s.step_gathers + 1,
-                 " times in this step, but it is declared to be gathered ", declared,
-                 " time(s) per pass: at most 2 passes x ", declared, " x ", options_.micro_batches,
-                 " micro-batch(es) = ", limit,
-                 " per step (declare a shared unit with unit_builder::gathers(n); run "
-                 "forward-only passes inside an evaluation() scope)");
-    }
+    ledger_.check_gather(u);
     const unit_layout& ul = layout_.unit(u);
     if constexpr (P::shards_parameters) {
       if (persistent(u)) {
         complete_parameter_gather(s);  // a view of the unit's persistent copy, once step()'s gather is done
-      } else if (evaluating_) {
+      } else if (ledger_.evaluating()) {
         s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
         buffer<std::uint8_t, system> wire;
         auto r = placement_.start_gather(links_.eval(), u, s.full_params.data(), wire, false);
@@ -240,19 +223,12 @@ class engine {
       complete_parameter_gather(s);  // the last step's all-gather of this unit, if still in flight
     }
     // Counted once it succeeded: a gather refused for memory leaves the engine as it was.
-    if (!evaluating_) {
-      ++s.step_gathers;
-      step_started_ = true;
-    }
-    s.gathered = true;
-    ++s.gather_epoch;
-    return gathered(*this, u, s.gather_epoch);
+    return gathered(*this, u, ledger_.record_gather(u));
   }
 
   void release(unit_id u) {
     unit_state& s = state(u, "release");
-    ZERO_CHECK(s.gathered, protocol, where(u), "release of a unit that is not gathered");
-    s.gathered = false;
+    ledger_.record_release(u);
     s.full_params.reset();
   }
 
@@ -262,33 +238,20 @@ class engine {
   // micro-batches), that bucket stays allocated from the first grads(u) to reduce(u), on top of the
   // units gathered in between (zero::plan counts it).
   grad_buffers grads(unit_id u) {
-    unit_state& s = state(u, "grads");
-    ZERO_CHECK(!evaluating_, protocol, where(u),
-               "grads() inside an evaluation() scope (forward-only passes take no "
-               "gradients; end the scope first)");
-    ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "grads of a unit already reduced in this step",
-               reduce_count_text(s.reduces));
+    state(u, "grads");
+    ledger_.check_gradients(u, "grads");
     reducer().open(u);
-    step_started_ = true;
-    return grad_buffers(*this, u, s.reduce_epoch);
+    return grad_buffers(*this, u, ledger_.record_grads(u));
   }
 
   // Sums unit u's gradients over ranks (each rank keeps what its shard needs). Every rank calls it
   // in the same unit order, once per unit per micro-batch (reduce_each_micro_batch) or once per step.
   void reduce(unit_id u) {
-    unit_state& s = state(u, "reduce");
-    ZERO_CHECK(!evaluating_, protocol, where(u),
-               "reduce() inside an evaluation() scope (forward-only passes take no "
-               "gradients; end the scope first)");
-    ZERO_CHECK(!s.reduced(reduces_per_step()), protocol, where(u), "reduce of a unit already reduced in this step",
-               reduce_count_text(s.reduces));
+    state(u, "reduce");
+    ledger_.check_gradients(u, "reduce");
     reducer().open(u);  // (a reduce without grads() reduces zeros)
     agreement_.start(separate_agreement_check());
-    const bool first = s.reduces == 0;
-    ++s.reduces;
-    ++s.reduce_epoch;
-    step_started_ = true;
-    reducer().reduce(u, first);
+    reducer().reduce(u, ledger_.record_reduce(u));
   }
 
   // Applies the optimizer to the owned shard and refreshes the parameters. Every unit must have been
@@ -296,12 +259,7 @@ class engine {
   // not finite on any rank, every rank skips the update and the loss scale adjusts identically.
   step_report step() {
     check_held("step");
-    ZERO_CHECK(!evaluating_, protocol, "rank ", rank_, ": step() inside an evaluation() scope; end the scope first");
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      ZERO_CHECK(units_[u].reduced(reduces_per_step()), protocol, where(unit_id{u}),
-                 "step() before every unit was reduced (this one was not", reduce_count_text(units_[u].reduces), ")");
-      ZERO_CHECK(!units_[u].gathered, protocol, where(unit_id{u}), "step() while this unit is still gathered");
-    }
+    ledger_.check_step();
     // Every collective of the step completes first: the norm and the update read the gradients, and
     // the update writes the parameters that a unit never gathered in this step may still be receiving.
     reducer().complete_all();
@@ -335,9 +293,8 @@ class engine {
     }
     scaler_.update(r.skipped);
     reducer().clear(!r.skipped && decltype(sweep_)::update_zeroes_gradients);
-    for (auto& s : units_) s.reduces = s.step_gathers = 0;
+    ledger_.end_step();
     placement_.secondary_stale();  // the update changed the parameters: the next step's first gather refills it
-    step_started_ = false;
 
     r.step = step_;
     r.comm = protocol_stats() - at_step_start_;
@@ -353,18 +310,10 @@ class engine {
   // not nest. Neither its start nor its end is a collective; its end releases the units still gathered.
   [[nodiscard]] evaluation_scope evaluation() {
     check_held("evaluation");
-    ZERO_CHECK(!evaluating_, protocol, "rank ", rank_, ": evaluation() inside another evaluation() scope");
-    if (step_started_) {
-      std::size_t u = 0;  // the first unit the step has touched, to name in the message
-      while (u + 1 < units_.size() && units_[u].step_gathers == 0 && units_[u].reduces == 0) ++u;
-      fail(error_kind::protocol, where(unit_id{u}), "evaluation() in the middle of a step (this unit gathered ",
-           units_[u].step_gathers, " and reduced ", units_[u].reduces,
-           " time(s) since the last step(), after a gather, grads or reduce of the step); call step() first");
-    }
-    evaluating_ = true;
+    ledger_.begin_evaluation();
     return evaluation_scope(*this);
   }
-  bool evaluating() const { return evaluating_; }
+  bool evaluating() const { return ledger_.evaluating(); }
 
   // ---- hyper-parameters between steps --------------------------------------------------------
 
@@ -377,11 +326,8 @@ class engine {
   // first reduce() is accepted, harmlessly: only step() reads the optimizer. Not a collective, but a
   // rank updates its own slice with its own values: every rank must make the same change.
   void set_optimizer(const Opt& o) {
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
-                 "set_optimizer() in the middle of a step (this unit is ",
-                 units_[u].gathered ? "gathered" : "reduced in this step",
-                 "); change hyper-parameters between step() and the next step's first gather or reduce");
+    ledger_.check_between_steps("set_optimizer",
+                                "change hyper-parameters between step() and the next step's first gather or reduce");
     opt_ = validated(o, rank_);
     agreement_.fingerprint(opt_);
   }
@@ -412,39 +358,30 @@ class engine {
   // happened. Between steps only (not inside a step or an evaluation() scope); not a collective. With
   // the error-feedback reducer (qgZ), whose carried error is state too, it is refused.
   void release_memory(const release_options& o = {}) {
-    ZERO_CHECK(!parked_, protocol, "rank ", rank_, ": release_memory() while the memory is released already");
+    released_.check_releasable(rank_);
     ZERO_CHECK(
-        !evaluating_ && !step_started_, protocol, "rank ", rank_, ": release_memory() ",
-        evaluating_ ? "inside an evaluation() scope" : "in the middle of a step (after a gather, grads or reduce)",
+        !ledger_.evaluating() && !ledger_.step_started(), protocol, "rank ", rank_, ": release_memory() ",
+        ledger_.evaluating() ? "inside an evaluation() scope" : "in the middle of a step (after a gather, grads or reduce)",
         "; call it between steps");
     ZERO_CHECK(reduce::chosen_extra_state_bytes<context>(options_, layout_.padded()) == 0, invalid_argument, "rank ",
                rank_,
                ": release_memory(): the error-feedback gradient reducer (zeropp qgZ with error feedback) carries each "
                "rank's quantization error between steps, which release_memory does not move");
     complete_parameter_gathers();
-    std::uint64_t total = 0;
-    for_each_released_buffer([&](const auto& b) { total += b.size() * sizeof(*b.data()); });
     memory_accounting* host_acct = offload::state_store<system>::counts_host_memory ? &acct_ : nullptr;
-    auto parked = std::make_unique<detail::parked_buffers<system>>(ctx_.sys, o, rank_, total, host_acct);
-    for_each_released_buffer([&](auto& b) { parked->park(b); });
+    released_.release(ctx_.sys, o, rank_, host_acct, [&](auto&& f) { for_each_released_buffer(f); });
     reducer_.reset();  // the gradient store: zeros between steps, made afresh by restore_memory()
     if constexpr (requires { system::release_spares(); }) system::release_spares();  // freed blocks it keeps
-    parked_ = std::move(parked);
-    released_to_ = o.to;
   }
   // Brings back what release_memory() moved out (allocating it again, so the system needs the room).
   // One that fails for memory leaves the engine released and can be called again once there is room;
   // one that finds the released file changed (an io error) leaves it unusable: load a checkpoint.
   void restore_memory() {
-    ZERO_CHECK(parked_, protocol, "rank ", rank_, ": restore_memory() without a release_memory() before it");
-    parked_->rewind();
-    for_each_released_buffer([&](auto& b) { parked_->unpark(b, acct_); });
+    released_.restore(rank_, acct_, [&](auto&& f) { for_each_released_buffer(f); });
     reducer_ = reduce::make_chosen(ctx_);
-    parked_.reset();
+    released_.restored();
   }
-  release_report released() const {
-    return parked_ ? release_report{true, released_to_, parked_->bytes()} : release_report{};
-  }
+  release_report released() const { return released_.report(); }
 
   // ---- results and reports -------------------------------------------------------------------
 
@@ -524,17 +461,14 @@ class engine {
   // refreshes the parameters from the master weights (a collective in stages 1 and 2).
   void finish_load(const training_state& ts) {
     check_held("finish_load");
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      ZERO_CHECK(!units_[u].gathered && units_[u].reduces == 0, protocol, where(unit_id{u}),
-                 "finish_load() in the middle of a step");
+    ledger_.check_between_steps("finish_load");
     ZERO_CHECK(ts.step <= training_state::max_steps && ts.skipped_steps <= training_state::max_steps - ts.step &&
                    ts.clean_steps <= training_state::max_steps,
                invalid_argument, "rank ", rank_, ": finish_load: step ", ts.step, ", skipped_steps ", ts.skipped_steps,
                " or clean_steps ", ts.clean_steps, " is more than a run can reach (training_state::max_steps, 2^53)");
     complete_parameter_gathers();
-    for (auto& s : units_) s.step_gathers = 0;  // a loaded engine starts a step afresh
+    ledger_.end_step();  // a loaded engine starts a step afresh
     placement_.secondary_stale();
-    step_started_ = false;
     step_ = ts.step;
     skipped_ = ts.skipped_steps;
     if constexpr (Prec::loss_scaling) scaler_.restore(ts.loss_scale, ts.clean_steps, ts.hysteresis_left);
@@ -633,12 +567,8 @@ class engine {
     return *reducer_;
   }
 
+  // What a unit holds besides its counters (the ledger's).
   struct unit_state {
-    bool gathered = false;
-    int reduces = 0;       // reduce() calls in the current step
-    int step_gathers = 0;  // gather() calls in the current step, outside evaluation()
-    std::uint64_t gather_epoch = 0, reduce_epoch = 0;
-    bool reduced(int per_step) const { return reduces >= per_step; }
     buffer<param_type, system> full_params;  // stage 3: the gathered unit
     // Stages 1-2: the all-gather of the unit's updated parameters, started by step().
     request parameter_gather;
@@ -668,15 +598,15 @@ class engine {
   void gather_in_step(unit_id u, unit_state& s) {
     auto g = schedule_.start(u);
     s.full_params = std::move(g.full);
-    s.gathered = true;  // counted as live by the prefetches
+    ledger_.set_gathered(u, true);  // counted as live by the prefetches
     try {
       schedule_.prefetch_ahead();
       placement_.finish_gather(links_.protocol(), g.pending, u, s.full_params.data(), g.wire, g.from_secondary, true);
       // hpZ: the walk stops at a secondary gather whose primary had not completed (this one's, for the
       // backward pass's first unit); now it has.
-      if (zpp().hpz) schedule_.prefetch_ahead();
+      if (options_.zeropp.hpz) schedule_.prefetch_ahead();
     } catch (...) {
-      s.gathered = false;
+      ledger_.set_gathered(u, false);
       s.full_params.reset();
       throw;
     }
@@ -729,27 +659,11 @@ class engine {
 
   // The end of an evaluation() scope: releases what it left gathered (a local operation).
   void end_evaluation() noexcept {
-    for (auto& s : units_)
-      if (s.gathered) {
-        s.gathered = false;
-        s.full_params.reset();
-      }
-    evaluating_ = false;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      if (ledger_.at(unit_id{u}).gathered) units_[u].full_params.reset();
+    ledger_.end_evaluation();
   }
 
-  // ---- ZeRO++ (engine_options::zeropp, engine/zeropp.hpp) --------------------------------------
-  //
-  // The protocol is unchanged: gather(u) still all-gathers (quantized under qwZ, from the secondary
-  // partition under hpZ), reduce(u) still leaves each rank its reduced slice (through qgZ's
-  // all-to-all), and every decision depends only on the calls, so every rank issues the same
-  // collectives in the same order on each communicator.
-
-  // What the backend and the system must offer for each technique (checked at construction, so an
-  // engine on a backend without them compiles and refuses only the options it cannot serve).
-  static constexpr bool can_qwz = gather::quantized<context>::usable;
-  static constexpr bool can_split = comm::splittable<Comm>;
-
-  const zeropp_options& zpp() const { return options_.zeropp; }
   comm::comm_stats protocol_stats() const { return links_.protocol_stats(); }
 
   // A backend whose system carries state (a device stream) hands it out; host systems are stateless.
@@ -766,20 +680,14 @@ class engine {
     return ctx_.label(phase, u);
   }
 
-  std::string where(unit_id u) const {
-    return detail::concat("rank ", rank_, ", unit '", spec_.units()[u.index].name, "': ");
-  }
+  std::string where(unit_id u) const { return ledger_.where(u); }
   unit_state& state(unit_id u, const char* call) {
-    ZERO_CHECK(u.index < units_.size(), invalid_argument, "rank ", rank_, ": ", call, " of unit index ", u.index,
-               ", but the model has ", units_.size(), " units");
+    ledger_.check_index(u, call);
     check_held(call);
     return units_[u.index];
   }
   // Refuses a call that needs the model states while they are released.
-  void check_held(const char* call) const {
-    ZERO_CHECK(!parked_, protocol, "rank ", rank_, ": ", call, "() while the engine's memory is released (",
-               released_to_ == release_target::host ? "to host memory" : "to disk", "); call restore_memory() first");
-  }
+  void check_held(const char* call) const { released_.check_held(rank_, call); }
   // The buffers release_memory() moves, in one order: the parameters, then the state arrays.
   template <class F>
   void for_each_released_buffer(F&& f) {
@@ -804,13 +712,6 @@ class engine {
   static Opt validated(const Opt& opt, int rank) {
     detail::with_rank(rank, [&] { validate_optimizer(opt); });
     return opt;
-  }
-  int reduces_per_step() const {
-    return options_.accumulate == accumulation::reduce_each_micro_batch ? options_.micro_batches : 1;
-  }
-  std::string reduce_count_text(int done) const {
-    if (reduces_per_step() == 1) return "";
-    return detail::concat(": ", done, " of ", reduces_per_step(), " micro-batch reduces");
   }
   // The reproducible mode always computes it: it is the overflow check of an exact sum.
   // In a tensor-parallel mesh too: the norm's exchange is where the mesh agrees on the skip and the
@@ -841,20 +742,10 @@ class engine {
     return ctx_.dp_size() > 1 && (!(P::shards_optimizer_states && needs_norm()) || ctx_.replica_count > 1);
   }
 
-  // Before anything is allocated: refuses model states that cannot fit (memory_check.hpp). A system
-  // that reports its free memory (sys::cuda) is read by every rank before any rank allocates (the
-  // barrier), so ranks sharing one device see the same free bytes, not their peers' model states.
+  // Before anything is allocated: refuses model states that cannot fit (memory_check.hpp), in the free
+  // memory every rank saw before any allocated.
   void check_memory(const model_state_plan& need) {
-    std::optional<memory_info> m;
-    if constexpr (requires(const system& s) {
-                    { s.available() } -> std::convertible_to<memory_info>;
-                  }) {
-      const std::uint64_t free = sys_.available().free;
-      links_.other().barrier();
-      // Read again for the sharers: past the barrier every rank sharing the memory exists.
-      m = sys_.available();
-      m->free = free;
-    }
+    const std::optional<memory_info> m = detail::memory_before_allocation(sys_, links_.other());
     detail::check_model_states_fit(rank_, P::stage, layout_.ranks(), need, options_.memory_limit_bytes, m,
                                    formulas_.every_stage_model_state_bytes(), formulas_.offload_suggestion(need, m));
   }
@@ -875,8 +766,7 @@ class engine {
   // sweep over the state arrays, the ranks' agreement, the gradient reducer the options chose.
   context ctx_{sys_,   acct_, layout_, spec_, options_, rank_, links_.protocol(), links_.other(), links_.control(),
                links_.eval(), overlap_};
-  std::unique_ptr<detail::parked_buffers<system>> parked_;  // while released (release_memory)
-  release_target released_to_ = release_target::host;
+  released_memory<system> released_;  // what release_memory() moved out, until restore_memory()
   // Expires with the engine: memory it handed out (snapshot_memory) then leaves acct_ alone.
   std::shared_ptr<const int> lifetime_ = std::make_shared<const int>(0);
   parameter_placement<context> placement_{ctx_};
@@ -884,15 +774,12 @@ class engine {
   formula_report<context, Opt> formulas_{ctx_, placement_, sweep_};
   rank_agreement<context, Opt> agreement_{ctx_};
   initializer<context, Opt> initializer_{ctx_, placement_, sweep_, agreement_};
-  static constexpr int state_arrays = optimizer_sweep<context, Opt>::state_arrays;
-  static constexpr bool host_memory_system = context::host_memory;
   std::vector<unit_state> units_;  // after the parameters: its requests wait before the buffers are freed
-  gather_schedule<context> schedule_{ctx_, placement_, [this](unit_id u) { return units_[u.index].gathered; }};
+  protocol_ledger ledger_{spec_, options_, rank_};  // each unit's calls in the step, the evaluation scope
+  gather_schedule<context> schedule_{ctx_, placement_, [this](unit_id u) { return ledger_.at(u).gathered; }};
   std::unique_ptr<reduce::any_reducer<context>> reducer_;  // the one the options chose (reduce/catalog.hpp)
   std::uint64_t step_ = 0, skipped_ = 0;
   comm::comm_stats at_step_start_, last_step_;
-  bool evaluating_ = false;    // inside an evaluation() scope
-  bool step_started_ = false;  // a gather, grads or reduce since the last step() (outside evaluation)
 };
 
 }  // namespace zero

@@ -35,6 +35,23 @@ class formula_report {
   formula_report(const Ctx& c, const parameter_placement<Ctx>& placement, const optimizer_sweep<Ctx, Opt>& sweep)
       : ctx_(c), placement_(placement), sweep_(sweep) {}
 
+  // What the engine's constructor is about to allocate, from each part's own statement of its bytes
+  // (the memory check's input, before anything is allocated): the placement's parameters, the chosen
+  // reducer's store and extra state, and the sweep's master weights and slots where they are in the
+  // system's memory (an offload tier's are not; what the tier holds in host memory is, where host
+  // memory is the system's: offload::state_store::counted_host_bytes).
+  model_state_plan allocation() const {
+    const std::size_t full = ctx_.layout.padded(), shard = ctx_.layout.shard_total();
+    const std::size_t grad_elems = reduce::chosen_store_sharded<Ctx>(ctx_.options) ? shard : full;
+    const std::size_t in_system = ctx_.options.offload.tier == offload_tier::none ? sweep_.elements() : 0;
+    return {placement_.elements() * sizeof(param_type),
+            grad_elems * reduce::chosen_grad_bytes<Ctx>(ctx_.options) +
+                reduce::chosen_extra_state_bytes<Ctx>(ctx_.options, full),
+            Prec::separate_master ? in_system * sizeof(float) : 0,
+            static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
+            offload::state_store<typename Ctx::system>::counted_host_bytes(ctx_.options.offload, state_arrays,
+                                                                           sweep_.elements())};
+  }
   // The per-parameter sizes the paper's equations need for this engine's policies. (Reproducible:
   // grad_bytes is the binned store's formula::reproducible_grad_bytes per element it holds.)
   formula::state_sizes sizes() const {

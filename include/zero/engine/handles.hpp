@@ -59,7 +59,9 @@ class gathered_handle {
  private:
   friend Engine;
   gathered_handle(Engine& e, unit_id u, std::uint64_t epoch) : e_(&e), u_(u), epoch_(epoch) {}
-  bool live() const { return e_ && e_->units_[u_.index].gathered && e_->units_[u_.index].gather_epoch == epoch_; }
+  bool live() const {
+    return e_ && e_->ledger_.at(u_).gathered && e_->ledger_.at(u_).gather_epoch == epoch_;
+  }
   Engine* e_;
   unit_id u_;
   std::uint64_t epoch_;
@@ -71,8 +73,7 @@ class grad_buffers_handle {
  public:
   tensor_view<typename Engine::grad_type> operator[](std::string_view tensor) const { return view()[tensor]; }
   unit_view<typename Engine::grad_type> view() const {
-    const auto& s = e_->units_[u_.index];
-    ZERO_CHECK(s.reduce_epoch == epoch_, protocol, e_->where(u_),
+    ZERO_CHECK(e_->ledger_.at(u_).reduce_epoch == epoch_, protocol, e_->where(u_),
                "access to gradients after the unit was reduced (call grads() again for the next micro-batch "
                "or step)");
     return unit_view<typename Engine::grad_type>(e_->full_grads_of(u_), e_->spec_.units()[u_.index],

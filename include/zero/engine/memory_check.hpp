@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -83,6 +84,25 @@ inline void check_model_states_fit(int rank, int stage, int n, const model_state
        ", master ", need.master, ", optimizer_states ", need.optimizer_states,
        need.offload ? concat(", offload ", need.offload) : std::string(), "), ", where,
        "; nothing was allocated. Stages whose model states would fit at N = ", n, ": ", fits, offloaded);
+}
+
+// The free memory of a system that reports it (sys::cuda), read by every rank of `group` before any
+// allocates (the barrier), so that ranks sharing one device see the same free bytes, not their peers'
+// model states; nothing for a system that does not report it.
+template <class System, class Group>
+std::optional<memory_info> memory_before_allocation(const System& sys, Group& group) {
+  if constexpr (requires(const System& s) {
+                  { s.available() } -> std::convertible_to<memory_info>;
+                }) {
+    const std::uint64_t free = sys.available().free;
+    group.barrier();
+    // Read again for the sharers: past the barrier every rank sharing the memory exists.
+    std::optional<memory_info> m = sys.available();
+    m->free = free;
+    return m;
+  } else {
+    return std::nullopt;
+  }
 }
 
 }  // namespace detail

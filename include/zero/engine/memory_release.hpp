@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -139,4 +140,47 @@ class parked_buffers {
 };
 
 }  // namespace detail
+
+// An engine's model states while released (engine::release_memory): what is parked where, and the
+// refusal of every call that needs them until they are back.
+template <class System>
+class released_memory {
+ public:
+  bool released() const { return parked_ != nullptr; }
+  release_report report() const { return parked_ ? release_report{true, to_, parked_->bytes()} : release_report{}; }
+  // Refuses `call` while released, and release_memory() itself.
+  void check_held(int rank, const char* call) const {
+    ZERO_CHECK(!parked_, protocol, "rank ", rank, ": ", call, "() while the engine's memory is released (",
+               to_ == release_target::host ? "to host memory" : "to disk", "); call restore_memory() first");
+  }
+  void check_releasable(int rank) const {
+    ZERO_CHECK(!parked_, protocol, "rank ", rank, ": release_memory() while the memory is released already");
+  }
+  // Copies out and frees every buffer `for_each(f)` hands f, in its order (host memory counted in
+  // `host_acct` where it is the system's).
+  template <class ForEach>
+  void release(const System& sys, const release_options& o, int rank, memory_accounting* host_acct,
+               ForEach&& for_each) {
+    std::uint64_t total = 0;
+    for_each([&](const auto& b) { total += b.size() * sizeof(*b.data()); });
+    auto parked = std::make_unique<detail::parked_buffers<System>>(sys, o, rank, total, host_acct);
+    for_each([&](auto& b) { parked->park(b); });
+    parked_ = std::move(parked);
+    to_ = o.to;
+  }
+  // Allocates them again, in the same order, and copies them back; still released until restored()
+  // (a restore that failed for memory can be tried again).
+  template <class ForEach>
+  void restore(int rank, memory_accounting& acct, ForEach&& for_each) {
+    ZERO_CHECK(parked_, protocol, "rank ", rank, ": restore_memory() without a release_memory() before it");
+    parked_->rewind();
+    for_each([&](auto& b) { parked_->unpark(b, acct); });
+  }
+  void restored() { parked_.reset(); }
+
+ private:
+  std::unique_ptr<detail::parked_buffers<System>> parked_;
+  release_target to_ = release_target::host;
+};
+
 }  // namespace zero
