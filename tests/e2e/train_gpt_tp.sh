@@ -3,7 +3,7 @@
 # 2 x 2 (fp32, bf16, fp16 with its loss scale) and 4 x 2 (dp x tp) stages 0-3 print the same
 # param_hash, with model states and traffic equal to the formulas over the data-parallel group; the
 # loss stays within the stated tolerance of --tp 1 at the same dp; --reproducible gives the same bits
-# at dp = 1 and 2 for a fixed tp; a checkpoint saved at 2 x 2 resumes at 4 x 1 and 1 x 2; the usage
+# at dp = 1, 2 and 4 (in replicated shard groups) for a fixed tp; a checkpoint saved at 2 x 2 resumes at 4 x 1 and 1 x 2; the usage
 # errors.
 # (tests/mpi/train_gpt_mpi.sh: mpirun -np 4 --tp 2 equals --ranks 4 --tp 2 on threads.)
 # Usage: train_gpt_tp.sh TRAIN_GPT
@@ -105,6 +105,10 @@ repro a --tp 2 --ranks 2 --stage 0
 repro b --tp 2 --ranks 4 --stage 3
 echo "reproducible at tp 2: dp 1 stage 0 $a, dp 2 stage 3 $b"
 e2e_same "$b" "$a" "--reproducible --tp 2 at dp 2 against dp 1"
+# Replicated shard groups inside the mesh (HSDP x tp): dp 4 as 2 groups of 2, the same exact sums.
+repro c --tp 2 --ranks 8 --shard-group 2 --stage 2
+echo "reproducible at tp 2: dp 4 in shard groups of 2, stage 2 $c"
+e2e_same "$c" "$a" "--reproducible --tp 2 --shard-group 2 at dp 4 against dp 1"
 
 # The stages agree because the run is deterministic, not because training did nothing.
 e2e_run "$train_gpt" "${small[@]}" --steps 6 --ranks 4 --tp 2 --batch 8 --seed 2

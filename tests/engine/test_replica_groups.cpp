@@ -162,12 +162,6 @@ TEST_CASE("replicated shard groups: refusals before anything is allocated, the s
         return eo;
       },
       "shard_group_size and ZeRO++");
-  threads::launch(4, [&](threads& c) {
-    zero::comm::mesh<threads> m(c, {2, 2});
-    CHECK_THROWS_WITH_AS((zero::engine<zero::stage1, threads, zero::optim::adamw>(
-                             m, model(), {}, zero::engine_options{.shard_group_size = 1})),
-                         doctest::Contains("inside a tensor-parallel mesh is not supported yet"), zero::error);
-  });
 }
 
 TEST_CASE("replicated shard groups: the replicas' init values and optimizers are checked across the groups") {

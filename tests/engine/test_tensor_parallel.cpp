@@ -178,6 +178,59 @@ TEST_CASE("tensor parallel: zero::plan of a rank's pieces at N = dp is the mesh 
     });
 }
 
+TEST_CASE("tensor parallel with replicated shard groups: the mesh's bits in the reproducible mode, every stage") {
+  // HSDP inside a mesh: the data-parallel group of 4 split into 2 shard groups of 2. Reduced within a
+  // group and then across the replicas, the exact sums equal the plain mesh's; by default each stage
+  // gives the bits of stage 0 with the same groups (one sum order per N and S).
+  zero::engine_options repro;
+  repro.reproducible = true;
+  repro.clip_norm = 0.5f;
+  zero::engine_options hsdp = repro;
+  hsdp.shard_group_size = 2;
+  zero::engine_options plain_hsdp;
+  plain_hsdp.shard_group_size = 2;
+  const outcome reference = train<zero::stage1>({4, 2}, 3, repro);
+  const outcome by_default = train<zero::stage0>({4, 2}, 3, plain_hsdp);
+  zero::stages::for_each([&]<class Stage>() {
+    CAPTURE(Stage::stage);
+    const outcome o = train<Stage>({4, 2}, 3, hsdp);
+    CHECK(o.whole == reference.whole);
+    for (std::size_t r = 0; r < o.reports.size(); ++r) {
+      CHECK(o.reports[r].back().grad_norm == reference.reports[r].back().grad_norm);
+      CHECK(o.comm[r].tensor_parallel.bytes == reference.comm[r].tensor_parallel.bytes);
+    }
+    CHECK(train<Stage>({4, 2}, 3, plain_hsdp).whole == by_default.whole);
+  });
+}
+
+TEST_CASE("tensor parallel with replicated shard groups: zero::plan of a rank's pieces is the engine's memory and traffic") {
+  zero::stages::for_each([&]<class Stage>() {
+    CAPTURE(Stage::stage);
+    zero::engine_options eo;
+    eo.shard_group_size = 2;
+    std::size_t total = 0;
+    zero::comm::comm_stats protocol, control;
+    threads::launch(8, [&](threads& c) {
+      mesh<threads> m(c, {4, 2});
+      zero::engine<Stage, threads, zero::optim::adamw> e(m, model(), {}, eo);
+      CHECK(e.replicas() == 2);
+      CHECK(e.shard_group_size() == 2);
+      e.initialize(zero::from_whole_tensors(whole_init()));
+      for (std::uint64_t t = 0; t < 2; ++t) mesh_step(e, m.coordinates().dp, t);
+      if (c.rank() == 0) {
+        total = e.memory().peak_total;
+        protocol = e.comm().last_step;
+        control = e.comm().control;
+        CHECK(e.comm().last_step.total_bytes() == e.comm_formula_bytes());
+      }
+    });
+    const zero::plan_report p = zero::plan_for<Stage, zero::optim::adamw, zero::precision::fp32>(model().piece(2, 0), 4, eo);
+    CHECK(p.peak_bytes == total);
+    CHECK(p.step_comm.total_bytes() == protocol.total_bytes());
+    CHECK(2 * p.control_comm.total_bytes() == control.total_bytes());
+  });
+}
+
 TEST_CASE("tensor parallel: a non-finite gradient on one rank of the mesh skips the step on every rank") {
   for (const plant p : {plant::nan_in_split_piece, plant::nan_in_replicated_on_tp1}) {
     CAPTURE(static_cast<int>(p));

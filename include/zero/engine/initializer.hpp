@@ -115,10 +115,12 @@ class initializer {
         if (check) hashes.push_back(h);
       }
     }
+    // Each rank hashed what it keeps: its slice where the states are sharded, the same in every group.
+    const int period = P::shards_optimizer_states ? ctx_.ranks() : 1;
     if (mesh_check())
-      agreement_.check_mesh_init(stored.hashes, stored.constant, check);
+      agreement_.check_mesh_init(stored.hashes, stored.constant, check, period);
     else if (check)
-      agreement_.check_init(hashes, P::shards_optimizer_states ? ctx_.ranks() : 1);
+      agreement_.check_init(hashes, period);
     // Each rank stored only what it keeps: the units kept whole gather the other ranks' slices.
     if (!broadcast) params_.refresh_whole(ctx_.other, "parameter refresh");
   }

@@ -52,12 +52,11 @@ class engine_links {
   const link& control() const { return control_; }
 
   // Before any collective: the context learns the tensor-parallel group (`world`: the whole mesh's
-  // backend) and this rank's place among the replicas. What does not compose yet is refused here.
+  // backend) and this rank's place among the replicas. The two compose: in a mesh, the data-parallel
+  // group is split into shard groups and replicas as a plain engine's is, and the agreement checks stay
+  // the whole mesh's. What does not compose yet is refused here.
   void enter(Ctx& ctx, Comm* world) {
     if (groups_.count() > 1) {
-      ZERO_CHECK(!tp_, invalid_argument, "rank ", ctx.rank,
-                 ": engine_options::shard_group_size inside a tensor-parallel mesh is not supported yet; build the "
-                 "engine over the mesh without it, or over a plain data-parallel backend with it");
       const zeropp_options& z = ctx.options.zeropp;
       ZERO_CHECK(!(z.qwz || z.qgz || z.hpz), invalid_argument, "rank ", ctx.rank,
                  ": engine_options::shard_group_size and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined yet: their "

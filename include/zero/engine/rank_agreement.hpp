@@ -174,7 +174,9 @@ class rank_agreement {
   //     does the cutting).
   // The ranks of a tensor-parallel group hold the same element ranges (their layouts are equal), so
   // their hashes compare.
-  void check_mesh_init(const std::vector<std::uint64_t>& hashes, const std::vector<bool>& constant, bool dp_check) {
+  // `period`: as check_init's (the shard group's size where replicated groups each produce their slices).
+  void check_mesh_init(const std::vector<std::uint64_t>& hashes, const std::vector<bool>& constant, bool dp_check,
+                       int period = 1) {
     const std::size_t m = hashes.size();
     std::vector<std::int64_t> mine(2 * m);
     for (std::size_t i = 0; i < m; ++i) {
@@ -193,11 +195,13 @@ class rank_agreement {
       for (const tensor_spec& ts : us.tensors) {
         const std::string where = detail::concat("rank ", ctx_.rank, " (tensor-parallel rank ", ctx_.tp_rank,
                                                  "): initialize: unit '", us.name, "', tensor '", ts.name, "': ");
+        const auto p = static_cast<std::size_t>(period);
         for (std::size_t t = 0; t < T && dp_check; ++t)
           for (std::size_t i = 1; i < D; ++i)
-            ZERO_CHECK(hash(i, t, k) == hash(0, t, k), invalid_argument, where, "data-parallel rank ", i,
-                       " of tensor-parallel rank ", t,
-                       " produced other values than data-parallel rank 0; every_rank needs an init function that "
+            ZERO_CHECK(hash(i, t, k) == hash(i % p, t, k), invalid_argument, where, "data-parallel rank ", i,
+                       " of tensor-parallel rank ", t, " produced other values than data-parallel rank ", i % p,
+                       p > 1 ? " (the same position in the first replica group)" : "",
+                       "; every_rank needs an init function that "
                        "gives every data-parallel rank the same values (deterministic, not seeded by rank). The "
                        "parameters now disagree across ranks: initialize again before training");
         for (std::size_t i = 0; i < D; ++i) {
