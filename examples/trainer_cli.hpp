@@ -302,18 +302,19 @@ inline std::string zeropp_problem(const options& o, int ranks) {
   if (o.hpz > 0 && o.node_size > 0 && o.hpz != o.node_size)
     return "--hpz " + std::to_string(o.hpz) + " and --node-size " + std::to_string(o.node_size) +
            " disagree on the node size";
-  const int g = o.nodes_of();
-  if (g > 0 && ranks % g != 0)
-    return std::string(o.hpz > 0 ? "--hpz " : "--node-size ") + std::to_string(g) + " does not divide the " +
-           std::to_string(ranks) + " ranks";
-  if (o.hpz > 0 && o.hpz >= ranks)
-    return "--hpz " + std::to_string(o.hpz) + ": nodes of all " + std::to_string(ranks) +
-           " ranks make the secondary partition the primary one; use a node size below the ranks";
   if (o.shard_group > 0 && ranks % o.shard_group != 0)
     return "--shard-group " + std::to_string(o.shard_group) + " does not divide the " + std::to_string(ranks) +
            " data-parallel ranks";
-  if (o.shard_group > 0 && o.shard_group < ranks && o.zeropp())
-    return "--shard-group and ZeRO++ (--qwz, --qgz, --hpz) cannot be combined yet: drop one of them";
+  // ZeRO++'s nodes are nodes of the ranks ZeRO partitions over: the shard group's, where there is one.
+  const int group = o.shard_group > 0 ? o.shard_group : ranks;
+  const std::string of_group = o.shard_group > 0 && o.shard_group < ranks ? " ranks of a --shard-group" : " ranks";
+  const int g = o.nodes_of();
+  if (g > 0 && group % g != 0)
+    return std::string(o.hpz > 0 ? "--hpz " : "--node-size ") + std::to_string(g) + " does not divide the " +
+           std::to_string(group) + of_group;
+  if (o.hpz > 0 && o.hpz >= group)
+    return "--hpz " + std::to_string(o.hpz) + ": nodes of all " + std::to_string(group) + of_group +
+           " make the secondary partition the primary one; use a node size below them";
   if (o.qgz_bits == 4 && o.quant_block % 2 != 0 && o.qgz)
     return "--qgz-bits 4 packs two codes per byte: --quant-block must be even, got " + std::to_string(o.quant_block);
   if (o.qwz_bits == 4 && o.quant_block % 2 != 0 && o.qwz)

@@ -49,11 +49,15 @@ std::vector<float> dequantized(const std::vector<float>& x, const quant::format&
 // ranks, the node-ordered sum of the quantized node sums, each the local-ordered sum of the quantized
 // slices; then AdamW on the exact master weights. With qgZ's error feedback, rank r quantizes its
 // slice plus the error its last quantization of that slice left (fp32), and keeps the new error.
+// With replicated shard groups (o.shard_group_size = S < n) all of that is each group's, at S ranks
+// (the layout padded as at n, nodes of the group), and the groups' sums of a slice are added in group
+// order.
 std::vector<float> reference(int n, int steps, const zero::engine_options& o) {
   const zero::model_spec s = toy::spec();
-  const zero::layout l = zero::layout::make(s, n);
-  const auto N = static_cast<std::size_t>(n);
-  const auto G = static_cast<std::size_t>(o.zeropp.node_size == 0 ? n : o.zeropp.node_size), K = N / G;
+  const int group = o.shard_group_size == 0 ? n : o.shard_group_size;
+  const zero::layout l = zero::layout::make(s, group, n);
+  const auto N = static_cast<std::size_t>(group), R = static_cast<std::size_t>(n / group);
+  const auto G = static_cast<std::size_t>(o.zeropp.node_size == 0 ? group : o.zeropp.node_size), K = N / G;
   const bool two_hops = o.zeropp.qgz && G > 1 && G < N;
   const zero::optim::adamw opt;
   const auto bases = toy::unit_bases(s);
@@ -61,7 +65,7 @@ std::vector<float> reference(int n, int steps, const zero::engine_options& o) {
   // [unit][rank]: the rank's carried quantization error over the unit's padded elements.
   std::vector<std::vector<std::vector<float>>> error(l.num_units());
   for (std::size_t u = 0; u < l.num_units(); ++u)
-    error[u].assign(N, std::vector<float>(l.unit(zero::unit_id{u}).padded, 0.0f));
+    error[u].assign(N * R, std::vector<float>(l.unit(zero::unit_id{u}).padded, 0.0f));
   for (std::size_t u = 0; u < l.num_units(); ++u) {
     const auto& ul = l.unit(zero::unit_id{u});
     w[u].assign(ul.padded, 0.0f);
@@ -76,44 +80,54 @@ std::vector<float> reference(int n, int steps, const zero::engine_options& o) {
       const std::size_t S = ul.shard;
       std::vector<float> view = w[u];
       if (o.zeropp.qwz) round_trip(view, S, o.zeropp.weights);
-      std::vector<std::vector<float>> g(N, std::vector<float>(ul.padded, 0.0f));
-      for (std::size_t r = 0; r < N; ++r)
+      std::vector<std::vector<float>> g(N * R, std::vector<float>(ul.padded, 0.0f));
+      for (std::size_t r = 0; r < N * R; ++r)
         for (std::size_t j = 0; j < ul.numel; ++j)
           g[r][j] = toy::gradient(view[j], static_cast<int>(r), static_cast<std::uint64_t>(t), bases[u] + j);
       std::vector<float> sum(ul.padded, 0.0f);
-      for (std::size_t k = 0; k < N; ++k) {  // slice k, owned by rank k
-        auto slice = [&](std::size_t r) {
-          std::vector<float> x(g[r].begin() + static_cast<std::ptrdiff_t>(k * S),
-                               g[r].begin() + static_cast<std::ptrdiff_t>((k + 1) * S));
-          if (!o.zeropp.qgz) return x;
-          if (!o.zeropp.qgz_error_feedback) return dequantized(x, o.zeropp.gradients);
-          float* e = error[u][r].data() + k * S;
-          for (std::size_t i = 0; i < S; ++i) x[i] = e[i] + x[i];
-          const std::vector<float> sent = dequantized(x, o.zeropp.gradients);
-          for (std::size_t i = 0; i < S; ++i) e[i] = x[i] - sent[i];
-          return sent;
-        };
-        std::vector<float> acc(S);
-        if (!two_hops) {
-          acc = slice(0);
-          for (std::size_t r = 1; r < N; ++r) {
-            const auto x = slice(r);
-            for (std::size_t i = 0; i < S; ++i) acc[i] += x[i];
-          }
-        } else {
-          for (std::size_t node = 0; node < K; ++node) {
-            std::vector<float> part = slice(node * G);
-            for (std::size_t lr = 1; lr < G; ++lr) {
-              const auto x = slice(node * G + lr);
-              for (std::size_t i = 0; i < S; ++i) part[i] += x[i];
+      for (std::size_t k = 0; k < N; ++k) {  // slice k, owned by rank k of each group
+        // Group q's sum of slice k (its ranks q N .. q N + N - 1).
+        const auto group_sum = [&](std::size_t q) {
+          auto slice = [&](std::size_t local) {
+            const std::size_t r = q * N + local;
+            std::vector<float> x(g[r].begin() + static_cast<std::ptrdiff_t>(k * S),
+                                 g[r].begin() + static_cast<std::ptrdiff_t>((k + 1) * S));
+            if (!o.zeropp.qgz) return x;
+            if (!o.zeropp.qgz_error_feedback) return dequantized(x, o.zeropp.gradients);
+            float* e = error[u][r].data() + k * S;
+            for (std::size_t i = 0; i < S; ++i) x[i] = e[i] + x[i];
+            const std::vector<float> sent = dequantized(x, o.zeropp.gradients);
+            for (std::size_t i = 0; i < S; ++i) e[i] = x[i] - sent[i];
+            return sent;
+          };
+          std::vector<float> acc(S);
+          if (!two_hops) {
+            acc = slice(0);
+            for (std::size_t r = 1; r < N; ++r) {
+              const auto x = slice(r);
+              for (std::size_t i = 0; i < S; ++i) acc[i] += x[i];
             }
-            part = dequantized(part, o.zeropp.gradients);
-            if (node == 0) acc = part;
-            else
-              for (std::size_t i = 0; i < S; ++i) acc[i] += part[i];
+          } else {
+            for (std::size_t node = 0; node < K; ++node) {
+              std::vector<float> part = slice(node * G);
+              for (std::size_t lr = 1; lr < G; ++lr) {
+                const auto x = slice(node * G + lr);
+                for (std::size_t i = 0; i < S; ++i) part[i] += x[i];
+              }
+              part = dequantized(part, o.zeropp.gradients);
+              if (node == 0) acc = part;
+              else
+                for (std::size_t i = 0; i < S; ++i) acc[i] += part[i];
+            }
           }
+          return acc;
+        };
+        std::vector<float> total = group_sum(0);
+        for (std::size_t q = 1; q < R; ++q) {
+          const std::vector<float> x = group_sum(q);
+          for (std::size_t i = 0; i < S; ++i) total[i] += x[i];
         }
-        std::copy(acc.begin(), acc.end(), sum.begin() + static_cast<std::ptrdiff_t>(k * S));
+        std::copy(total.begin(), total.end(), sum.begin() + static_cast<std::ptrdiff_t>(k * S));
       }
       for (std::size_t j = 0; j < ul.numel; ++j) {
         float st[2] = {m1[u][j], m2[u][j]};
@@ -479,4 +493,43 @@ TEST_CASE("ZeRO++ options that mean nothing, or a backend without what they need
   CHECK(refused(zero::stage3{}, 2, feedback_alone).find("qgz_error_feedback compensates qgZ's quantization: it needs "
                                                         "qgz") != std::string::npos);
   CHECK(refused(zero::stage3{}, 2, with(false, false, false, 0)).empty());
+}
+
+TEST_CASE("ZeRO++ inside replicated shard groups: each group's ZeRO++ at S ranks, the groups' sums added in order") {
+  struct config {
+    int n, s, g;  // ranks, shard group, node size (0: one node of the group)
+  };
+  for (const config k : {config{4, 2, 0}, config{8, 4, 2}, config{8, 4, 1}}) {
+    CAPTURE(k.n);
+    CAPTURE(k.s);
+    CAPTURE(k.g);
+    const zero::optim::adamw a;
+    auto qgz = with(false, true, false, k.g, 8, 4);
+    qgz.shard_group_size = k.s;
+    const auto ref = reference(k.n, steps, qgz);
+    CHECK(bit_equal(toy::run<zero::stage1>(k.n, steps, a, qgz).params, ref));
+    CHECK(bit_equal(toy::run<zero::stage3>(k.n, steps, a, qgz).params, ref));
+    auto feedback = qgz;
+    feedback.zeropp.qgz_error_feedback = true;
+    CHECK(bit_equal(toy::run<zero::stage2>(k.n, 4, a, feedback).params, reference(k.n, 4, feedback)));
+    auto all = with(true, true, k.g > 0, k.g, 8, 4);  // hpZ needs nodes smaller than the group
+    all.shard_group_size = k.s;
+    CHECK(bit_equal(toy::run<zero::stage3>(k.n, steps, a, all).params, reference(k.n, steps, all)));
+    // The counters, the formulas and the plan agree, per link level too (the replicas' link is inter-node).
+    for (const zero::engine_options& o : {qgz, all}) {
+      CAPTURE(o.zeropp.qwz);
+      const auto m = measure<zero::stage3>(k.n, o);
+      CHECK(m.last.total_bytes() == m.comm_formula);
+      CHECK(m.formula.total == m.comm_formula);
+      CHECK(m.last.inter_node_bytes() == m.formula.inter);
+      CHECK(m.memory.model_state_bytes() == m.state_formula);
+      const zero::plan_report p = zero::plan_for<zero::stage3, zero::optim::adamw, zero::precision::fp32>(toy::spec(), k.n, o);
+      CHECK(p.step_comm.total_bytes() == m.last.total_bytes());
+      CHECK(p.peak_bytes == m.memory.peak_total);
+    }
+  }
+  // The groups' sums are not one group's: the option changes the bits.
+  auto grouped = with(false, true, false, 0, 8, 4);
+  grouped.shard_group_size = 2;
+  CHECK_FALSE(bit_equal(reference(4, steps, grouped), reference(4, steps, with(false, true, false, 0, 8, 4))));
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train_mlp with ZeRO++ (--qwz, --qgz, --hpz, --node-size): bytes in total and between nodes equal
 # their formulas; hpZ alone keeps stage 3's param_hash, qwZ + hpZ keeps qwZ's, qgZ gives stages 1-3 one
-# hash; on a modeled link with overlap the same bits; meaningless combinations are usage errors.
+# hash; on a modeled link with overlap the same bits; the same inside replicated shard groups
+# (--shard-group); meaningless combinations are usage errors.
 # Usage: train_mlp_zeropp.sh TRAIN_MLP
 source "$(dirname "${BASH_SOURCE[0]}")/e2e.sh"
 train_mlp=$1
@@ -43,6 +44,15 @@ for stage in 1 2 3; do
   [ "$stage" = 1 ] && first=$h
   e2e_same "$h" "$first" "qgZ: stage $stage against stage 1"
 done
+# Inside replicated shard groups (HSDP x ZeRO++): 8 ranks in groups of 4, nodes of 2 within a group;
+# both formulas hold, and hpZ still changes no bit.
+common=(--json --ranks 8 --shard-group 4 --batch 16 --steps 4 --layers 3 --hidden 48)
+run g_qwz _ --qwz --node-size 2
+run g_qwz_hpz _ --qwz --hpz 2
+run g_all _ --qwz --qgz --qgz-bits 4 --hpz 2
+echo "in shard groups of 4: qwZ $g_qwz, qwZ + hpZ $g_qwz_hpz, all three $g_all"
+e2e_same "$g_qwz_hpz" "$g_qwz" "qwZ + hpZ against qwZ's param_hash in shard groups"
+e2e_differ "$g_all" "$all" "all three in shard groups of 4 against one group of 4 ranks"
 # Meaningless combinations: usage errors (exit 2) that say why.
 check_refused() { e2e_expect 2 "$1" "$train_mlp" --steps 1 "${@:2}"; }
 check_refused "gathers no parameters" --stage 2 --qwz

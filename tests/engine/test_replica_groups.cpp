@@ -154,14 +154,6 @@ TEST_CASE("replicated shard groups: refusals before anything is allocated, the s
   refused(
       4, [](int r) { return zero::engine_options{.shard_group_size = r == 3 ? 4 : 2}; },
       "engine_options::shard_group_size is 2 on rank 0 but 4 on rank 3");
-  refused(
-      4,
-      [](int) {
-        zero::engine_options eo{.shard_group_size = 2};
-        eo.zeropp.qgz = true;
-        return eo;
-      },
-      "shard_group_size and ZeRO++");
 }
 
 TEST_CASE("replicated shard groups: the replicas' init values and optimizers are checked across the groups") {

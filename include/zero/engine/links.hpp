@@ -52,15 +52,12 @@ class engine_links {
   const link& control() const { return control_; }
 
   // Before any collective: the context learns the tensor-parallel group (`world`: the whole mesh's
-  // backend) and this rank's place among the replicas. The two compose: in a mesh, the data-parallel
+  // backend) and this rank's place among the replicas. They compose: in a mesh, the data-parallel
   // group is split into shard groups and replicas as a plain engine's is, and the agreement checks stay
-  // the whole mesh's. What does not compose yet is refused here.
+  // the whole mesh's; ZeRO++'s nodes (connect_nodes) are nodes of the shard group, which its links
+  // run over by then.
   void enter(Ctx& ctx, Comm* world) {
     if (groups_.count() > 1) {
-      const zeropp_options& z = ctx.options.zeropp;
-      ZERO_CHECK(!(z.qwz || z.qgz || z.hpz), invalid_argument, "rank ", ctx.rank,
-                 ": engine_options::shard_group_size and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined yet: their "
-                 "hierarchy is the node's, the replicas' is the shard group's; set one of them");
       ctx.everyone = everyone_.get();
       ctx.everyone_control = everyone_control_.get();
       ctx.replica_count = groups_.count();

@@ -242,8 +242,6 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   ZERO_CHECK(!repro || !zeropp, invalid_argument,
              "plan: reproducible and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined");
   const int node_size = z.node_size == 0 ? ranks : z.node_size;
-  ZERO_CHECK(replicas == 1 || !zeropp, invalid_argument,
-             "plan: shard_group_size and ZeRO++ (zeropp.qwz, qgz, hpz) cannot be combined yet");
 
   ZERO_CHECK(optimizer.tensor_sums == 0 || spec.tensor_parallel_parts() == 1, invalid_argument,
              "plan: optim::", optimizer.name,
