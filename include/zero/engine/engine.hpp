@@ -766,7 +766,7 @@ class engine {
   // sweep over the state arrays, the ranks' agreement, the gradient reducer the options chose.
   context ctx_{sys_,   acct_, layout_, spec_, options_, rank_, links_.protocol(), links_.other(), links_.control(),
                links_.eval(), overlap_};
-  released_memory<system> released_;  // what release_memory() moved out, until restore_memory()
+  detail::released_memory<system> released_;  // what release_memory() moved out, until restore_memory()
   // Expires with the engine: memory it handed out (snapshot_memory) then leaves acct_ alone.
   std::shared_ptr<const int> lifetime_ = std::make_shared<const int>(0);
   parameter_placement<context> placement_{ctx_};

@@ -139,8 +139,6 @@ class parked_buffers {
   int rank_ = 0;
 };
 
-}  // namespace detail
-
 // An engine's model states while released (engine::release_memory): what is parked where, and the
 // refusal of every call that needs them until they are back.
 template <class System>
@@ -183,4 +181,5 @@ class released_memory {
   release_target to_ = release_target::host;
 };
 
+}  // namespace detail
 }  // namespace zero
