@@ -8,8 +8,11 @@
 # rounds, and its ratio to AdamW's at the same thread count (targets: LAMB <= 1.5, Muon as its products
 # allow, see bench_host_loops' products cases). One JSON line per measurement and one "ratio" line per
 # optimizer and thread count, with the CPU's model and the ISA the host loop ran, also written to --out.
+# --isa LEVEL caps the host loops (train_mlp --host-isa: avx2 measures an AVX2 machine's loops on an
+# AVX-512 one; the same bits).
 #
 # Usage: bench/optimizer_cost.sh [--build DIR] [--out FILE.jsonl] [--rounds R] [--steps S] [--optimizers "lamb muon"]
+#                                [--isa avx512|avx2|sse2|scalar]
 set -eu
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$root/build
@@ -17,6 +20,7 @@ out=$root/bench/results/optimizer_cost.jsonl
 rounds=3
 steps=12
 optimizers="lamb muon"
+isa_flag=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -24,31 +28,28 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --optimizers) optimizers=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--out FILE.jsonl] [--rounds R] [--steps S] [--optimizers LIST]" >&2; exit 2 ;;
+    --isa) isa_flag=(--host-isa "$2"); shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--out FILE.jsonl] [--rounds R] [--steps S] [--optimizers LIST] [--isa LEVEL]" >&2
+       exit 2 ;;
   esac
 done
 trainer=$build/examples/train_mlp
 [ -x "$trainer" ] || { echo "no $trainer: build it first (ninja -C $build examples/train_mlp)" >&2; exit 1; }
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-# The level the host loop picks (sys/host_loop.hpp: AVX-512 F/BW/DQ/VL, else AVX2, else SSE2).
-has() { grep -m1 '^flags' /proc/cpuinfo | grep -qw "$1"; }
-isa=sse2
-if has avx2; then isa=avx2; fi
-if has avx512f && has avx512bw && has avx512dq && has avx512vl; then isa=avx512; fi
 mkdir -p "$(dirname "$out")"
 records=$(mktemp)
 trap 'rm -f "$records"' EXIT
 for round in $(seq 1 "$rounds"); do
   for threads in 1 2; do
     for opt in adamw $optimizers; do
-      line=$("$trainer" --hidden 1024 --ranks 1 --steps "$steps" --optimizer "$opt" --host-threads "$threads" --json |
-        tail -n 1)
-      python3 - "$line" "$opt" "$threads" "$round" "$cpu" "$isa" <<'EOF' | tee -a "$records"
+      line=$("$trainer" --hidden 1024 --ranks 1 --steps "$steps" --optimizer "$opt" --host-threads "$threads" \
+        "${isa_flag[@]}" --json | tail -n 1)
+      python3 - "$line" "$opt" "$threads" "$round" "$cpu" <<'EOF' | tee -a "$records"
 import json, sys
 r = json.loads(sys.argv[1])
 print(json.dumps({"case": "train_mlp optimizer time", "optimizer": sys.argv[2], "host_threads": int(sys.argv[3]),
                   "round": int(sys.argv[4]), "time_optimizer_s": r["time_optimizer_s"],
-                  "params": r["params"], "isa": sys.argv[6], "cpu": sys.argv[5]}))
+                  "params": r["params"], "isa": r["host_isa"], "cpu": sys.argv[5]}))
 EOF
     done
   done

@@ -111,6 +111,7 @@ struct options {
   // replicas; 0: plain ZeRO over every rank.
   int shard_group = 0;
   int host_threads = 1;  // engine_options::host_threads: threads of each rank's host update
+  std::string host_isa;  // --host-isa: the host loops' level capped (sys::host_loop::set_cap); empty: none
   int nodes_of() const { return hpz > 0 ? hpz : node_size; }
   // --elastic, --fail, --rejoin-step, --grow (trainer_elastic.hpp); `monitor`: what a launch's ranks
   // report to its supervisor (set by it, null otherwise).
@@ -458,6 +459,20 @@ inline void add_common_flags(CLI::App& app, options& o, const optimizer_offer& o
   toolcli::add_integer(app, "--host-threads", o.host_threads, 1, 1024,
                        "threads of each rank's optimizer update on the host (the same bits at any count; a run uses "
                        "ranks x this many)");
+#if defined(ZERO_HOST_SIMD)
+  // Process-wide, as the host loop's level is (sys/host_loop.hpp): set when the flag is parsed.
+  app.add_option("--host-isa", o.host_isa,
+                 "cap the host loops' instruction set (avx512, avx2, sse2, scalar): the CPU's best level up to this "
+                 "one runs them; the same bits at every level (for measuring a narrower CPU on this one)")
+      ->check(toolcli::one_of({"avx512", "avx2", "sse2", "scalar"}))
+      ->each([](const std::string& level) {
+        using zero::sys::host_loop::isa;
+        zero::sys::host_loop::set_cap(level == "avx512" ? isa::avx512
+                                      : level == "avx2" ? isa::avx2
+                                      : level == "sse2" ? isa::sse2
+                                                        : isa::scalar);
+      });
+#endif
   add_zeropp_flags(app, o);
 }
 
@@ -713,6 +728,9 @@ inline nlohmann::json summary_json(const options& o, const summary& s) {
   if (!s.device.empty()) j["device"] = s.device;
   if (!s.param_groups.empty()) j["param_groups"] = s.param_groups;
   if (!o.gemm.empty()) j["gemm"] = o.gemm;
+#if defined(ZERO_HOST_SIMD)
+  j["host_isa"] = zero::sys::host_loop::name(zero::sys::host_loop::active());  // the level the host loops ran
+#endif
   if (o.offload != "none") {
     j["offload"] = o.offload;
     j["offload_bytes_per_rank"] = static_cast<std::uint64_t>(s.offload_bytes);

@@ -65,6 +65,8 @@ refused 'optimizer' "$train_mlp" --optimizer "$esc"
 refused 'precision' "$train_gpt" --precision "$esc"
 refused 'backend' "$train_loop" --backend "$esc"
 refused 'optimizer' "$zero_plan" --optimizer "$esc"
+refused 'host-isa' "$train_mlp" --host-isa "$esc"
+refused 'host-isa' "$train_mlp" --host-isa avx1024
 
 # Files read: a FIFO (it would block), an empty path, a /proc path that is not there, a name with a
 # control sequence; none is opened for long, all are usage errors.

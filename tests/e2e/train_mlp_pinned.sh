@@ -35,6 +35,13 @@ pinned 4ded69756ce95cf9 --ranks 4 --stage 3 --qwz --qgz --hpz 2
 pinned f28a76350cbc87f3 --ranks 4 --stage 3 --shard-group 2
 pinned 3c26da67001bdb60 --ranks 4 --stage 2 --offload disk --offload-dir "$offload_dir"
 pinned 3c26da67001bdb60 --ranks 4 --stage 1 --host-threads 2
+# The host loops capped to narrower instruction sets: the same bits (AdamW's update; LAMB's passes with
+# their sums of squares; the reproducible mode's binned passes).
+for isa in avx2 sse2 scalar; do
+  pinned 3c26da67001bdb60 --ranks 4 --stage 1 --host-isa $isa
+  pinned 9d446ae86a848121 --ranks 4 --stage 3 --optimizer lamb --host-isa $isa
+  pinned 0f641a97dafa9bb9 --ranks 2 --stage 3 --micro-batch 6 --reproducible --host-isa $isa
+done
 # The reproducible mode: one hash at any N.
 for n in 1 2 4; do
   pinned 0f641a97dafa9bb9 --ranks $n --stage 3 --micro-batch 6 --reproducible

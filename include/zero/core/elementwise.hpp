@@ -189,6 +189,19 @@ struct advance_rule {
                                                       Slots*... slots) const {
     step<V>(j, g, w, slots...);
   }
+  // Element j's slots (a[0..slots), read and written) advanced into s from its averaged gradient and
+  // its weight, which it returns: the first pass of every rule below that also takes the norm terms.
+  template <class V, class G>
+  ZERO_HD V advance_into(std::size_t j, const G* g, const float* w, float* const* a, V* s) const {
+    using namespace zero::fp;
+    V gj = divisor.divide(load<V>(g, j));
+    if (coef != 1.0f) gj = mul(gj, V(coef));
+    for (int k = 0; k < Opt::slots; ++k) s[k] = load<V>(a[k], j);
+    const V wj = load<V>(w, j);
+    Opt::advance(c, wj, gj, s);
+    for (int k = 0; k < Opt::slots; ++k) store(a[k], j, s[k]);
+    return wj;
+  }
   template <class V, class G, class... Slots>
   ZERO_HD void step(std::size_t j, const G* g, const float* w, Slots*... slots) const {
     static_assert(sizeof...(Slots) == static_cast<std::size_t>(Opt::slots), "one array per optimizer slot");
@@ -226,15 +239,9 @@ struct advance_terms_rule : advance_rule<Opt> {
   ZERO_HD void step_terms(std::size_t j, const G* g, const float* w, Arrays*... arrays) const {
     constexpr int S = Opt::slots, K = Opt::tensor_sums;
     static_assert(sizeof...(Arrays) == static_cast<std::size_t>(S + K), "one array per slot, then one per term");
-    using namespace zero::fp;
     float* const a[] = {arrays...};
-    V gj = this->divisor.divide(load<V>(g, j));
-    if (this->coef != 1.0f) gj = mul(gj, V(this->coef));
     V s[S > 0 ? S : 1];
-    for (int k = 0; k < S; ++k) s[k] = load<V>(a[k], j);
-    const V wj = load<V>(w, j);
-    Opt::advance(this->c, wj, gj, s);
-    for (int k = 0; k < S; ++k) store(a[k], j, s[k]);
+    const V wj = this->template advance_into<V>(j, g, w, a, s);
     V x[K];
     Opt::norm_terms(this->c, wj, static_cast<const V*>(s), x);
     for (int k = 0; k < K; ++k) store(a[S + k], j, x[k]);
@@ -283,15 +290,9 @@ struct advance_keeping_direction_rule : advance_rule<Opt> {
     constexpr int S = Opt::slots, K = Opt::tensor_sums;
     static_assert(sizeof...(Arrays) == static_cast<std::size_t>(S + buffered_terms<Opt>),
                   "one array per slot, then one per buffered term");
-    using namespace zero::fp;
     float* const a[] = {arrays..., nullptr};
-    V gj = this->divisor.divide(load<V>(g, j));
-    if (this->coef != 1.0f) gj = mul(gj, V(this->coef));
     V s[S > 0 ? S : 1];
-    for (int k = 0; k < S; ++k) s[k] = load<V>(a[k], j);
-    const V wj = load<V>(w, j);
-    Opt::advance(this->c, wj, gj, s);
-    for (int k = 0; k < S; ++k) store(a[k], j, s[k]);
+    const V wj = this->template advance_into<V>(j, g, w, a, s);
     Opt::norm_terms(this->c, wj, static_cast<const V*>(s), x);
     store(g, j, x[Opt::direction_term]);
     for (int k = 0, b = S; k < K; ++k)

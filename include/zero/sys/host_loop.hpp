@@ -32,14 +32,16 @@ inline const char* name(isa i) {
 #if defined(ZERO_HOST_SIMD)
 
 // The best level of this CPU (cpuid through the compiler's runtime, which also checks that the OS
-// saves the wide registers).
+// saves the wide registers). The avx2 level is AVX2 with FMA.
 inline isa detected() {
   static const isa level = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl"))
       return isa::avx512;
-    if (__builtin_cpu_supports("avx2")) return isa::avx2;
+    // With FMA: the AVX2 copies of the sums of squares fuse each exact square with its add (the same
+    // bits: a float's square is exact in double). Every CPU with AVX2 has it; one without takes SSE2.
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return isa::avx2;
     return isa::sse2;
   }();
   return level;

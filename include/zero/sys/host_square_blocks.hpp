@@ -67,12 +67,12 @@ __attribute__((target("avx2"))) inline double from_lanes_avx2(const __m256d* a) 
   const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));  // + 2
   return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));                             // + 1
 }
-__attribute__((target("avx2"))) inline double block_avx2(const float* x) {
+__attribute__((target("avx2,fma"))) inline double block_avx2(const float* x) {
   __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
   for (std::size_t row = 0; row < square_blocks::size; row += square_blocks::lanes)
     for (int p = 0; p < 4; ++p) {
       const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + row + 4 * p));
-      a[p] = _mm256_add_pd(a[p], _mm256_mul_pd(v, v));
+      a[p] = _mm256_fmadd_pd(v, v, a[p]);  // exact squares: the bits of a product and a sum
     }
   return from_lanes_avx2(a);
 }
@@ -85,7 +85,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void blocks
   for (; b < count; ++b) out[b] = block_avx512(x + b * square_blocks::size);
   _mm256_zeroupper();
 }
-__attribute__((target("avx2"))) inline void blocks_avx2(const float* x, std::size_t count, double* out) {
+__attribute__((target("avx2,fma"))) inline void blocks_avx2(const float* x, std::size_t count, double* out) {
   for (std::size_t b = 0; b < count; ++b) out[b] = block_avx2(x + b * square_blocks::size);
   _mm256_zeroupper();
 }
@@ -122,7 +122,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void summ
   _mm256_zeroupper();
 }
 template <int K, class Rule, class... Ts>
-__attribute__((target("avx2"), flatten)) void summing_avx2(std::size_t blocks, const Rule& caller_rule,
+__attribute__((target("avx2,fma"), flatten)) void summing_avx2(std::size_t blocks, const Rule& caller_rule,
                                                          double* const* sums, std::uint32_t reads, Ts*... p) {
   const Rule rule = caller_rule;
   for (std::size_t b = 0; b < blocks; ++b) {
@@ -139,8 +139,8 @@ __attribute__((target("avx2"), flatten)) void summing_avx2(std::size_t blocks, c
         for (int k = 0; k < K; ++k) {
           const __m256 v = reinterpret_cast<const __m256&>(x[k].v);
           const __m256d l = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), h = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
-          a[k][2 * half] = _mm256_add_pd(a[k][2 * half], _mm256_mul_pd(l, l));
-          a[k][2 * half + 1] = _mm256_add_pd(a[k][2 * half + 1], _mm256_mul_pd(h, h));
+          a[k][2 * half] = _mm256_fmadd_pd(l, l, a[k][2 * half]);  // exact squares, as above
+          a[k][2 * half + 1] = _mm256_fmadd_pd(h, h, a[k][2 * half + 1]);
         }
       }
     }
