@@ -1,22 +1,14 @@
 // engine: one rank's ZeRO protocol (gather, release, grads, reduce, step) over four policies.
 #pragma once
 
-#include <algorithm>
-#include <array>
-#include <cmath>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "zero/comm/all_to_all.hpp"
 #include "zero/comm/call_label.hpp"
 #include "zero/comm/counted.hpp"
 #include "zero/comm/mesh.hpp"
@@ -25,18 +17,11 @@
 #include "zero/concepts/optimizer_state.hpp"
 #include "zero/concepts/partitioner.hpp"
 #include "zero/concepts/precision_policy.hpp"
-#include "zero/core/binned.hpp"
-#include "zero/core/checked.hpp"
-#include "zero/core/elementwise.hpp"
 #include "zero/core/formulas.hpp"
-#include "zero/core/fp.hpp"
-#include "zero/core/hash.hpp"
 #include "zero/core/layout.hpp"
 #include "zero/core/link_formulas.hpp"
 #include "zero/core/memory.hpp"
 #include "zero/core/model_spec.hpp"
-#include "zero/core/quantize.hpp"
-#include "zero/core/value_checks.hpp"
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/context.hpp"
 #include "zero/engine/formula_report.hpp"
@@ -45,7 +30,6 @@
 #include "zero/engine/init.hpp"
 #include "zero/engine/initializer.hpp"
 #include "zero/engine/memory_check.hpp"
-#include "zero/engine/memory_release.hpp"
 #include "zero/engine/links.hpp"
 #include "zero/engine/option_checks.hpp"
 #include "zero/engine/options.hpp"
@@ -56,9 +40,11 @@
 #include "zero/engine/reduce/catalog.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/schedule.hpp"
+#include "zero/engine/state_movers.hpp"
+#include "zero/engine/step_gathers.hpp"
+#include "zero/engine/step_verdict.hpp"
 #include "zero/engine/sweep.hpp"
 #include "zero/engine/tensor_parallel.hpp"
-#include "zero/engine/tensor_view.hpp"
 #include "zero/engine/zeropp.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/state_store.hpp"
@@ -158,7 +144,7 @@ class engine {
   // engine_options::verify_init) and throws on every rank, naming the first tensor that differs.
   void initialize(const init_fn& fn, init_source source = init_source::every_rank) {
     check_held("initialize");
-    complete_parameter_gathers();
+    step_gathers_.complete_all();
     initializer_.whole(fn, source);
   }
 
@@ -175,7 +161,7 @@ class engine {
   // owner) and reaches the others, if at all, by the all-gather: nothing can disagree, nothing is checked.
   void initialize(const init_range_fn& fn, init_source source = init_source::every_rank) {
     check_held("initialize");
-    complete_parameter_gathers();
+    step_gathers_.complete_all();
     initializer_.by_range(fn, source);
   }
 
@@ -210,7 +196,7 @@ class engine {
     const unit_layout& ul = layout_.unit(u);
     if constexpr (P::shards_parameters) {
       if (persistent(u)) {
-        complete_parameter_gather(s);  // a view of the unit's persistent copy, once step()'s gather is done
+        step_gathers_.complete(u);  // a view of the unit's persistent copy, once step()'s gather is done
       } else if (ledger_.evaluating()) {
         s.full_params = buffer<param_type, system>(ul.padded, mem_category::transient, acct_);
         buffer<std::uint8_t, system> wire;
@@ -220,7 +206,7 @@ class engine {
         gather_in_step(u, s);
       }
     } else {
-      complete_parameter_gather(s);  // the last step's all-gather of this unit, if still in flight
+      step_gathers_.complete(u);  // the last step's all-gather of this unit, if still in flight
     }
     // Counted once it succeeded: a gather refused for memory leaves the engine as it was.
     return gathered(*this, u, ledger_.record_gather(u));
@@ -250,7 +236,7 @@ class engine {
     state(u, "reduce");
     ledger_.check_gradients(u, "reduce");
     reducer().open(u);  // (a reduce without grads() reduces zeros)
-    agreement_.start(separate_agreement_check());
+    agreement_.start(detail::separate_agreement_check<P, Prec>(ctx_));
     reducer().reduce(u, ledger_.record_reduce(u));
   }
 
@@ -263,30 +249,18 @@ class engine {
     // Every collective of the step completes first: the norm and the update read the gradients, and
     // the update writes the parameters that a unit never gathered in this step may still be receiving.
     reducer().complete_all();
-    complete_parameter_gathers();
+    step_gathers_.complete_all();
     schedule_.end_step();  // the next step's prefetch follows this one's gathers
     agreement_.finish(opt_);  // in a mesh, the verdict rides on the norm's exchange instead
     step_report r;
     r.loss_scale = scaler_.scale();
-    // The gradient the optimizer sees: the rank-ordered sum divided by N and by the loss scale, in
-    // one IEEE division (N x scale is exact: the scale is a power of two). Reproducible: the exact sum
-    // rounded once, divided by the global number of micro-batches N x M and the scale (N x M <= 2^24,
-    // checked at construction, so the product is exact too).
-    const float divisor = fp::mul(static_cast<float>(reducer().averaging_count()), scaler_.scale());
-    float coef = 1.0f;
-    if (needs_norm()) {
-      const norm_result n = reducer().sum_of_squares(divisor, agreement_.terms());
-      if (!n.optimizers_agree) agreement_.optimizers_disagree(opt_);
-      const double sq = n.sum_of_squares;
-      r.grad_norm = fp::canonical(std::sqrt(sq));  // a NaN norm reports the same bits on every system
-      r.skipped = !std::isfinite(sq);
-      if (!r.skipped && options_.clip_norm > 0.0f && r.grad_norm > options_.clip_norm)
-        coef = static_cast<float>(static_cast<double>(options_.clip_norm) / (r.grad_norm + 1e-6));
-    }
+    const detail::step_verdict v = detail::judge_step<Prec>(ctx_, reducer(), agreement_, opt_, scaler_.scale());
+    r.grad_norm = v.grad_norm;
+    r.skipped = v.skipped;
     if (!r.skipped) {
       ++step_;
       const comm::comm_stats control_before = links_.control().stats();
-      update_and_gather_params(group_constants(), divisor, coef);
+      update_and_gather_params(group_constants(), v.divisor, v.coef);
       r.optimizer_exchange = links_.control().stats() - control_before;
     } else {
       ++skipped_;
@@ -358,18 +332,9 @@ class engine {
   // happened. Between steps only (not inside a step or an evaluation() scope); not a collective. With
   // the error-feedback reducer (qgZ), whose carried error is state too, it is refused.
   void release_memory(const release_options& o = {}) {
-    released_.check_releasable(rank_);
-    ZERO_CHECK(
-        !ledger_.evaluating() && !ledger_.step_started(), protocol, "rank ", rank_, ": release_memory() ",
-        ledger_.evaluating() ? "inside an evaluation() scope" : "in the middle of a step (after a gather, grads or reduce)",
-        "; call it between steps");
-    ZERO_CHECK(reduce::chosen_extra_state_bytes<context>(options_, layout_.padded()) == 0, invalid_argument, "rank ",
-               rank_,
-               ": release_memory(): the error-feedback gradient reducer (zeropp qgZ with error feedback) carries each "
-               "rank's quantization error between steps, which release_memory does not move");
-    complete_parameter_gathers();
-    memory_accounting* host_acct = offload::state_store<system>::counts_host_memory ? &acct_ : nullptr;
-    released_.release(ctx_.sys, o, rank_, host_acct, [&](auto&& f) { for_each_released_buffer(f); });
+    movers_.check_releasable(ledger_, reduce::chosen_extra_state_bytes<context>(options_, layout_.padded()));
+    step_gathers_.complete_all();
+    movers_.release(ctx_.sys, o, [&](auto&& f) { for_each_released_buffer(f); });
     reducer_.reset();  // the gradient store: zeros between steps, made afresh by restore_memory()
     if constexpr (requires { system::release_spares(); }) system::release_spares();  // freed blocks it keeps
   }
@@ -377,11 +342,11 @@ class engine {
   // One that fails for memory leaves the engine released and can be called again once there is room;
   // one that finds the released file changed (an io error) leaves it unusable: load a checkpoint.
   void restore_memory() {
-    released_.restore(rank_, acct_, [&](auto&& f) { for_each_released_buffer(f); });
+    movers_.restore([&](auto&& f) { for_each_released_buffer(f); });
     reducer_ = reduce::make_chosen(ctx_);
-    released_.restored();
+    movers_.restored();
   }
-  release_report released() const { return released_.report(); }
+  release_report released() const { return movers_.report(); }
 
   // ---- results and reports -------------------------------------------------------------------
 
@@ -389,7 +354,7 @@ class engine {
   // collective in stages that shard the master weights.
   std::vector<float> full_params() {
     check_held("full_params");
-    complete_parameter_gathers();
+    step_gathers_.complete_all();
     std::vector<float> out(layout_.numel());
     std::size_t at = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -402,7 +367,7 @@ class engine {
   std::vector<float> full_params(unit_id u) {
     state_check(u);
     check_held("full_params");
-    complete_parameter_gathers();
+    step_gathers_.complete_all();
     std::vector<float> out(layout_.unit(u).numel);
     sweep_.consolidate(placement_, u, out.data());
     return out;
@@ -453,7 +418,7 @@ class engine {
   // parameters follow only at finish_load().
   void write_state(unit_id u, range r, const float* master, const float* const* slots) {
     checked_state_range(u, r, "write_state");
-    complete_parameter_gathers();
+    step_gathers_.complete_all();
     if (!r.empty()) sweep_.write(placement_, u, r, master, slots);
   }
 
@@ -466,7 +431,7 @@ class engine {
                    ts.clean_steps <= training_state::max_steps,
                invalid_argument, "rank ", rank_, ": finish_load: step ", ts.step, ", skipped_steps ", ts.skipped_steps,
                " or clean_steps ", ts.clean_steps, " is more than a run can reach (training_state::max_steps, 2^53)");
-    complete_parameter_gathers();
+    step_gathers_.complete_all();
     ledger_.end_step();  // a loaded engine starts a step afresh
     placement_.secondary_stale();
     step_ = ts.step;
@@ -488,18 +453,12 @@ class engine {
   // may outlive the engine. `reuse`, a block this engine gave before, is handed back as it is when it
   // has `bytes` (its pages already mapped: no page faults, no zeroing by the kernel), else freed first.
   snapshot_block snapshot_memory(std::size_t bytes, snapshot_block reuse = {}) {
-    if (reuse.belongs_to(lifetime_) && reuse.bytes() == bytes) return reuse;
-    reuse = snapshot_block();
-    memory_accounting* acct = offload::state_store<system>::counts_host_memory ? &acct_ : nullptr;
-    return snapshot_block(
-        offload::host_block<system>(
-            bytes, [&] { return offload::accounted(acct, bytes, mem_category::snapshot, lifetime_); }, false),
-        lifetime_);
+    return movers_.snapshot(bytes, std::move(reuse));
   }
   // What overlapping communication with computation did so far (engine_options::overlap).
   overlap_report overlap() const {
     overlap_report r = overlap_;
-    r.active = overlapping();
+    r.active = ctx_.overlapping();
     return r;
   }
   comm_report comm() const {
@@ -559,7 +518,6 @@ class engine {
   friend evaluation_scope;
   friend gathered;
   friend grad_buffers;
-  using request = typename comm::counted<Comm>::request;
   using context = part_context<P, Comm, Prec>;
 
   reduce::any_reducer<context>& reducer() const {
@@ -570,12 +528,7 @@ class engine {
   // What a unit holds besides its counters (the ledger's).
   struct unit_state {
     buffer<param_type, system> full_params;  // stage 3: the gathered unit
-    // Stages 1-2: the all-gather of the unit's updated parameters, started by step().
-    request parameter_gather;
-    bool parameter_gather_pending = false;
   };
-
-  bool overlapping() const { return ctx_.overlapping(); }
 
   // Whether `bytes` more fit under memory_limit_bytes beside the bytes the reduces in flight will
   // allocate to complete (their reserve: a reduce in flight must always be able to complete).
@@ -612,12 +565,6 @@ class engine {
     }
   }
 
-  // The update of each unit, and where a unit's parameters are kept whole (stages 1-2; stage 3's
-  // persistent units) the all-gather of its updated shard, started as soon as it is updated so that it
-  // runs while the next unit updates (overlap). Without overlap each completes at once. With overlap
-  // they stay in flight after step() returns: the next step's gather(u) waits for its unit's (the
-  // forward pass overlaps them), anything else that reads or writes the parameters for all of them
-  // (complete_parameter_gathers).
   // The step's constants of each parameter group: the optimizer's own, then each override's.
   std::vector<typename Opt::step_constants> group_constants() const {
     std::vector<typename Opt::step_constants> c{opt_.constants(step_)};
@@ -633,28 +580,8 @@ class engine {
       else
         f(v.grad, sharded);
     };
-    sweep_.update(placement_, param_groups_, c, divisor, coef, gradients, [&](unit_id u) {
-      if (!placement_.keeps_whole(u)) return;
-      unit_state& s = units_[u.index];
-      {
-        const auto l = label("step", u);
-        s.parameter_gather = placement_.start_whole_gather(links_.protocol(), u);
-      }
-      s.parameter_gather_pending = true;
-      if (!overlapping())
-        complete_parameter_gather(s);
-      else
-        ++overlap_.parameter_gathers_started;
-    });
-  }
-  void complete_parameter_gather(unit_state& s) {
-    if (!s.parameter_gather_pending) return;
-    s.parameter_gather_pending = false;
-    links_.protocol().wait(s.parameter_gather);
-  }
-  // Before anything but gather(u) reads or writes the parameters (stages 1-2; nothing elsewhere).
-  void complete_parameter_gathers() {
-    for (auto& s : units_) complete_parameter_gather(s);
+    // Each unit's update, then its all-gather where it is kept whole (step_gathers.hpp).
+    sweep_.update(placement_, param_groups_, c, divisor, coef, gradients, [&](unit_id u) { step_gathers_.start(u); });
   }
 
   // The end of an evaluation() scope: releases what it left gathered (a local operation).
@@ -674,12 +601,6 @@ class engine {
       return system{};
   }
 
-  // Names the collectives issued while the returned guard lives ("reduce unit 'fc2'") for backends
-  // that put labels in their fingerprints (comm::threads, comm::mpi); a no-op for the others.
-  comm::scoped_label<Comm> label(const char* phase, unit_id u) {
-    return ctx_.label(phase, u);
-  }
-
   std::string where(unit_id u) const { return ledger_.where(u); }
   unit_state& state(unit_id u, const char* call) {
     ledger_.check_index(u, call);
@@ -687,7 +608,7 @@ class engine {
     return units_[u.index];
   }
   // Refuses a call that needs the model states while they are released.
-  void check_held(const char* call) const { released_.check_held(rank_, call); }
+  void check_held(const char* call) const { movers_.check_held(call); }
   // The buffers release_memory() moves, in one order: the parameters, then the state arrays.
   template <class F>
   void for_each_released_buffer(F&& f) {
@@ -713,14 +634,6 @@ class engine {
     detail::with_rank(rank, [&] { validate_optimizer(opt); });
     return opt;
   }
-  // The reproducible mode always computes it: it is the overflow check of an exact sum.
-  // In a tensor-parallel mesh too: the norm's exchange is where the mesh agrees on the skip and the
-  // optimizer and checks the replicated tensors' gradients.
-  bool needs_norm() const {
-    return Prec::separate_master || options_.clip_norm > 0.0f || options_.compute_grad_norm || options_.reproducible ||
-           ctx_.tp_size > 1;
-  }
-
   void state_check(unit_id u) const {
     ZERO_CHECK(u.index < units_.size(), invalid_argument, "rank ", rank_, ": unit index ", u.index,
                " is out of range (the model has ", units_.size(), " units)");
@@ -731,15 +644,6 @@ class engine {
     ZERO_CHECK(r.empty() || (r.begin >= held.begin && r.end <= held.end), invalid_argument, where(u), call,
                " of elements [", r.begin, ", ", r.end, ") outside the held range [", held.begin, ", ", held.end, ")");
     return layout_.unit(u);
-  }
-
-  // The optimizer's fingerprint rides on the norm's all-reduce where the step makes one (stages 1-3
-  // computing the norm); elsewhere (stage 0, or no norm) on an all-reduce of its own, started at the
-  // step's first reduce() (nonblocking where the backend overlaps) and completed by step().
-  // With replicated shard groups the norm's all-reduce is the group's: the check is always its own,
-  // over every data-parallel rank.
-  bool separate_agreement_check() const {
-    return ctx_.dp_size() > 1 && (!(P::shards_optimizer_states && needs_norm()) || ctx_.replica_count > 1);
   }
 
   // Before anything is allocated: refuses model states that cannot fit (memory_check.hpp), in the free
@@ -766,15 +670,14 @@ class engine {
   // sweep over the state arrays, the ranks' agreement, the gradient reducer the options chose.
   context ctx_{sys_,   acct_, layout_, spec_, options_, rank_, links_.protocol(), links_.other(), links_.control(),
                links_.eval(), overlap_};
-  detail::released_memory<system> released_;  // what release_memory() moved out, until restore_memory()
-  // Expires with the engine: memory it handed out (snapshot_memory) then leaves acct_ alone.
-  std::shared_ptr<const int> lifetime_ = std::make_shared<const int>(0);
+  detail::state_movers<system> movers_{acct_, rank_};  // release_memory() and snapshot_memory()
   parameter_placement<context> placement_{ctx_};
+  step_gathers<context> step_gathers_{ctx_, placement_};  // after the parameters: waits before they are freed
   optimizer_sweep<context, Opt> sweep_{ctx_};
   formula_report<context, Opt> formulas_{ctx_, placement_, sweep_};
   rank_agreement<context, Opt> agreement_{ctx_};
   initializer<context, Opt> initializer_{ctx_, placement_, sweep_, agreement_};
-  std::vector<unit_state> units_;  // after the parameters: its requests wait before the buffers are freed
+  std::vector<unit_state> units_;
   protocol_ledger ledger_{spec_, options_, rank_};  // each unit's calls in the step, the evaluation scope
   gather_schedule<context> schedule_{ctx_, placement_, [this](unit_id u) { return ledger_.at(u).gathered; }};
   std::unique_ptr<reduce::any_reducer<context>> reducer_;  // the one the options chose (reduce/catalog.hpp)
