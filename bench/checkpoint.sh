@@ -32,6 +32,8 @@ while [ $# -gt 0 ]; do
 done
 bench=$build/bench/bench_checkpoint
 [ -x "$bench" ] || { echo "no $bench: build it first (ninja -C $build bench/bench_checkpoint)" >&2; exit 1; }
+source "$root/bench/timed_build.sh"
+require_timed_build "$build" tools_optimization examples_optimization
 scratch=""
 if [ -z "$dir" ]; then scratch=$(mktemp -d "$root/build/checkpoint-bench.XXXXXX"); dir=$scratch; fi
 trap '[ -z "$scratch" ] || rm -rf "$scratch"' EXIT

@@ -31,6 +31,8 @@ while [ $# -gt 0 ]; do
 done
 train_mlp=$build/examples/train_mlp
 [ -x "$train_mlp" ] || { echo "no $train_mlp: build it first (ninja -C $build examples/train_mlp)" >&2; exit 1; }
+source "$root/bench/timed_build.sh"
+require_timed_build "$build" examples_optimization
 scratch=""
 if [ -z "$dir" ]; then scratch=$(mktemp -d "$root/build/offload-bench.XXXXXX"); dir=$scratch; fi
 trap '[ -z "$scratch" ] || rm -rf "$scratch"' EXIT

@@ -35,6 +35,8 @@ while [ $# -gt 0 ]; do
 done
 trainer=$build/examples/train_mlp
 [ -x "$trainer" ] || { echo "no $trainer: build it first (ninja -C $build examples/train_mlp)" >&2; exit 1; }
+source "$root/bench/timed_build.sh"
+require_timed_build "$build" examples_optimization
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 mkdir -p "$(dirname "$out")"
 records=$(mktemp)

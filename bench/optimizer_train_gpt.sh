@@ -11,6 +11,8 @@ train_gpt=$1
 out=$2
 logdir=$3
 shift 3
+source "$(dirname "${BASH_SOURCE[0]}")/timed_build.sh"
+require_timed_build "$(dirname "$(dirname "$train_gpt")")" examples_optimization
 licences=/usr/share/common-licenses
 data=()
 for f in GPL-3 GPL-2 LGPL-2.1 Apache-2.0 MPL-2.0 GFDL-1.3 Artistic CC0-1.0; do data+=(--data "$licences/$f"); done

@@ -33,6 +33,8 @@ while [ $# -gt 0 ]; do
 done
 train_mlp=$build/examples/train_mlp
 [ -x "$train_mlp" ] || { echo "no $train_mlp: build it first (ninja -C $build examples/train_mlp)" >&2; exit 1; }
+source "$root/bench/timed_build.sh"
+require_timed_build "$build" examples_optimization
 # Batch 256 so that the GEMMs, not the optimizer (which has no communication to hide in stage 3),
 # are most of the step.
 model=(--in 512 --hidden 512 --layers 8 --batch 256 --steps "$steps" --ranks "$ranks")

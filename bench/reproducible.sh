@@ -27,6 +27,8 @@ while [ $# -gt 0 ]; do
 done
 train_mlp=$build/examples/train_mlp
 [ -x "$train_mlp" ] || { echo "no $train_mlp: build it first (ninja -C $build examples/train_mlp)" >&2; exit 1; }
+source "$root/bench/timed_build.sh"
+require_timed_build "$build" examples_optimization
 # The model; each configuration gives its batch and micro-batch (64 rows in micro-batches of 16: M = 4 / N
 # per rank in both modes; 256 in 64: four times the compute per micro-batch, the same reductions).
 model=(--in 512 --hidden 512 --layers 8 --steps "$steps" --json)

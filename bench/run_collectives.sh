@@ -16,6 +16,8 @@ out=$results/collectives.jsonl
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI containers run as root
 
 [ -f "$build/build.ninja" ] || meson setup "$build" "$root" >&2
+source "$root/bench/timed_build.sh"
+require_timed_build "$build" tools_optimization
 meson compile -C "$build" bench_collectives >&2
 exe=$build/bench/bench_collectives
 mkdir -p "$results"

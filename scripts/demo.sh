@@ -4,7 +4,7 @@
 # A fresh clone reaches the first step in the time of the apt install plus one small compile: each
 # build-demo/<stage>-<optimizer>-<precision>/ holds train_mlp compiled for the combination the flags
 # choose (Meson options trainer_stage, trainer_optimizer, trainer_precision: one engine instead of
-# the 36 a full build instantiates), without MPI, tests, benchmarks or CUDA, at -O1 (as fast as -O3
+# the 72 a full build instantiates), without MPI, tests, benchmarks or CUDA, at -O1 (as fast as -O3
 # here, with the same bits). Another combination compiles once more, into its own folder; the bits
 # are those of the full build in build/ (tests/e2e/train_mlp_one.sh). scripts/test.sh builds everything.
 set -eu
