@@ -322,6 +322,53 @@ TEST_CASE_TEMPLATE("host loops: the binned cut into words equals the per-element
     }
 }
 
+// The cut that adds a store's words (the slice a reduce lands in): the packed loop against the rule,
+// and the rule against what it stands for, the cut at the values' own top merged into the store.
+TEST_CASE_TEMPLATE("host loops: the binned cut adding a store's words equals the cut merged into the store", G, float,
+                   bf16, fp16) {
+  std::uint32_t seed = 700;
+  std::mt19937_64 rng(17);
+  const auto words = [&](std::size_t len) {
+    std::vector<std::int64_t> v(len);
+    for (auto& x : v) x = static_cast<std::int64_t>(rng() >> 22) - (std::int64_t{1} << 41);
+    return v;
+  };
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
+                        std::size_t{1003}})
+    for (std::size_t off : offsets) {
+      const std::size_t len = n + off;
+      const std::vector<G> g = inputs<G>(len, ++seed);
+      int own = -1;
+      for (const G& x : g) own = std::max(own, binned::summary_of(static_cast<float>(x)).bin);
+      if (own < 0) continue;
+      // (cut top, store top): the store's top equal, below by 1, 2, 3+, empty; the cut above the values'.
+      const std::pair<int, int> tops[] = {{own, own}, {own, own - 1}, {own + 1, own - 1}, {own + 2, own},
+                                          {own + 4, own}, {own, -1}, {own + 1, own + 1}};
+      for (auto [top, store_top] : tops) {
+        if (store_top > top) continue;
+        const std::string name = "to_bins adding " + std::to_string(top) + "," + std::to_string(store_top);
+        const std::vector<std::int64_t> s0 = words(len), s1 = words(len), s2 = words(len);
+        const std::vector<std::int64_t> w(len, 0x5a5a5a5a5a5a5a5all);
+        check_rule(name, elementwise::to_bins_adding_rule{top, store_top}, n, off, std::tuple{g, s0, s1, s2, w, w, w},
+                   {in_mode, in_mode, in_mode, in_mode, out_mode, out_mode, out_mode});
+        // The rule is the store merged with the cut at the values' own top, for the larger top.
+        std::size_t wrong = 0;
+        for (std::size_t j = 0; j < len; ++j) {
+          std::int64_t a0, a1, a2, c0, c1, c2;
+          elementwise::to_bins_adding_rule{top, store_top}(0, g.data() + j, s0.data() + j, s1.data() + j,
+                                                           s2.data() + j, &a0, &a1, &a2);
+          elementwise::to_bins_rule{own}(0, g.data() + j, &c0, &c1, &c2);
+          std::int64_t m0 = s0[j], m1 = s1[j], m2 = s2[j];
+          elementwise::merge_bins_rule{store_top, own, std::max(store_top, own)}(0, &m0, &m1, &m2, &c0, &c1, &c2);
+          std::int64_t r[binned::words] = {m0, m1, m2};
+          if (top != std::max(store_top, own)) binned::realign(r, std::max(store_top, own), top);
+          wrong += a0 != r[0] || a1 != r[1] || a2 != r[2];
+        }
+        CHECK_MESSAGE(wrong == 0, name);
+      }
+    }
+}
+
 TEST_CASE("host loops: the binned merge equals the per-element rule bit for bit") {
   std::mt19937_64 rng(7);
   const auto words = [&](std::size_t len) {

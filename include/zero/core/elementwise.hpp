@@ -438,6 +438,26 @@ struct to_bins_rule {
   }
 };
 
+// The same cut, with the words a sum already holds for element j added (top bin `store_top` <= top,
+// re-expressed for `top`): what a reduce sends from the slice whose sum lands in that store, so that
+// the sum received is the store's new value and no merge follows (engine/reduce/binned.hpp). Exact:
+// the words are integers, and a word of a value depends on the value and its bin only, so cutting at
+// the larger top is re-expressing the cut for it. Arrays: g, the store's three planes, the three
+// planes written.
+struct to_bins_adding_rule {
+  int top, store_top;
+  template <class G>
+  ZERO_HD void operator()(std::size_t j, const G* g, const std::int64_t* s0, const std::int64_t* s1,
+                          const std::int64_t* s2, std::int64_t* w0, std::int64_t* w1, std::int64_t* w2) const {
+    std::int64_t w[binned::words], s[binned::words] = {s0[j], s1[j], s2[j]};
+    binned::to_words(static_cast<float>(g[j]), top, w);
+    if (store_top != top) binned::realign(s, store_top, top);
+    w0[j] = w[0] + s[0];
+    w1[j] = w[1] + s[1];
+    w2[j] = w[2] + s[2];
+  }
+};
+
 // A sum's words (top bin `store_top`, -1: empty) plus another's (top `in_top`), both re-expressed for
 // the larger top `to` first: exact integer additions, so the order of merges never matters.
 // Arrays: the store's three planes (read and written), the incoming three planes.

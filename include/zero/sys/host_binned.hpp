@@ -34,7 +34,7 @@ using lanes = simd::lanes<T, W>;
 // part of to_words' 128-bit window that the word takes (the same bits dropped above the top bin and
 // below the lowest kept one). Shift counts are masked to 0..31 so that no lane shifts out of range.
 template <int W, class G>
-ZERO_SIMD_INLINE void to_bins(std::size_t j, int top, const G* g, std::int64_t* const* w) {
+ZERO_SIMD_INLINE void to_bins_words(std::size_t j, int top, const G* g, lanes<std::int64_t, W> (&out)[binned::words]) {
   using u32 = lanes<std::uint32_t, W>;
   using i32 = lanes<std::int32_t, W>;
   using i64 = lanes<std::int64_t, W>;
@@ -54,9 +54,14 @@ ZERO_SIMD_INLINE void to_bins(std::size_t j, int top, const G* g, std::int64_t* 
     u32 word = u32{};
     simd::assign_where<W>(word, (s >= 0) & (s < 32), m << left);
     simd::assign_where<W>(word, (s < 0) & (s > -32), m >> right);
-    const i64 v = (__builtin_convertvector(word, i64) ^ sign) - sign;
-    std::memcpy(w[k] + j, &v, sizeof v);
+    out[k] = (__builtin_convertvector(word, i64) ^ sign) - sign;
   }
+}
+template <int W, class G>
+ZERO_SIMD_INLINE void to_bins(std::size_t j, int top, const G* g, std::int64_t* const* w) {
+  lanes<std::int64_t, W> words[binned::words];
+  to_bins_words<W>(j, top, g, words);
+  for (int k = 0; k < binned::words; ++k) std::memcpy(w[k] + j, &words[k], sizeof words[k]);
 }
 
 // The int64 lanes of a W-float register's loop: W / 2, so that a pack of words is one register (a
@@ -73,6 +78,35 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rule& r, co
   if constexpr (W == 16)  // measured slower than the scalar loop with AVX2 and SSE2 (their 64-bit lanes)
     for (; j + V <= n; j += V) to_bins<V>(j, r.top, g, w);
   for (; j < n; ++j) r(j, g, w0, w1, w2);
+}
+
+// to_bins_adding_rule: the cut, then the store's planes re-expressed for the cut's top (plane k takes
+// plane k - d, or nothing) added before the words are stored.
+template <int W, class G>
+ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_adding_rule& r, const G* g,
+                           const std::int64_t* s0, const std::int64_t* s1, const std::int64_t* s2, std::int64_t* w0,
+                           std::int64_t* w1, std::int64_t* w2) {
+  constexpr int V = word_lanes<W>;
+  constexpr int K = binned::words;
+  const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
+  std::size_t j = 0;
+  if (W == 16 && d >= 0) {  // (as the cut: AVX-512 only)
+    const std::int64_t* const st[K] = {s0, s1, s2};
+    std::int64_t* const out[K] = {w0, w1, w2};
+    for (; j + V <= n; j += V) {
+      lanes<std::int64_t, V> words[K];
+      to_bins_words<V>(j, r.top, g, words);
+      for (int k = 0; k < K; ++k) {
+        if (k - d >= 0) {
+          lanes<std::int64_t, V> kept;
+          std::memcpy(&kept, st[k - d] + j, sizeof kept);
+          words[k] += kept;
+        }
+        std::memcpy(out[k] + j, &words[k], sizeof words[k]);
+      }
+    }
+  }
+  for (; j < n; ++j) r(j, g, s0, s1, s2, w0, w1, w2);
 }
 
 // merge_bins_rule: each of the store's and the incoming words re-expressed for the common top (plane
@@ -423,6 +457,9 @@ struct packed : std::false_type {};
 template <class G>
 struct packed<elementwise::to_bins_rule, G, std::int64_t, std::int64_t, std::int64_t>
     : std::bool_constant<simd::lane_type<G>> {};
+template <class G>
+struct packed<elementwise::to_bins_adding_rule, G, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+              std::int64_t, std::int64_t> : std::bool_constant<simd::lane_type<G>> {};
 template <>
 struct packed<elementwise::round_bins_rule, float, std::int64_t, std::int64_t, std::int64_t> : std::true_type {};
 template <>
@@ -432,7 +469,7 @@ struct packed<elementwise::merge_bins_rule, std::int64_t, std::int64_t, std::int
 }  // namespace detail
 
 // Whether run() has a packed loop for this rule over these operand types (those of sys::host::for_each):
-// the cut (from float, bf16 or fp16 gradients) and the merge. (An operand may be const or not.)
+// the cut (from float, bf16 or fp16 gradients, with or without a store's words added) and the merge. (An operand may be const or not.)
 template <class Rule, class... Ts>
 concept vectorized = detail::packed<Rule, std::remove_const_t<Ts>...>::value;
 

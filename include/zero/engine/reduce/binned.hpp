@@ -85,7 +85,8 @@ class binned_method {
     request pending{};
   };
 
-  explicit binned_method(Ctx& c) : ctx_(c), sums_(c.spec.num_units()) {
+  explicit binned_method(Ctx& c)
+      : ctx_(c), sums_(c.spec.num_units()), started_(c.spec.num_units()), pending_(c.spec.num_units(), 0) {
     const std::size_t n = sharded() ? c.layout.shard_total() : c.layout.padded();
     bins_ = buffer<std::int64_t, system>(K * n, mem_category::grads, c.acct);
     grads32_ = buffer<float, system>(n, mem_category::grads, c.acct);
@@ -123,6 +124,11 @@ class binned_method {
     if (ctx_.replicas) agree_across_replicas(agreed, parts[0].unit);
     in_flight f;
     f.first = parts[0].unit;
+    const landing land = landing_of(parts, agreed);
+    for (std::size_t i = 0; i < count; ++i) {
+      started_[parts[i].unit.index] = binned::merge(started_[parts[i].unit.index], agreed[i]);
+      ++pending_[parts[i].unit.index];
+    }
     std::size_t shard_sum = 0;
     for (const auto& p : parts) shard_sum += lay.unit(p.unit).shard;
     f.block = K * shard_sum;
@@ -132,25 +138,33 @@ class binned_method {
     for (std::size_t i = 0; i < count; ++i) {
       unit_part<Ctx>& p = parts[i];
       const std::size_t shard = lay.unit(p.unit).shard;
+      // Cut at the landing's top (the agreed one, or the store's where it lands): a rank-independent bin.
+      const binned::summary cut = count == 1 ? land.words : agreed[i];
       for (std::size_t r = 0; r < ranks; ++r) {
         std::int64_t* w = f.wire.data() + r * f.block + off;
-        if (agreed[i].finite() && agreed[i].bin >= 0)
-          ctx_.sys.for_each(shard, elementwise::to_bins_rule{agreed[i].bin},
-                            elementwise::in(p.bucket.data() + r * shard), elementwise::out(w),
+        if (cut.finite() && cut.bin >= 0 && land.adds_store && r == me) {
+          const std::int64_t* st = store_of(lay.unit(p.unit));
+          ctx_.sys.for_each(shard, elementwise::to_bins_adding_rule{cut.bin, sums_[p.unit.index].bin},
+                            elementwise::in(p.bucket.data() + r * shard), elementwise::in(st),
+                            elementwise::in(st + shard), elementwise::in(st + 2 * shard), elementwise::out(w),
                             elementwise::out(w + shard), elementwise::out(w + 2 * shard));
-        else  // all zeros, or a non-finite value: zeros (the flag, which every rank has, skips the step)
+        } else if (cut.finite() && cut.bin >= 0) {
+          ctx_.sys.for_each(shard, elementwise::to_bins_rule{cut.bin}, elementwise::in(p.bucket.data() + r * shard),
+                            elementwise::out(w), elementwise::out(w + shard), elementwise::out(w + 2 * shard));
+        } else {  // all zeros, or a non-finite value: zeros (the flag, which every rank has, skips the step)
           ctx_.sys.fill_zero(w, K * shard * sizeof(std::int64_t));
+        }
       }
       f.parts.push_back({p.unit, p.first, off});
-      f.summaries.push_back(agreed[i]);
+      f.summaries.push_back(cut);
       off += K * shard;
       p.bucket.reset();  // converted: freed before the collective starts
     }
-    // A unit's first reduce of the step, on its own, receives straight into its (empty) binned store:
-    // no merge pass. Nothing else touches that part of the store until the collective completes.
-    f.direct = count == 1 && parts[0].first;
+    // Received straight into the unit's store (landing_of): no merge pass. Nothing else touches that
+    // part of the store until the collective completes.
+    f.direct = land.direct;
     const auto l = ctx_.label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
-    std::int64_t* store = f.direct ? bins_.data() + K * base(lay.unit(parts[0].unit)) : nullptr;
+    std::int64_t* store = f.direct ? store_of(lay.unit(parts[0].unit)) : nullptr;
     if constexpr (updates_every_element<P>) {
       f.reduced = f.direct ? store : f.wire.data(), f.reduced_count = f.block * ranks;
       f.pending = ctx_.protocol.start_all_reduce(f.wire.data(), f.reduced, f.reduced_count, reduce_op::sum);
@@ -163,6 +177,7 @@ class binned_method {
 
   void complete(in_flight& f) {
     ctx_.protocol.wait(f.pending);
+    for (const bucket_part& p : f.parts) --pending_[p.unit.index];
     if (ctx_.replicas) {  // the integer words, exact in any order: the same sum as one group of N ranks
       const auto l = ctx_.label_on(ctx_.replicas->inner(), "reduce across replicas", f.first);
       ctx_.replicas->all_reduce(f.reduced, f.reduced, f.reduced_count, reduce_op::sum);
@@ -335,9 +350,41 @@ class binned_method {
     // bins_ is not cleared: a unit's store is read only once its summary says words were written
     // there this step, and its first words are copied in (merge), not added.
     for (auto& s : sums_) s = binned::summary{};
+    for (auto& s : started_) s = binned::summary{};
   }
 
  private:
+  // How a reduce of one unit lands: its words' summary (the top bin they are cut at, every rank's
+  // flags), whether it is received straight into the unit's store (direct), and whether this rank's
+  // own slice carries the store's words (adds_store), so that the sum received is the store's new value.
+  struct landing {
+    binned::summary words;
+    bool direct = false, adds_store = false;
+  };
+  // A unit's first reduce of the step, on its own, lands in its empty store. A later one, where each
+  // rank's store is its own slice (stages 1-3, one shard group), is cut at the larger of its agreed top
+  // and the top of every reduce of the unit started before it (started_: the same on every rank, so
+  // every rank cuts every slice at the same bin); where none of those is still in flight on this rank,
+  // its store holds them all, and the rank's own slice adds the store's words as it is cut: the
+  // reduce-scatter then returns the store's new value, with no merge pass. Where one is in flight (a
+  // rank's own matter: the others' slices do not depend on it), the words land on the wire and merge
+  // when the reduce completes, as fused buckets, stage 0 and replicated shard groups always do.
+  landing landing_of(const std::vector<unit_part<Ctx>>& parts, const std::vector<binned::summary>& agreed) const {
+    landing l;
+    l.words = parts.size() == 1 ? agreed[0] : binned::summary{};
+    if (parts.size() != 1) return l;
+    const std::size_t u = parts[0].unit.index;
+    if (parts[0].first) {
+      l.direct = true;
+      return l;
+    }
+    if (updates_every_element<P> || ctx_.replicas || !agreed[0].finite() || agreed[0].bin < 0) return l;
+    l.words = binned::summary{binned::merge(started_[u], agreed[0]).bin, agreed[0].flags};
+    if (!started_[u].finite() || pending_[u] > 0) return l;
+    l.direct = l.adds_store = true;
+    return l;
+  }
+  std::int64_t* store_of(const unit_layout& ul) const { return bins_.data() + K * base(ul); }
   // Where unit u's words start in bins_ (three planes of what the rank updates: the shard, or in stage
   // 0 every rank's slice, each as three planes, [rank][plane][shard]) and its fp32 rounding in grads32_.
   std::size_t base(const unit_layout& ul) const { return sharded() ? ul.shard_offset : ul.offset; }
@@ -418,6 +465,10 @@ class binned_method {
   // Each unit's summary of every gradient value reduced into its binned sum in this step (its top bin;
   // -1 while the sum is empty), the same on every rank.
   std::vector<binned::summary> sums_;
+  // Each unit's summary of every reduce started in this step (sums_ once they all complete), and how
+  // many of its reduces are in flight on this rank.
+  std::vector<binned::summary> started_;
+  std::vector<std::size_t> pending_;
 };
 
 template <class Ctx>
