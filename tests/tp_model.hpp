@@ -67,11 +67,9 @@ inline zero::init_range_fn whole_init() {
 // Which kind of mistake a run plants (none: a correct run).
 enum class plant { none, replicated_grad_differs, nan_in_split_piece, nan_in_replicated_on_tp1, lr_on_tp1 };
 
-// One step: forward (gather, release) and backward (gather, grads, reduce) over the pieces; each
-// piece's gradient is the whole model's at its whole index, so every tensor-parallel size computes
-// the same per-element gradients. Replicated tensors get the same gradient on every tp rank.
+// One micro-batch of mesh_step: `g_index` picks its gradients, `t` is the step (the planted mistakes').
 template <class E>
-zero::step_report mesh_step(E& e, int dp_rank, std::uint64_t t, plant p = plant::none) {
+void mesh_pass(E& e, int dp_rank, std::uint64_t g_index, std::uint64_t t, plant p) {
   const zero::model_spec& s = e.spec();
   static const auto bases = whole_bases(model());
   for (std::size_t u = 0; u < s.num_units(); ++u) e.gather(zero::unit_id{u}).release();
@@ -85,7 +83,7 @@ zero::step_report mesh_step(E& e, int dp_rank, std::uint64_t t, plant p = plant:
       const zero::tensor_spec& ts = s.units()[u].tensors[k];
       for (std::size_t j = 0; j < ts.numel; ++j) {
         const std::size_t at = ul.tensors[k].begin + j;
-        float v = gradient(static_cast<float>(w.view().data()[at]), dp_rank, t, bases[u][k] + zero::whole_index(ts, j));
+        float v = gradient(static_cast<float>(w.view().data()[at]), dp_rank, g_index, bases[u][k] + zero::whole_index(ts, j));
         if (p == plant::replicated_grad_differs && !ts.tp.split() && e.tensor_parallel_rank() == 1 && j == 0) v += 0.5f;
         g.view().data()[at] = static_cast<G>(v * e.loss_scale());
       }
@@ -97,6 +95,16 @@ zero::step_report mesh_step(E& e, int dp_rank, std::uint64_t t, plant p = plant:
     }
     e.reduce(id);
   }
+}
+
+// One step: forward (gather, release) and backward (gather, grads, reduce) over the pieces, once per
+// micro-batch (engine_options::micro_batches: micro-batch k of step t takes step t x M + k's
+// gradients); each piece's gradient is the whole model's at its whole index, so every tensor-parallel
+// size computes the same per-element gradients. Replicated tensors get the same gradient on every tp rank.
+template <class E>
+zero::step_report mesh_step(E& e, int dp_rank, std::uint64_t t, plant p = plant::none) {
+  const auto m = static_cast<std::uint64_t>(e.options().micro_batches);
+  for (std::uint64_t k = 0; k < m; ++k) mesh_pass(e, dp_rank, t * m + k, t, p);
   return e.step();
 }
 

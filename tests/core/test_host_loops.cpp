@@ -351,6 +351,20 @@ TEST_CASE_TEMPLATE("host loops: the binned cut adding a store's words equals the
         const std::vector<std::int64_t> w(len, 0x5a5a5a5a5a5a5a5all);
         check_rule(name, elementwise::to_bins_adding_rule{top, store_top}, n, off, std::tuple{g, s0, s1, s2, w, w, w},
                    {in_mode, in_mode, in_mode, in_mode, out_mode, out_mode, out_mode});
+        // In place (the output is the store, as at one rank): the packed loop reads before it writes.
+        {
+          std::vector<std::int64_t> t0 = s0, t1 = s1, t2 = s2, e0(len), e1(len), e2(len);
+          for (std::size_t j = 0; j < len; ++j)
+            elementwise::to_bins_adding_rule{top, store_top}(j, g.data(), s0.data(), s1.data(), s2.data(), e0.data(),
+                                                             e1.data(), e2.data());
+          sys::host::for_each(len, elementwise::to_bins_adding_rule{top, store_top}, elementwise::in(g.data()),
+                              elementwise::in(static_cast<const std::int64_t*>(t0.data())),
+                              elementwise::in(static_cast<const std::int64_t*>(t1.data())),
+                              elementwise::in(static_cast<const std::int64_t*>(t2.data())), elementwise::out(t0.data()),
+                              elementwise::out(t1.data()), elementwise::out(t2.data()));
+          const std::string in_place = name + " in place";
+          CHECK_MESSAGE((t0 == e0 && t1 == e1 && t2 == e2), in_place);
+        }
         // The rule is the store merged with the cut at the values' own top, for the larger top.
         std::size_t wrong = 0;
         for (std::size_t j = 0; j < len; ++j) {

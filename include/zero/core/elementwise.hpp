@@ -443,7 +443,7 @@ struct to_bins_rule {
 // the sum received is the store's new value and no merge follows (engine/reduce/binned.hpp). Exact:
 // the words are integers, and a word of a value depends on the value and its bin only, so cutting at
 // the larger top is re-expressing the cut for it. Arrays: g, the store's three planes, the three
-// planes written.
+// planes written (which may be the store's: element j is read before it is written).
 struct to_bins_adding_rule {
   int top, store_top;
   template <class G>

@@ -81,7 +81,7 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rule& r, co
 }
 
 // to_bins_adding_rule: the cut, then the store's planes re-expressed for the cut's top (plane k takes
-// plane k - d, or nothing) added before the words are stored.
+// plane k - d, or nothing) added before the words are stored (where the store may be the output).
 template <int W, class G>
 ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_adding_rule& r, const G* g,
                            const std::int64_t* s0, const std::int64_t* s1, const std::int64_t* s2, std::int64_t* w0,
@@ -94,14 +94,12 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_adding_rule
     const std::int64_t* const st[K] = {s0, s1, s2};
     std::int64_t* const out[K] = {w0, w1, w2};
     for (; j + V <= n; j += V) {
-      lanes<std::int64_t, V> words[K];
+      lanes<std::int64_t, V> words[K], kept[K];
       to_bins_words<V>(j, r.top, g, words);
+      // every store plane loaded before any is written: the output may be the store itself
+      for (int k = 0; k < K; ++k) std::memcpy(&kept[k], st[k] + j, sizeof kept[k]);
       for (int k = 0; k < K; ++k) {
-        if (k - d >= 0) {
-          lanes<std::int64_t, V> kept;
-          std::memcpy(&kept, st[k - d] + j, sizeof kept);
-          words[k] += kept;
-        }
+        if (k - d >= 0) words[k] += kept[k - d];
         std::memcpy(out[k] + j, &words[k], sizeof words[k]);
       }
     }

@@ -99,14 +99,16 @@ class binned_method {
   // its gradients into the words of those bins, and one all-reduce (stage 0) or reduce-scatter sums
   // the int64 words, exact in any order. The wire puts rank r's slices of every unit side by side,
   // each as three planes of its shard, so each rank receives its words together. The gradient buckets
-  // are freed before the collective starts; the words are merged into the store when it completes.
+  // are freed before the collective starts; the sum lands in the store (landing_of), or on the wire,
+  // merged into the store when the collective completes.
   in_flight start(std::vector<unit_part<Ctx>> parts) {
     const zero::layout& lay = ctx_.layout;
     const auto ranks = static_cast<std::size_t>(lay.ranks()), me = static_cast<std::size_t>(ctx_.rank);
     const std::size_t count = parts.size();
     std::vector<std::int64_t> table(count * ranks);
     for (std::size_t i = 0; i < count; ++i)
-      table[me * count + i] = summary_of(parts[i].bucket.data(), lay.unit(parts[i].unit).padded);
+      table[me * count + i] = summary_of(parts[i].bucket.data(), lay.unit(parts[i].unit).padded) |
+                              (pending_[parts[i].unit.index] > 0 ? in_flight_mark : 0);
     {
       ctx_.make_room(count * ranks * sizeof(std::int64_t));
       buffer<std::int64_t, system> wire(count * ranks, mem_category::transient, ctx_.acct);
@@ -116,15 +118,19 @@ class binned_method {
       ctx_.sys.copy_to_host(table.data(), wire.data(), table.size() * sizeof(std::int64_t));
     }
     // Each unit's top bin agreed over the group, then (replicated shard groups) across the groups, so
-    // every data-parallel rank cuts its gradients at the same bins.
+    // every data-parallel rank cuts its gradients at the same bins; and whether any rank has an earlier
+    // reduce of the unit in flight (landing_of).
     std::vector<binned::summary> agreed(count);
+    std::vector<char> busy(count, 0);
     for (std::size_t i = 0; i < count; ++i)
-      for (std::size_t r = 0; r < ranks; ++r)
-        agreed[i] = binned::merge(agreed[i], binned::unpack(table[r * count + i]));
-    if (ctx_.replicas) agree_across_replicas(agreed, parts[0].unit);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        agreed[i] = binned::merge(agreed[i], binned::unpack(table[r * count + i] & ~in_flight_mark));
+        busy[i] |= (table[r * count + i] & in_flight_mark) != 0;
+      }
+    if (ctx_.replicas) agree_across_replicas(agreed, busy, parts[0].unit);
     in_flight f;
     f.first = parts[0].unit;
-    const landing land = landing_of(parts, agreed);
+    const landing land = landing_of(parts, agreed, busy);
     for (std::size_t i = 0; i < count; ++i) {
       started_[parts[i].unit.index] = binned::merge(started_[parts[i].unit.index], agreed[i]);
       ++pending_[parts[i].unit.index];
@@ -134,6 +140,10 @@ class binned_method {
     f.block = K * shard_sum;
     ctx_.make_room(f.block * ranks * sizeof(std::int64_t));
     f.wire = buffer<std::int64_t, system>(f.block * ranks, mem_category::transient, ctx_.acct, uninitialized);
+    // One rank in the group: the reduce would copy the words to where they land, so the cut writes (or
+    // adds) into the store itself and the collective runs in place there (the wire, allocated as
+    // always, stays unused).
+    const bool in_place = land.direct && ranks == 1;
     std::size_t off = 0;
     for (std::size_t i = 0; i < count; ++i) {
       unit_part<Ctx>& p = parts[i];
@@ -143,15 +153,19 @@ class binned_method {
       for (std::size_t r = 0; r < ranks; ++r) {
         std::int64_t* w = f.wire.data() + r * f.block + off;
         if (cut.finite() && cut.bin >= 0 && land.adds_store && r == me) {
-          const std::int64_t* st = store_of(lay.unit(p.unit));
+          // the store's slice `me` (stage 0 keeps every slice, [rank][plane][shard])
+          std::int64_t* st = store_of(lay.unit(p.unit)) + (updates_every_element<P> ? me * K * shard : 0);
+          if (in_place) w = st;
           ctx_.sys.for_each(shard, elementwise::to_bins_adding_rule{cut.bin, sums_[p.unit.index].bin},
                             elementwise::in(p.bucket.data() + r * shard), elementwise::in(st),
                             elementwise::in(st + shard), elementwise::in(st + 2 * shard), elementwise::out(w),
                             elementwise::out(w + shard), elementwise::out(w + 2 * shard));
         } else if (cut.finite() && cut.bin >= 0) {
+          if (in_place) w = store_of(lay.unit(p.unit));
           ctx_.sys.for_each(shard, elementwise::to_bins_rule{cut.bin}, elementwise::in(p.bucket.data() + r * shard),
                             elementwise::out(w), elementwise::out(w + shard), elementwise::out(w + 2 * shard));
         } else {  // all zeros, or a non-finite value: zeros (the flag, which every rank has, skips the step)
+          if (in_place) w = store_of(lay.unit(p.unit));
           ctx_.sys.fill_zero(w, K * shard * sizeof(std::int64_t));
         }
       }
@@ -165,12 +179,13 @@ class binned_method {
     f.direct = land.direct;
     const auto l = ctx_.label(count > 1 ? "reduce bucket" : "reduce", parts[0].unit);
     std::int64_t* store = f.direct ? store_of(lay.unit(parts[0].unit)) : nullptr;
+    std::int64_t* send = in_place ? store : f.wire.data();
     if constexpr (updates_every_element<P>) {
       f.reduced = f.direct ? store : f.wire.data(), f.reduced_count = f.block * ranks;
-      f.pending = ctx_.protocol.start_all_reduce(f.wire.data(), f.reduced, f.reduced_count, reduce_op::sum);
+      f.pending = ctx_.protocol.start_all_reduce(send, f.reduced, f.reduced_count, reduce_op::sum);
     } else {
       f.reduced = f.direct ? store : f.wire.data() + me * f.block, f.reduced_count = f.block;
-      f.pending = ctx_.protocol.start_reduce_scatter(f.wire.data(), f.reduced, f.block, reduce_op::sum);
+      f.pending = ctx_.protocol.start_reduce_scatter(send, f.reduced, f.block, reduce_op::sum);
     }
     return f;
   }
@@ -361,15 +376,15 @@ class binned_method {
     binned::summary words;
     bool direct = false, adds_store = false;
   };
-  // A unit's first reduce of the step, on its own, lands in its empty store. A later one, where each
-  // rank's store is its own slice (stages 1-3, one shard group), is cut at the larger of its agreed top
-  // and the top of every reduce of the unit started before it (started_: the same on every rank, so
-  // every rank cuts every slice at the same bin); where none of those is still in flight on this rank,
-  // its store holds them all, and the rank's own slice adds the store's words as it is cut: the
-  // reduce-scatter then returns the store's new value, with no merge pass. Where one is in flight (a
-  // rank's own matter: the others' slices do not depend on it), the words land on the wire and merge
-  // when the reduce completes, as fused buckets, stage 0 and replicated shard groups always do.
-  landing landing_of(const std::vector<unit_part<Ctx>>& parts, const std::vector<binned::summary>& agreed) const {
+  // A unit's first reduce of the step, on its own, lands in its empty store. A later one on its own
+  // is cut at the larger of its agreed top and the top of every reduce of the unit started before it
+  // (started_: the same on every rank). Where no rank has one of those still in flight (`busy`, from
+  // the summaries' all-gather: the same verdict on every rank), every store holds them all, and slice
+  // r of rank r's words carries the store's words for slice r (in replicated shard groups, the first
+  // group's only): the collective then returns each store's new value, with no merge pass. Otherwise,
+  // and for fused buckets, the words land on the wire and merge when the reduce completes.
+  landing landing_of(const std::vector<unit_part<Ctx>>& parts, const std::vector<binned::summary>& agreed,
+                     const std::vector<char>& busy) const {
     landing l;
     l.words = parts.size() == 1 ? agreed[0] : binned::summary{};
     if (parts.size() != 1) return l;
@@ -378,10 +393,11 @@ class binned_method {
       l.direct = true;
       return l;
     }
-    if (updates_every_element<P> || ctx_.replicas || !agreed[0].finite() || agreed[0].bin < 0) return l;
+    if (!agreed[0].finite() || agreed[0].bin < 0 || !started_[u].finite()) return l;
     l.words = binned::summary{binned::merge(started_[u], agreed[0]).bin, agreed[0].flags};
-    if (!started_[u].finite() || pending_[u] > 0) return l;
-    l.direct = l.adds_store = true;
+    if (busy[0]) return l;
+    l.direct = true;
+    l.adds_store = ctx_.replica_index == 0;
     return l;
   }
   std::int64_t* store_of(const unit_layout& ul) const { return bins_.data() + K * base(ul); }
@@ -418,11 +434,11 @@ class binned_method {
 
   // The groups' agreed summaries merged across the replicas (one all-gather of a word per unit, on
   // the protocol's counter: the replicas' link).
-  void agree_across_replicas(std::vector<binned::summary>& agreed, unit_id first) {
+  void agree_across_replicas(std::vector<binned::summary>& agreed, std::vector<char>& busy, unit_id first) {
     const std::size_t count = agreed.size(), reps = static_cast<std::size_t>(ctx_.replica_count);
     const std::size_t me = static_cast<std::size_t>(ctx_.replica_index);
     std::vector<std::int64_t> table(count * reps);
-    for (std::size_t i = 0; i < count; ++i) table[me * count + i] = binned::pack(agreed[i]);
+    for (std::size_t i = 0; i < count; ++i) table[me * count + i] = binned::pack(agreed[i]) | (busy[i] ? in_flight_mark : 0);
     ctx_.make_room(table.size() * sizeof(std::int64_t));
     buffer<std::int64_t, system> wire(table.size(), mem_category::transient, ctx_.acct);
     ctx_.sys.copy_from_host(wire.data() + me * count, table.data() + me * count, count * sizeof(std::int64_t));
@@ -432,7 +448,10 @@ class binned_method {
     }
     ctx_.sys.copy_to_host(table.data(), wire.data(), table.size() * sizeof(std::int64_t));
     for (std::size_t i = 0; i < count; ++i)
-      for (std::size_t r = 0; r < reps; ++r) agreed[i] = binned::merge(agreed[i], binned::unpack(table[r * count + i]));
+      for (std::size_t r = 0; r < reps; ++r) {
+        agreed[i] = binned::merge(agreed[i], binned::unpack(table[r * count + i] & ~in_flight_mark));
+        busy[i] |= (table[r * count + i] & in_flight_mark) != 0;
+      }
   }
   // Every rank's `n` values, in rank order, through the system's memory (a device backend cannot read
   // host memory in a collective), on the control counter.
@@ -469,6 +488,8 @@ class binned_method {
   // many of its reduces are in flight on this rank.
   std::vector<binned::summary> started_;
   std::vector<std::size_t> pending_;
+  // Set in a summary's word on the wire (above its flags) by a rank with a reduce of the unit in flight.
+  static constexpr std::int64_t in_flight_mark = std::int64_t{1} << 48;
 };
 
 template <class Ctx>
