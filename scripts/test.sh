@@ -10,9 +10,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 build=${ZERO_BUILD_DIR:-$root/build}
 # A whole run ends with the sanitizer builds, which compile and run their asan suites under ASan +
 # UBSan: this build leaves those suites out (-Dskip_suites), so that each is compiled once, not once
-# by g++ here and once by clang there. host_loops stays: here it compiles at the release level, whose
-# vectorized code is its subject. A run of selected suites (arguments) or without the sanitizers
-# builds every suite here.
+# by g++ here and once by clang there. host_loops stays: here it compiles at -O2, where the compiler
+# vectorizes, and vectorized code is its subject. A run of selected suites (arguments) or without the
+# sanitizers builds every suite here.
 skip=()
 if [ $# -eq 0 ] && [ "${ZERO_SANITIZE:-1}" != 0 ]; then
   for s in $("$root/scripts/sanitize.sh" --list asan); do
