@@ -6,6 +6,7 @@
 // 48 engines was the GPU build's critical path.
 
 #include <cstddef>
+#include <string_view>
 
 #include "trainer_cli.hpp"
 #include "zero/comm/any_backend.hpp"
@@ -30,11 +31,17 @@ void dispatch_fp32(comm_type& comm, const trainer::options& o, trainer::summary&
 void dispatch_bf16(comm_type& comm, const trainer::options& o, trainer::summary& out, roofline& rl);
 void dispatch_fp16(comm_type& comm, const trainer::options& o, trainer::summary& out, roofline& rl);
 
+// Whether this build compiles the unit of precision p (a build for one precision, ZERO_TRAINER_PRECISION,
+// compiles that unit alone: examples/meson.build).
+constexpr bool unit_compiled(std::string_view p) {
+  return trainer::built_precision.empty() || trainer::built_precision == p;
+}
+
 // The one of the three the options' precision names.
 inline void dispatch(comm_type& comm, const trainer::options& o, trainer::summary& out, roofline& rl) {
-  dispatch_fp32(comm, o, out, rl);
-  dispatch_bf16(comm, o, out, rl);
-  dispatch_fp16(comm, o, out, rl);
+  if constexpr (unit_compiled("fp32")) dispatch_fp32(comm, o, out, rl);
+  if constexpr (unit_compiled("bf16")) dispatch_bf16(comm, o, out, rl);
+  if constexpr (unit_compiled("fp16")) dispatch_fp16(comm, o, out, rl);
 }
 
 }  // namespace train_mlp_cuda
