@@ -30,6 +30,17 @@ mesh_place mesh_place_of(const Engine& e) {
 // a mesh its world.
 template <class Engine, class Comm>
 void check_communicator(const Engine& e, const Comm& comm, const mesh_place& mp, const char* what) {
+  // Not a communicator's property, but what every checkpoint call checks of the engine first, alike
+  // on every rank (a property of its type): a checkpoint carries the master weights and the slots.
+  constexpr bool complete = [] {
+    if constexpr (requires { Engine::checkpoints_optimizer_state; })
+      return Engine::checkpoints_optimizer_state;
+    else
+      return true;
+  }();
+  ZERO_CHECK(complete, invalid_argument, "checkpoint ", what, ": optim::",
+             Engine::optimizer::name, " keeps state beside its per-element slots (its kind's, e.g. factored "
+             "moments), which checkpoints do not carry: a checkpoint would lose it");
   const std::int64_t world = static_cast<std::int64_t>(e.world_size()) * mp.tp_size;
   const std::int64_t rank = static_cast<std::int64_t>(e.rank()) * mp.tp_size + mp.tp_rank;
   ZERO_CHECK(comm.rank() == rank && comm.size() == world, invalid_argument, "checkpoint ", what,

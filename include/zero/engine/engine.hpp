@@ -495,6 +495,10 @@ class engine {
   int tensor_parallel_size() const { return ctx_.tp_size; }
   int tensor_parallel_rank() const { return ctx_.tp_rank; }
   const zero::layout& layout() const { return layout_; }
+  // Whether a checkpoint holds all of the optimizer's state: false where the optimizer's kind keeps
+  // state beside the slots (engine/sweep_kind.hpp), which the checkpoint calls then refuse.
+  static constexpr bool checkpoints_optimizer_state =
+      !optimizer_sweep<part_context<P, Comm, Prec>, Opt>::kind_holds_state;
   // The optimizer's current hyper-parameters (as built, or as last set): what a checkpoint records.
   // (Its slots, the optimizer *state*, are read through read_state.)
   const Opt& optimizer_settings() const { return opt_; }
@@ -609,11 +613,13 @@ class engine {
   }
   // Refuses a call that needs the model states while they are released.
   void check_held(const char* call) const { movers_.check_held(call); }
-  // The buffers release_memory() moves, in one order: the parameters, then the state arrays.
+  // The buffers release_memory() moves, in one order: the parameters, the state arrays, the optimizer
+  // kind's own state.
   template <class F>
   void for_each_released_buffer(F&& f) {
     placement_.for_each_buffer(f);
     sweep_.store().for_each_system_buffer(f);
+    sweep_.for_each_kind_buffer(f);
   }
 
   param_type* full_params_of(unit_id u) {

@@ -48,7 +48,7 @@ class formula_report {
             grad_elems * reduce::chosen_grad_bytes<Ctx>(ctx_.options) +
                 reduce::chosen_extra_state_bytes<Ctx>(ctx_.options, full),
             Prec::separate_master ? in_system * sizeof(float) : 0,
-            static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float),
+            static_cast<std::size_t>(Opt::slots) * in_system * sizeof(float) + sweep_.kind_state_bytes(),
             offload::state_store<typename Ctx::system>::counted_host_bytes(ctx_.options.offload, state_arrays,
                                                                            sweep_.elements())};
   }
@@ -67,11 +67,13 @@ class formula_report {
     return formula::model_state_bytes(s, padded(), ranks(), z, persistent);
   }
   // The model-state bytes in the system's memory: with offload, without the offloaded K bytes; plus
-  // the reducer's extra state (qgZ's error buffer) and hpZ's secondary shard (Psi / node_size parameters).
+  // the reducer's extra state (qgZ's error buffer), hpZ's secondary shard (Psi / node_size parameters)
+  // and what the optimizer's kind keeps of its own (engine/sweep_kind.hpp).
   std::uint64_t model_state_bytes() const {
     formula::state_sizes z = sizes();
     if (sweep_.offloaded()) z.k_bytes = 0;
     return stage_model_state_bytes(P::stage, z) + reduce::chosen_extra_state_bytes<Ctx>(ctx_.options, padded()) +
+           sweep_.kind_state_bytes() +
            (zpp().hpz ? formula::hpz_secondary_bytes(padded(), ranks(), ctx_.node_size(), sizeof(param_type)) : 0);
   }
   // What the offload tier holds, and the bytes one step that updates moves.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -138,6 +139,21 @@ class optimizer_sweep {
   // The kind's exchange of one step on the control link, in bus bytes (a matrix optimizer's matrices
   // to their owners and back; 0 for the others).
   std::uint64_t exchange_bytes() const { return kind_.exchange_bytes(*this); }
+  // Whether the kind keeps optimizer state of its own beside the slots (engine/sweep_kind.hpp), its
+  // bytes, and its buffers for release_memory().
+  static constexpr bool kind_holds_state = requires(const kind& k) {
+    { k.state_bytes() } -> std::convertible_to<std::uint64_t>;
+  };
+  std::uint64_t kind_state_bytes() const {
+    if constexpr (kind_holds_state)
+      return kind_.state_bytes();
+    else
+      return 0;
+  }
+  template <class F>
+  void for_each_kind_buffer(F&& f) {
+    if constexpr (kind_holds_state) kind_.for_each_state_buffer(f);
+  }
 
   // The master weights into the parameters after a load: in the system's memory, or slice by slice
   // from the tier, cast on the host, copied into the system's memory (the host loop's cast rule, the

@@ -38,6 +38,17 @@ class optimizer_sweep;
 //   // Its traffic of one step on the control link, in bus bytes (formula_report, the counters).
 //   std::uint64_t exchange_bytes(const optimizer_sweep<Ctx, Opt>&) const;
 //
+// A kind may keep optimizer state of its own beside the per-element slots (per-tensor statistics such
+// as a factored second moment), in buffers of the system's memory it allocates in plan(). It then states
+// them with two optional members (optimizer_sweep detects them):
+//   // The bytes of that state, known at construction: the memory check before anything is allocated,
+//   // memory_limit_bytes and model_state_formula_bytes count them under optimizer_states.
+//   std::uint64_t state_bytes() const;
+//   // Hands each of those buffers (zero::buffer) to f: release_memory() parks and restores them.
+//   template <class F> void for_each_state_buffer(F&& f);
+// Checkpoints carry the master weights and the slots only: the checkpoint calls refuse an engine whose
+// kind keeps state of its own (engine::checkpoints_optimizer_state), rather than save part of it.
+//
 // optimizer_sweep gives it the pieces: the state arrays segment by segment (for_each_held_segment,
 // store().begin_step()/end_step()), the element-wise rule over a segment (update_segment), the pool,
 // the layout and the links (context()). The bits a kind produces must not depend on N, the stage or
