@@ -24,6 +24,8 @@ LAYERS = [
     ("comm backends", ["comm/backends/"]),
     ("engine", ["engine/"]),
     ("checkpoint", ["checkpoint/"]),
+    # Optimizer kinds built on the engine's seam (engine/sweep_kind.hpp) from outside it, as a user's would be.
+    ("kinds", ["kinds/"]),
     ("umbrella", ["zero.hpp", "zero_cuda.cuh", "catalog.hpp", "plan_by_name.hpp"]),
 ]
 # Layers whose headers are alternatives of each other: none includes another of its layer.
@@ -33,6 +35,7 @@ PEERS = {"comm backends"}
 FORBIDDEN = {
     "engine": {"comm backends", "gpu", "systems"},
     "checkpoint": {"comm backends", "gpu", "systems"},
+    "kinds": {"comm backends", "gpu", "systems"},
 }
 # Optimizers are what the engine is generic over: none of the layers above them names one.
 FORBIDDEN_PATHS = {

@@ -18,6 +18,8 @@
 #include "zero/comm/counted.hpp"
 #include "zero/comm/backends/threads.hpp"
 #include "zero/engine/engine.hpp"
+#include "zero/kinds/whole_tensor_sweep.hpp"  // the kind of optim::adafactor (and of any whole-tensor optimizer)
+#include "zero/optim/adafactor.hpp"  // an optimizer outside the catalog, through the kind seam
 #include "zero/core/half_types.hpp"
 #include "zero/precision/loss_scaler.hpp"
 #include "zero/core/numeric.hpp"

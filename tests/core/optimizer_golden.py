@@ -25,6 +25,11 @@ produces (a meson test runs it so). Standard library only.
       X = a X + B X, (a, b, c) = (3.4445, -4.7750, 2.0315); transposed back.
       Every other tensor: AdamW with lr x adamw_lr_scale and the same weight decay. The elements are cut
       into tensors of the case's SHAPES.
+  Adafactor (Shazeer & Stern 2018, as torch.optim.Adafactor), per tensor of the case's SHAPES:
+      beta = t^beta2_decay;  rho = min(lr, 1 / sqrt(t));  alpha = max(eps2, RMS(w)) rho;  w = (1 - lr wd) w
+      a matrix: R = R + beta (mean_j g^2 - R);  C = C + beta (mean_i g^2 - C);  V = R C^T / max(mean(R), eps1)
+      a vector: V = V + beta (g^2 - V)
+      U = g / sqrt(max(V, eps1^2));  w = w - alpha / max(1, RMS(U) / d) U
 """
 import math
 import pathlib
@@ -231,8 +236,59 @@ def muon(hp, w, grads, shapes):
     return out
 
 
+# Adafactor's cases: a matrix (wide in one case, tall in the other) and a 1-D tensor.
+SHAPES["adafactor, matrix and vector"] = [(2, 3), (2,)]
+SHAPES["adafactor, tall, clipped update, eps floors"] = [(3, 2), (2,)]
+
+
+def adafactor(hp, w, grads, shapes):
+    lr, decay, eps1, eps2, d, wd = (hp[k] for k in ("lr", "beta2_decay", "eps1", "eps2", "d", "weight_decay"))
+    state = [None] * len(shapes)
+    out = []
+    for t, g in enumerate(grads, start=1):
+        beta = t ** decay
+        rho = min(lr, 1 / math.sqrt(t))
+        begin = 0
+        for k, shape in enumerate(shapes):
+            size = math.prod(shape)
+            part = list(range(begin, begin + size))
+            alpha = max(eps2, math.sqrt(sum(w[i] * w[i] for i in part) / size)) * rho
+            for i in part:
+                w[i] = (1 - lr * wd) * w[i]
+            gs = [g[i] for i in part]
+            if len(shape) == 2:
+                rows, cols = shape
+                if state[k] is None:
+                    state[k] = ([0.0] * rows, [0.0] * cols)
+                r, c = state[k]
+                for i in range(rows):
+                    mean = sum(gs[i * cols + j] ** 2 for j in range(cols)) / cols
+                    r[i] = r[i] + beta * (mean - r[i])
+                for j in range(cols):
+                    mean = sum(gs[i * cols + j] ** 2 for i in range(rows)) / rows
+                    c[j] = c[j] + beta * (mean - c[j])
+                r_mean = max(sum(r) / rows, eps1)
+                v = [r[i] * c[j] / r_mean for i in range(rows) for j in range(cols)]
+            else:
+                if state[k] is None:
+                    state[k] = [0.0] * size
+                s = state[k]
+                for i in range(size):
+                    s[i] = s[i] + beta * (gs[i] ** 2 - s[i])
+                v = list(s)
+            u = [gs[i] / math.sqrt(max(v[i], eps1 * eps1)) for i in range(size)]
+            denom = max(1.0, math.sqrt(sum(x * x for x in u) / size) / d)
+            for n, i in enumerate(part):
+                w[i] = w[i] - alpha / denom * u[n]
+            begin += size
+        out.append(list(w))
+    return out
+
+
+SHAPED = {"muon", "adafactor"}  # rules whose cases name their tensors' shapes
 BIT_EXACT = {"adamw_bf16"}  # rules emulated operation by operation in float32: their weights are the rule's bits
-RULES = {"adamw": adamw, "adamw_bf16": adamw_bf16, "sgd": sgd, "lion": lion, "lamb": lamb, "muon": muon}
+RULES = {"adamw": adamw, "adamw_bf16": adamw_bf16, "sgd": sgd, "lion": lion, "lamb": lamb, "muon": muon,
+         "adafactor": adafactor}
 
 # (optimizer, label, hyper-parameters): every setting of the optimizer, by the names its
 # hyper_parameters() lists. Large rates and decays, so that a formula that drifts (coupled instead of
@@ -259,6 +315,12 @@ CASES = [
     ("adamw_bf16", "defaults except lr and decay",
      dict(lr=0.05, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)),
     ("adamw_bf16", "small betas, large eps", dict(lr=0.02, beta1=0.5, beta2=0.75, eps=0.1, weight_decay=0.0)),
+    # rho = lr in the first steps, 1 / sqrt(t) from step 5; RMS(W) above eps2.
+    ("adafactor", "adafactor, matrix and vector",
+     dict(lr=0.5, beta2_decay=-0.8, eps1=1.1920929e-07, eps2=1e-3, d=1.0, weight_decay=0.1)),
+    # alpha from eps2, the statistics floored by eps1, the update's RMS clipped by d.
+    ("adafactor", "adafactor, tall, clipped update, eps floors",
+     dict(lr=0.05, beta2_decay=-0.5, eps1=0.1, eps2=2.0, d=0.5, weight_decay=0.0)),
 ]
 
 
@@ -315,8 +377,8 @@ def generate():
         # The C++ side holds each float setting as a float: compute with exactly that value.
         used = {k: (v if isinstance(v, bool) else f32(v)) for k, v in hp.items()}
         w0, grads = inputs(1000 + n)
-        if opt == "muon":
-            weights = muon(used, list(w0), grads, SHAPES[label])
+        if opt in SHAPED:
+            weights = RULES[opt](used, list(w0), grads, SHAPES[label])
         else:
             weights = RULES[opt](used, list(w0), grads)
         settings = ", ".join(f'{{"{k}", {cpp_double(float(v))}}}' for k, v in used.items())
@@ -325,7 +387,7 @@ def generate():
         lines.append("       {" + ", ".join("{" + ", ".join(cpp_float(x) for x in g) + "}" for g in grads) + "},")
         lines.append("       {" + ", ".join("{" + ", ".join(cpp_double(x) for x in s) + "}" for s in weights) + "},")
         lines.append("       {" + (", ".join(str(x) for x in TENSORS) if opt == "lamb" else "") + "},")
-        shapes = SHAPES.get(label, []) if opt == "muon" else []
+        shapes = SHAPES.get(label, []) if opt in SHAPED else []
         lines.append("       {" + ", ".join("{" + ", ".join(str(d) for d in sh) + "}" for sh in shapes) + "}"
                      + (", true}," if opt in BIT_EXACT else "},"))
     lines += ["  };", "  return all;", "}", "", "}  // namespace golden", ""]
