@@ -1,11 +1,13 @@
 // optim::adafactor through its kind (kinds/whole_tensor_sweep.hpp): the same bits in every stage and at every N, its
-// factored state counted and released, its exchange as its formula says, and the refusals.
+// factored state counted, released and checkpointed at any N, its exchange as its formula says, and the refusals.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -198,7 +200,7 @@ TEST_CASE("adafactor: release_memory parks its state with the model states; trai
   CHECK(bit_equal(released, plain));
 }
 
-TEST_CASE("adafactor: refused where its state would be lost or its tensors are not whole, naming why") {
+TEST_CASE("adafactor: bad settings and the offload tier are refused, naming why") {
   adafactor o;
   o.beta2_decay = 0.5f;
   CHECK_THROWS_WITH_AS(o.validate(), doctest::Contains("optim::adafactor: beta2_decay"), zero::error);
@@ -211,17 +213,61 @@ TEST_CASE("adafactor: refused where its state would be lost or its tensors are n
     CHECK_THROWS_WITH_AS((zero::engine<zero::stage1, threads, adafactor>(c, adafactor_model(), {}, eo)),
                          doctest::Contains("offload"), zero::error);
   });
-  // A checkpoint would lose the factored statistics: every checkpoint call refuses the engine.
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "zero_adafactor_checkpoint_refused";
+}
+
+TEST_CASE("adafactor: a checkpoint at N = 4, stage 3 resumes at N = 2, stage 1 with the same bits (reproducible)") {
+  const auto reference = trained<zero::stage0>(1, true, 4);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "zero_adafactor_checkpoint";
   std::filesystem::remove_all(dir);
-  threads::launch(2, [&](threads& c) {
-    zero::engine<zero::stage2, threads, adafactor> e(c, adafactor_model(), settings());
+  threads::launch(4, [&](threads& c) {
+    zero::engine<zero::stage3, threads, adafactor> e(c, adafactor_model(), settings(), options(4, true));
     e.initialize(init_values);
-    CHECK_THROWS_WITH_AS(zero::checkpoint::save(e, c, dir), doctest::Contains("checkpoints do not carry"),
-                         zero::error);
-    CHECK_THROWS_WITH_AS(zero::checkpoint::load(e, c, dir), doctest::Contains("checkpoints do not carry"),
-                         zero::error);
+    for (int s = 0; s < 2; ++s) global_step(e, c.rank(), s);
+    REQUIRE(e.optimizer_kind_state().size() == model_state_floats);
+    zero::checkpoint::save(e, c, dir);
+    // The asynchronous saver and peer snapshots carry the data files alone: refused, naming the way.
+    zero::checkpoint::async_saver saver;
+    CHECK_THROWS_WITH_AS(saver.save(e, c, dir), doctest::Contains("save with checkpoint::save"), zero::error);
   });
-  CHECK(!std::filesystem::exists(dir));
+  std::vector<float> resumed;
+  const auto resume = [&](bool corrupt_state) {
+    threads::launch(2, [&](threads& c) {
+      zero::engine<zero::stage1, threads, adafactor> e(c, adafactor_model(), settings(), options(2, true));
+      e.initialize(init_values);
+      if (corrupt_state) {
+        CHECK_THROWS_WITH_AS(zero::checkpoint::load(e, c, dir), doctest::Contains("optimizer_state.f32"), zero::error);
+        return;
+      }
+      const auto r = zero::checkpoint::load(e, c, dir);
+      REQUIRE(r.info.optimizer_state.has_value());
+      CHECK(r.info.optimizer_state->floats == model_state_floats);
+      for (int s = 2; s < 4; ++s) global_step(e, c.rank(), s);
+      const auto p = e.full_params();
+      if (c.rank() == 0) resumed = p;
+    });
+  };
+  resume(false);
+  CHECK(bit_equal(resumed, reference));
+  // The manifest names the state's file and size; a size that disagrees with the file is refused.
+  const std::filesystem::path version = zero::checkpoint::resolve(dir);
+  {
+    std::ifstream in(version / "manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string floats = "\"floats\":" + std::to_string(model_state_floats);
+    const auto at = text.find(floats);
+    REQUIRE(at != std::string::npos);
+    CHECK(zero::checkpoint::parse_manifest(text, "m", false).optimizer_state->floats == model_state_floats);
+    text.replace(at, floats.size(), "\"floats\":" + std::to_string(model_state_floats + 1));
+    CHECK_THROWS_WITH_AS(zero::checkpoint::parse_manifest(text, "m", false),
+                         doctest::Contains("optimizer_state.floats"), zero::error);
+  }
+  // A changed byte of the state's file is found before any state changes.
+  {
+    std::fstream f(version / "optimizer_state.f32", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    const char byte = 0x5a;
+    f.write(&byte, 1);
+  }
+  resume(true);
   std::filesystem::remove_all(dir);
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,6 +102,23 @@ inline std::vector<std::vector<planned_read>> plan_reads(const manifest& m, cons
     }
   }
   return plan;
+}
+
+// The optimizer kind's own state (engine::optimizer_kind_state), where the engine's kind keeps one: the
+// checkpoint must hold it, of the engine's size (which the model alone decides: any world size and
+// stage loads it), its file verified before any state changes. Every rank reads the whole of it.
+template <class Engine, class Files>
+void check_optimizer_state(Engine& e, const manifest& m, const std::string& where, Files& files) {
+  std::size_t floats = 0;
+  if constexpr (requires { e.optimizer_kind_state(); }) floats = e.optimizer_kind_state().size();
+  if (floats == 0) return;
+  ZERO_CHECK(m.optimizer_state.has_value(), corrupt, "checkpoint: '", where, "' holds no state of optim::",
+             Engine::optimizer::name, "'s own (its kind's, e.g. factored moments): it was not saved by this engine's "
+             "optimizer kind");
+  ZERO_CHECK(m.optimizer_state->floats == floats, corrupt, "checkpoint: '", where, "' holds ",
+             m.optimizer_state->floats, " floats of optim::", Engine::optimizer::name,
+             "'s own state; this model needs ", floats);
+  files.verify({m.optimizer_state->file});
 }
 
 // A version's data files on disk, as the load reads them: each verified the first time it is used.
@@ -218,12 +236,19 @@ load_result load(Engine& e, Comm& comm, const fs::path& dir) {
     result.info = *shared;
     files.emplace(vdir, result.info.files);
     plan = detail::plan_load(e, mesh, result.info, mp.string(), *files, held);
+    detail::check_optimizer_state(e, result.info, mp.string(), *files);
   });
   detail::agree(comm, checked, "load (checking the manifest and data files)");
   shared.reset();
 
   // 3. Read and store.
-  const detail::outcome stored = detail::attempt([&] { detail::read_planned(e, held, plan, *files); });
+  const detail::outcome stored = detail::attempt([&] {
+    detail::read_planned(e, held, plan, *files);
+    if (result.info.optimizer_state) {
+      const std::span<float> state = e.optimizer_kind_state();
+      files->read(result.info.optimizer_state->file, state.data(), state.size_bytes(), 0);
+    }
+  });
   detail::agree(comm, stored, "load (reading the data files)");
   e.finish_load(result.info.state);
   return result;

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -103,6 +104,14 @@ struct manifest {
   std::vector<param_group> param_groups;
   training_state state;
   std::vector<std::string> slots;  // "master", then the optimizer's state slots
+  // The optimizer kind's own state (engine::optimizer_kind_state: the same on every rank, of a size
+  // the model alone decides), where it keeps one: `floats` fp32 values, the whole of files[file]
+  // (which no segment uses). Absent for the element-wise, tensor-wise and matrix kinds.
+  struct kind_state {
+    std::size_t file = 0;
+    std::uint64_t floats = 0;
+  };
+  std::optional<kind_state> optimizer_state;
   std::vector<file_entry> files;
   std::vector<unit_entry> units;
 };
@@ -219,6 +228,8 @@ inline std::string serialize_manifest(const manifest& m) {
                              {"hysteresis_left", m.state.hysteresis_left},
                              {"skipped_steps", m.state.skipped_steps}};
   j["slots"] = m.slots;
+  if (m.optimizer_state)
+    j["optimizer_state"] = json{{"file", m.optimizer_state->file}, {"floats", m.optimizer_state->floats}};
   json files = json::array();
   for (const auto& f : m.files) files.push_back(json{{"name", f.name}, {"bytes", f.bytes}, {"xxh64", to_hex(f.xxh64)}});
   j["files"] = std::move(files);
@@ -312,6 +323,13 @@ inline void check_file_tiling(const manifest& m, const reader& rd) {
   std::size_t i = 0;
   for (std::uint32_t f = 0; f < m.files.size(); ++f) {
     const std::string fname = quote_name(m.files[f].name);
+    if (m.optimizer_state && m.optimizer_state->file == f) {
+      // The optimizer kind's state: the whole file (its size checked with the member), no segment's.
+      if (i < pieces.size() && pieces[i].file == f)
+        rd.bad("manifest.model", fname + " holds the optimizer's state and " + what(pieces[i]) +
+                                     ": segments must not share bytes");
+      continue;
+    }
     std::uint64_t at = 0;
     const piece* prev = nullptr;
     for (; i < pieces.size() && pieces[i].file == f; ++i) {
@@ -480,6 +498,20 @@ inline manifest parse_manifest(std::string_view text, const std::string& source,
       if (!h) rd.bad(w + ".xxh64", "expected 16 lowercase hex digits");
       f.xxh64 = *h;
       m.files.push_back(std::move(f));
+    }
+    if (j.find("optimizer_state") != j.end()) {
+      const parsed_json& os = rd.member(j, "optimizer_state", "manifest");
+      manifest::kind_state k;
+      const std::uint64_t fi = rd.u64(os, "file", "manifest.optimizer_state");
+      if (fi >= m.files.size())
+        rd.bad("manifest.optimizer_state.file", "file index " + std::to_string(fi) + " out of range");
+      k.file = static_cast<std::size_t>(fi);
+      k.floats = rd.u64(os, "floats", "manifest.optimizer_state");
+      if (k.floats == 0 || k.floats > max_elements || k.floats * 4 != m.files[k.file].bytes)
+        rd.bad("manifest.optimizer_state.floats", std::to_string(k.floats) + " floats, but " +
+                                                      quote_name(m.files[k.file].name) + " has " +
+                                                      std::to_string(m.files[k.file].bytes) + " bytes");
+      m.optimizer_state = k;
     }
 
     const parsed_json& model = rd.member(j, "model", "manifest");

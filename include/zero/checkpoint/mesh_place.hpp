@@ -48,4 +48,14 @@ void check_communicator(const Engine& e, const Comm& comm, const mesh_place& mp,
              " of ", world, mp.tp_size > 1 ? "; in a tensor-parallel mesh, pass the mesh's world" : "", ")");
 }
 
+// Refuses an engine whose optimizer kind keeps state of its own (engine::optimizer_kind_state) where
+// `what` (an asynchronous save, a peer snapshot) carries only the data files, which do not hold it.
+template <class Engine>
+void check_no_kind_state(Engine& e, const char* what) {
+  if constexpr (requires { e.optimizer_kind_state(); })
+    ZERO_CHECK(e.optimizer_kind_state().empty(), invalid_argument, "checkpoint ", what, ": optim::",
+               Engine::optimizer::name, " keeps state beside its per-element slots, which only checkpoint::save "
+               "and load carry: save with checkpoint::save");
+}
+
 }  // namespace zero::checkpoint::detail

@@ -153,6 +153,7 @@ peer_snapshot_report take_peer_snapshot(Engine& e, Comm& comm, peer_snapshot& he
   constexpr std::size_t sd = detail::status_doubles;
   const detail::mesh_place mesh = detail::mesh_place_of(e);
   detail::check_communicator(e, comm, mesh, "peer snapshot");
+  detail::check_no_kind_state(e, "peer snapshot");
   const int rank = comm.rank(), world = comm.size();
   ZERO_CHECK(world == 1 || (distance > 0 && distance % world != 0), invalid_argument,
              "peer snapshot: distance ", distance, " in a world of ", world,
@@ -322,6 +323,7 @@ template <class Engine, CommBackend Comm>
 load_result load_peer_snapshot(Engine& e, Comm& comm, const std::vector<const peer_snapshot*>& holders) {
   const detail::mesh_place mesh = detail::mesh_place_of(e);
   detail::check_communicator(e, comm, mesh, "peer snapshot load");
+  detail::check_no_kind_state(e, "peer snapshot load");
   load_result result;
   std::vector<range> held;
   std::vector<std::vector<detail::planned_read>> plan;

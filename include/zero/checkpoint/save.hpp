@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -296,9 +298,10 @@ manifest manifest_head(const Engine& e, const mesh_place& mesh, int world) {
   return m;
 }
 
-// Completes a manifest's head (manifest_head()) with the data files of a world of `world` ranks:
-// rank r's file holds its unit-local ranges `ranges[r]` (plan_data_file's order), `bytes[r]` bytes
-// hashing to `checksums[r]`; each tensor's segments sorted by piece and offset. `spec` is a rank's
+// Completes a manifest's head (manifest_head()) with the data files of a world of `world` ranks, listed
+// after the files the head lists already (the optimizer kind's state): rank r's file holds its
+// unit-local ranges `ranges[r]` (plan_data_file's order), `bytes[r]` bytes hashing to `checksums[r]`;
+// each tensor's segments sorted by piece and offset. `spec` is a rank's
 // (in a mesh its pieces; the ranks of tensor-parallel index 0 hold the replicated tensors). Throws
 // (invalid_argument) where a file's size is not what its ranges need.
 inline void add_data_files(manifest& m, const model_spec& spec, int tp_size, std::size_t nslots,
@@ -306,13 +309,14 @@ inline void add_data_files(manifest& m, const model_spec& spec, int tp_size, std
                            const std::vector<std::uint64_t>& checksums) {
   const int world = static_cast<int>(ranges.size());
   for (int r = 0; r < world; ++r) {
+    const std::size_t file = m.files.size();  // after the files the head lists already (the optimizer's state)
     std::uint64_t planned = 0;
     const int tp_index = r % tp_size;  // comm::mesh's order: tensor-parallel ranks adjacent
     for (const auto& piece :
          plan_data_file(spec, ranges[static_cast<std::size_t>(r)], nslots, planned, tp_index == 0)) {
       const bool split = m.units[piece.unit].tensors[piece.tensor].parts > 1;
       segment s{
-          piece.begin, piece.end, static_cast<std::size_t>(r), {}, split ? static_cast<std::uint32_t>(tp_index) : 0u};
+          piece.begin, piece.end, file, {}, split ? static_cast<std::uint32_t>(tp_index) : 0u};
       for (std::size_t k = 0; k < nslots; ++k) s.offsets.push_back(piece.offset + k * (piece.end - piece.begin) * 4);
       m.units[piece.unit].tensors[piece.tensor].segments.push_back(std::move(s));
     }
@@ -326,6 +330,20 @@ inline void add_data_files(manifest& m, const model_spec& spec, int tp_size, std
       std::sort(t.segments.begin(), t.segments.end(), [](const segment& a, const segment& b) {
         return a.piece != b.piece ? a.piece < b.piece : a.begin < b.begin;
       });
+}
+
+// The optimizer kind's own state (engine::optimizer_kind_state), where it keeps one, into its file in
+// the version directory `vdir`, listed in the manifest's head as its first file.
+inline constexpr std::string_view optimizer_state_file = "optimizer_state.f32";
+template <class Engine>
+void write_optimizer_state(Engine& e, const fs::path& vdir, manifest& head) {
+  const std::span<float> state = e.optimizer_kind_state();
+  if (state.empty()) return;
+  durable_writer w(vdir / optimizer_state_file, existing_file::refuse);
+  w.write(state.data(), state.size_bytes());
+  w.commit();
+  head.optimizer_state = manifest::kind_state{head.files.size(), state.size()};
+  head.files.push_back(file_entry{std::string(optimizer_state_file), w.bytes(), w.checksum()});
 }
 
 // A rank's data file as written: the outcome of writing it, and what the manifest needs of it.
@@ -505,10 +523,14 @@ save_result save(Engine& e, Comm& comm, const fs::path& dir, const save_options&
   });
   if (plan.ranges.empty()) plan.ranges.resize(spec.num_units());
 
-  // 3. Rank 0 writes the manifest, last.
+  // 3. Rank 0 writes the optimizer kind's state, where it keeps one (the same on every rank), and the
+  // manifest, last.
   manifest head;
   if (rank == 0 && !written.result.error) {
-    const detail::outcome took = detail::attempt([&] { head = detail::manifest_head(e, mesh, world); });
+    const detail::outcome took = detail::attempt([&] {
+      head = detail::manifest_head(e, mesh, world);
+      detail::write_optimizer_state(e, dir / version_name(version), head);
+    });
     if (took.error) written.result = took;
   }
   return detail::commit_version(comm, spec, mesh.tp_size, nslots, std::move(head), dir, version, plan.ranges, written,

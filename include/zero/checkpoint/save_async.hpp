@@ -85,6 +85,7 @@ class async_saver {
     constexpr std::size_t nslots = 1 + static_cast<std::size_t>(Opt::slots);
     const detail::mesh_place mesh = detail::mesh_place_of(e);
     detail::check_communicator(e, comm, mesh, "save");
+    detail::check_no_kind_state(e, "asynchronous save");
     ZERO_CHECK(options.keep >= 1, invalid_argument, "checkpoint save: keep must be at least 1");
     const auto t0 = clock::now();
     if (job_) complete(comm);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -496,9 +497,14 @@ class engine {
   int tensor_parallel_rank() const { return ctx_.tp_rank; }
   const zero::layout& layout() const { return layout_; }
   // Whether a checkpoint holds all of the optimizer's state: false where the optimizer's kind keeps
-  // state beside the slots (engine/sweep_kind.hpp), which the checkpoint calls then refuse.
+  // state beside the slots that it does not hand out (engine/sweep_kind.hpp); checkpoint calls refuse it.
   static constexpr bool checkpoints_optimizer_state =
-      !optimizer_sweep<part_context<P, Comm, Prec>, Opt>::kind_holds_state;
+      !optimizer_sweep<part_context<P, Comm, Prec>, Opt>::kind_state_lost;
+  // That state, the same on every rank, where the kind hands it to checkpoints; empty otherwise.
+  std::span<float> optimizer_kind_state() {
+    check_held("optimizer_kind_state");
+    return sweep_.kind_checkpointed_state();
+  }
   // The optimizer's current hyper-parameters (as built, or as last set): what a checkpoint records.
   // (Its slots, the optimizer *state*, are read through read_state.)
   const Opt& optimizer_settings() const { return opt_; }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -153,6 +154,17 @@ class optimizer_sweep {
   template <class F>
   void for_each_kind_buffer(F&& f) {
     if constexpr (kind_holds_state) kind_.for_each_state_buffer(f);
+  }
+  // Whether a checkpoint can carry that state (the kind hands it out whole), and the state itself.
+  static constexpr bool kind_checkpoints_state = requires(kind& k) {
+    { k.checkpointed_state() } -> std::same_as<std::span<float>>;
+  };
+  static constexpr bool kind_state_lost = kind_holds_state && !kind_checkpoints_state;  // by a checkpoint
+  std::span<float> kind_checkpointed_state() {
+    if constexpr (kind_checkpoints_state)
+      return kind_.checkpointed_state();
+    else
+      return {};
   }
 
   // The master weights into the parameters after a load: in the system's memory, or slice by slice

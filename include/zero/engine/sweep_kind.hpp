@@ -46,8 +46,12 @@ class optimizer_sweep;
 //   std::uint64_t state_bytes() const;
 //   // Hands each of those buffers (zero::buffer) to f: release_memory() parks and restores them.
 //   template <class F> void for_each_state_buffer(F&& f);
-// Checkpoints carry the master weights and the slots only: the checkpoint calls refuse an engine whose
-// kind keeps state of its own (engine::checkpoints_optimizer_state), rather than save part of it.
+//   // Optional: the whole of that state as floats, the same on every rank of the engine and of a
+//   // length that depends on the model alone (not on N or the stage): a checkpoint saves one copy
+//   // and a load at any world size hands it to every rank (engine::optimizer_kind_state).
+//   std::span<float> checkpointed_state();
+// Without checkpointed_state() the checkpoint calls refuse an engine whose kind keeps state of its own
+// (engine::checkpoints_optimizer_state), rather than save part of it.
 //
 // optimizer_sweep gives it the pieces: the state arrays segment by segment (for_each_held_segment,
 // store().begin_step()/end_step()), the element-wise rule over a segment (update_segment), the pool,

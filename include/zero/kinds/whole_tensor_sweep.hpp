@@ -48,8 +48,9 @@ concept WholeTensorOptimizer =
 // Each rank then keeps the new weights of the elements it holds. The state is the same on every rank
 // (the same operations on the same values), so each rank's copy is the whole of it, whatever N.
 // The host runs it, on the calling thread, with the states in the system's memory (no offload tier),
-// outside a tensor-parallel mesh; the state is released with the model states (release_memory) and is
-// not in checkpoints, which refuse such an engine (engine::checkpoints_optimizer_state).
+// outside a tensor-parallel mesh; the state is released with the model states (release_memory), and
+// checkpoint::save writes it once (every rank holds all of it), which checkpoint::load reads into
+// every rank at any world size and stage; the asynchronous saver and peer snapshots refuse it.
 template <class Ctx, class Opt>
 class whole_tensor_sweep {
  public:
@@ -84,6 +85,8 @@ class whole_tensor_sweep {
   void for_each_state_buffer(F&& f) {
     f(state_);
   }
+  // The same on every rank, its size the model's: what a checkpoint saves once and loads into any N.
+  std::span<float> checkpointed_state() { return {state_.data(), state_size_}; }
   // One all-gather per unit of 2 x its padded extent in fp32, where the states are sharded over N > 1.
   std::uint64_t exchange_bytes(const optimizer_sweep<Ctx, Opt>&) const {
     if (!gathers()) return 0;
