@@ -125,7 +125,8 @@ TEST_CASE("adafactor: one step of a 1-rank engine is update_tensor on each tenso
       if (u.name == "embed") o.lr = zero::fp::mul(o.lr, 0.1f);
       if (t.name == "b1" || t.name == "b") o.weight_decay = 0.0f;
       std::vector<float> state(adafactor::tensor_state_size(t.shape), 0.0f);
-      adafactor::update_tensor(o.constants(1), t.shape, gradients.data() + at, w.data() + at, state.data());
+      adafactor::update_tensor(zero::sys::host{}, o.constants(1), t.shape, gradients.data() + at, w.data() + at,
+                               state.data());
       at += t.numel;
     }
   CHECK(bit_equal(engine_weights, w));

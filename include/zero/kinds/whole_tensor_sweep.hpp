@@ -26,19 +26,18 @@ namespace zero {
 // tensor (not per element): the metadata of OptimizerState (with slots = 0, and an `update` that is
 // never called) and
 //   O::tensor_state_size(shape) -> std::size_t   the state's floats of a tensor of that shape
-//   O::update_tensor(c, shape, g, w, state)      static, host: the tensor's weights w (fp32, updated in
+//   O::update_tensor(sys, c, shape, g, w, state) static, host: the tensor's weights w (fp32, updated in
 //                                                place) from its averaged gradient g and its state
-//                                                (zero before the first step)
+//                                                (zero before the first step); sys is the engine's host
+//                                                system, whose for_each runs element-wise rules on packs
 // update_tensor must be a fixed sequence of operations over the tensor's values: every rank that runs
 // it on the same tensor gets the same bits.
 template <class O>
 concept WholeTensorOptimizer =
     OptimizerState<O> && (O::slots == 0) &&
-    requires(const typename O::step_constants& c, std::span<const std::size_t> shape, const float* g, float* w,
-             float* s) {
+    requires(std::span<const std::size_t> shape) {
       { O::tensor_state_size(shape) } -> std::same_as<std::size_t>;
-      O::update_tensor(c, shape, g, w, s);
-    };
+    };  // (update_tensor is a template over the system: checked where the kind calls it)
 
 // The kind (engine/sweep_kind.hpp) of a WholeTensorOptimizer. Every rank of the shard group holds
 // every tensor's state (rows + cols floats per matrix for Adafactor: O(sqrt) of the parameters it
@@ -128,8 +127,8 @@ class whole_tensor_sweep {
         const range tr = ul.tensors[t];
         if (tr.empty()) continue;
         const auto& shape = ctx_.spec.units()[u].tensors[t].shape;
-        Opt::update_tensor(c[groups.group_of(ctx_.layout, id, t)], shape, g_.data() + tr.begin, w_.data() + tr.begin,
-                           state_.data() + state_at_[u][t]);
+        Opt::update_tensor(ctx_.sys, c[groups.group_of(ctx_.layout, id, t)], shape, g_.data() + tr.begin,
+                           w_.data() + tr.begin, state_.data() + state_at_[u][t]);
       }
       // The held elements' new weights: the master weights, and the parameters cast from them.
       if (!held.empty()) {

@@ -10,8 +10,11 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "zero/concepts/optimizer_state.hpp"
+#include "zero/config.hpp"
+#include "zero/core/elementwise.hpp"
 #include "zero/core/fp.hpp"
 #include "zero/core/hyper_parameter.hpp"
 #include "zero/core/value_checks.hpp"
@@ -34,8 +37,9 @@ namespace zero::optim {
 // Its update needs each tensor whole (the means, the RMS): it is a whole-tensor optimizer
 // (kinds/whole_tensor_sweep.hpp), which an engine runs through that kind: include
 // "zero/kinds/whole_tensor_sweep.hpp" (zero/zero.hpp does) before the engine is instantiated.
-// The sums are taken in double over each tensor's elements in index order and rounded once, so the
-// result depends on the tensor's values only: the same bits at every stage, N and thread count.
+// The sums are taken in double over each tensor's elements in an order its size fixes (sum_of_squares)
+// and rounded once, so the result depends on the tensor's values only: the same bits at every stage, N
+// and thread count.
 struct adafactor {
   static constexpr int slots = 0;
   static constexpr std::string_view name = "adafactor";
@@ -90,28 +94,30 @@ struct adafactor {
   }
 
   // One step of a whole tensor: its weights w (updated in place) from its averaged gradient g and its
-  // state (tensor_state_size values, zero before the first step).
-  static void update_tensor(const step_constants& c, std::span<const std::size_t> shape, const float* g, float* w,
-                            float* state) {
+  // state (tensor_state_size values, zero before the first step), with the host system's loop (`sys`:
+  // sys::host, or the engine's host system).
+  template <class System>
+  static void update_tensor(const System& sys, const step_constants& c, std::span<const std::size_t> shape,
+                            const float* g, float* w, float* state) {
     std::size_t numel = 1;
     for (std::size_t x : shape) numel *= x;
     if (numel == 0) return;
-    double squares = 0.0;
-    for (std::size_t i = 0; i < numel; ++i) squares += static_cast<double>(w[i]) * static_cast<double>(w[i]);
+    const double squares = sum_of_squares(w, numel);
     const double alpha = std::max(static_cast<double>(c.eps2), std::sqrt(squares / static_cast<double>(numel))) * c.rho;
-    // The statistics advance; then the update U, from them, twice in index order by the same
-    // operations: for its RMS, then for the weights.
+    // The statistics advance; then the update U from them, in index order: its RMS, then the weights.
     if (factored(shape))
       advance_factored(c, shape, g, state);
     else
       for (std::size_t i = 0; i < numel; ++i) state[i] = lerp(state[i], fp::mul(g[i], g[i]), c.beta);
-    double u_squares = 0.0;
-    for_each_u(c, shape, g, state, [&](std::size_t, float u) { u_squares += static_cast<double>(u) * u; });
+    // U computed once (a square root and a division per element: what the step costs), kept for the
+    // weights' pass.
+    thread_local std::vector<float> us;
+    us.resize(numel);
+    compute_u(sys, c, shape, g, state, us.data());
+    const double u_squares = sum_of_squares(us.data(), numel);
     const double denominator = std::max(1.0, std::sqrt(u_squares / static_cast<double>(numel)) / c.d);
     const auto f = static_cast<float>(alpha / denominator);
-    for_each_u(c, shape, g, state, [&](std::size_t i, float u) {
-      w[i] = fp::canonical(fp::sub(fp::mul(c.decay, w[i]), fp::mul(f, u)));
-    });
+    for (std::size_t i = 0; i < numel; ++i) w[i] = fp::canonical(fp::sub(fp::mul(c.decay, w[i]), fp::mul(f, us[i])));
   }
 
   // The element-wise rule the concept names: Adafactor has none (its update needs whole tensors), so
@@ -124,6 +130,19 @@ struct adafactor {
   }
 
  private:
+  // The squares of x[0..n) summed in double in a fixed order: element i into lane i mod 8 (each lane in
+  // ascending order), then the lanes added pairwise (0 + 4, 1 + 5, ...; then 0 + 2, 1 + 3; then 0 + 1).
+  // Eight independent sums, so the additions overlap; the order depends on n alone.
+  static double sum_of_squares(const float* x, std::size_t n) {
+    double lane[8] = {};
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (std::size_t l = 0; l < 8; ++l) lane[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
+    for (std::size_t l = 0; i < n; ++i, ++l) lane[l] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (std::size_t h = 4; h >= 1; h /= 2)
+      for (std::size_t l = 0; l < h; ++l) lane[l] += lane[l + h];
+    return lane[0];
+  }
   // torch.lerp's formula.
   static float lerp(float a, float b, float w) {
     return w < 0.5f ? fp::add(a, fp::mul(w, fp::sub(b, a))) : fp::sub(b, fp::mul(fp::sub(b, a), fp::sub(1.0f, w)));
@@ -139,28 +158,47 @@ struct adafactor {
       float* r = state + s * (rows + cols);
       float* col = r + rows;
       for (std::size_t i = 0; i < rows; ++i) {
-        double sum = 0.0;
-        for (std::size_t j = 0; j < cols; ++j) sum += static_cast<double>(m[i * cols + j]) * m[i * cols + j];
+        const double sum = sum_of_squares(m + i * cols, cols);
         r[i] = lerp(r[i], static_cast<float>(sum / static_cast<double>(cols)), c.beta);
       }
-      for (std::size_t j = 0; j < cols; ++j) {
-        double sum = 0.0;
-        for (std::size_t i = 0; i < rows; ++i) sum += static_cast<double>(m[i * cols + j]) * m[i * cols + j];
-        col[j] = lerp(col[j], static_cast<float>(sum / static_cast<double>(rows)), c.beta);
-      }
+      // Each column's sum over the rows in ascending order, taken row by row (in memory order).
+      thread_local std::vector<double> sums;
+      sums.assign(cols, 0.0);
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(m[i * cols + j]) * m[i * cols + j];
+      for (std::size_t j = 0; j < cols; ++j)
+        col[j] = lerp(col[j], static_cast<float>(sums[j] / static_cast<double>(rows)), c.beta);
     }
   }
-  // Calls use(i, U_i) for every element in index order, from the advanced statistics.
-  template <class Use>
-  static void for_each_u(const step_constants& c, std::span<const std::size_t> shape, const float* g,
-                         const float* state, Use&& use) {
-    const auto u_of = [&](float gi, float v) {
-      return fp::mul(gi, fp::div(1.0f, fp::sqrt(std::max(v, c.eps1_squared))));
-    };
+  // U of one run of elements: u = g / sqrt(max(v, floor)) with v = r c / mean (a factored row: r and mean
+  // scalars, c the column statistics) or v the element's own statistic (mean = 0: v = c). A rule of the
+  // host loop (core/elementwise.hpp): on packs where the CPU has them, each operation correctly rounded,
+  // so the bits are the scalar loop's.
+  struct u_rule {
+    float r, mean, floor;
+    template <class V>
+    ZERO_HD void apply(std::size_t j, float* u, const float* g, const float* c) const {
+      using namespace zero::fp;
+      using elementwise::load;
+      using elementwise::store;
+      V v = load<V>(c, j);
+      if (mean != 0.0f) v = div(mul(V(r), v), V(mean));
+      v = select(v < V(floor), V(floor), v);
+      store(u, j, mul(load<V>(g, j), div(V(1.0f), sqrt(v))));
+    }
+    ZERO_HD void operator()(std::size_t j, float* u, const float* g, const float* c) const { apply<float>(j, u, g, c); }
+  };
+  // U for every element into u, from the advanced statistics, on the system's loop.
+  template <class System>
+  static void compute_u(const System& sys, const step_constants& c, std::span<const std::size_t> shape,
+                        const float* g, const float* state, float* u) {
+    using elementwise::in;
+    using elementwise::out;
+    const float floor = c.eps1_squared;
     if (!factored(shape)) {
       std::size_t numel = 1;
       for (std::size_t x : shape) numel *= x;
-      for (std::size_t i = 0; i < numel; ++i) use(i, u_of(g[i], state[i]));
+      sys.for_each(numel, u_rule{1.0f, 0.0f, floor}, out(u), in(g), in(state));
       return;
     }
     const std::size_t rows = shape[shape.size() - 2], cols = shape.back(), size = rows * cols;
@@ -173,10 +211,8 @@ struct adafactor {
       for (std::size_t i = 0; i < rows; ++i) sum += r[i];
       const float mean = std::max(static_cast<float>(sum / static_cast<double>(rows)), c.eps1);
       for (std::size_t i = 0; i < rows; ++i)
-        for (std::size_t j = 0; j < cols; ++j) {
-          const std::size_t at = s * size + i * cols + j;
-          use(at, u_of(g[at], fp::div(fp::mul(r[i], col[j]), mean)));
-        }
+        sys.for_each(cols, u_rule{r[i], mean, floor}, out(u + s * size + i * cols), in(g + s * size + i * cols),
+                     in(col));
     }
   }
 };
