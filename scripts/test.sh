@@ -26,13 +26,16 @@ skip_option=$(IFS=,; echo "${skip[*]}")
 # scripts refuse this build for timings (bench/timed_build.sh).
 # Without a CUDA device train_mlp_cuda only compiles and its command line is tested: its fp32 unit
 # alone (the instantiation suites compile every precision's device engines), 2 of its 3 engine units
-# (about 210 CPU-s) saved.
+# (about 210 CPU-s) saved; and the programs that only run on a device (the gpu suite's executables,
+# bench/gpu_optimizer: about 250 CPU-s) are not built (-Dgpu_device_programs=false).
 gpu_precision=
+device_programs=true
 if ! { command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'; }; then
   gpu_precision=fp32
+  device_programs=false
 fi
 options=(-Dmpi=enabled -Dskip_suites="$skip_option" -Dgpu_trainer_optimization=g -Dexamples_optimization=g
-         -Dtools_optimization=g -Dgpu_trainer_precision=$gpu_precision)
+         -Dtools_optimization=g -Dgpu_trainer_precision=$gpu_precision -Dgpu_device_programs=$device_programs)
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$root" "${options[@]}" >&2
 else
