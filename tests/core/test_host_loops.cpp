@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -381,6 +382,127 @@ TEST_CASE_TEMPLATE("host loops: the binned cut adding a store's words equals the
         CHECK_MESSAGE(wrong == 0, name);
       }
     }
+}
+
+// The cut rounded at once (a unit's last reduce at one rank): the packed loop against the rule, and
+// the rule against the two passes it replaces, the cut adding the store's words, then the rounding.
+TEST_CASE_TEMPLATE("host loops: the binned cut rounded at once equals the cut into the store, then rounded", G, float,
+                   bf16, fp16) {
+  std::uint32_t seed = 900;
+  std::mt19937_64 rng(23);
+  // Words as sums of many terms of either sign: carries between planes, cancellations, ties.
+  const auto words = [&](std::size_t len) {
+    std::vector<std::int64_t> v(len);
+    for (auto& x : v) x = static_cast<std::int64_t>(rng() >> (22 + rng() % 30)) - (std::int64_t{1} << 30);
+    return v;
+  };
+  std::size_t checked = 0;
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{1003}})
+    for (std::size_t off : offsets) {
+      const std::size_t len = n + off;
+      const std::vector<G> g = inputs<G>(len, ++seed);
+      int own = -1;
+      for (const G& x : g) own = std::max(own, binned::summary_of(static_cast<float>(x)).bin);
+      if (own < 0) continue;
+      // (cut top, store top): no store, equal, the store below by 1, 2, 3+, the cut above the values'.
+      const std::pair<int, int> tops[] = {{own, -1},          {own + 1, -1},  {own, own},        {own, own - 1},
+                                          {own + 1, own - 1}, {own + 3, own}, {own + 1, own + 1}};
+      for (auto [top, store_top] : tops) {
+        if (store_top > top || top > 8) continue;
+        const std::string name = "to_bins rounding " + std::to_string(top) + "," + std::to_string(store_top);
+        const std::vector<std::int64_t> s0 = words(len), s1 = words(len), s2 = words(len);
+        check_rule(name, elementwise::to_bins_rounding_rule{top, store_top}, n, off,
+                   std::tuple{g, s0, s1, s2, std::vector<float>(len, -1.0f)},
+                   {in_mode, in_mode, in_mode, in_mode, out_mode});
+        std::size_t wrong = 0;
+        for (std::size_t j = 0; j < len; ++j) {
+          float once = 0.0f, twice = 0.0f;
+          elementwise::to_bins_rounding_rule{top, store_top}(0, g.data() + j, s0.data() + j, s1.data() + j,
+                                                             s2.data() + j, &once);
+          std::int64_t w0, w1, w2;
+          if (store_top < 0)
+            elementwise::to_bins_rule{top}(0, g.data() + j, &w0, &w1, &w2);
+          else
+            elementwise::to_bins_adding_rule{top, store_top}(0, g.data() + j, s0.data() + j, s1.data() + j,
+                                                             s2.data() + j, &w0, &w1, &w2);
+          elementwise::round_bins_rule{top}(0, &twice, &w0, &w1, &w2);
+          wrong += std::bit_cast<std::uint32_t>(once) != std::bit_cast<std::uint32_t>(twice);
+          ++checked;
+        }
+        CHECK_MESSAGE(wrong == 0, name);
+      }
+    }
+  CHECK(checked > 1000);
+}
+
+// The owner's cut and sum of N ranks' values (the reduce that exchanges values): the packed loop
+// against the rule at every level, and the rule against what it stands for, each rank's cut merged
+// into the store one after the other (the words a reduce-scatter would have summed), then rounded.
+TEST_CASE_TEMPLATE("host loops: the binned cut and sum of N slices equals the slices' cuts merged into the store", G,
+                   float, bf16, fp16) {
+  std::uint32_t seed = 1200;
+  std::mt19937_64 rng(29);
+  const auto words = [&](std::size_t len) {
+    std::vector<std::int64_t> v(len);
+    for (auto& x : v) x = static_cast<std::int64_t>(rng() >> (22 + rng() % 30)) - (std::int64_t{1} << 30);
+    return v;
+  };
+  std::size_t checked = 0;
+  for (std::size_t ranks : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{8}})
+    for (std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{1003}}) {
+      std::vector<std::vector<G>> values;
+      int own = -1;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        values.push_back(inputs<G>(n, ++seed));
+        for (const G& x : values.back()) own = std::max(own, binned::summary_of(static_cast<float>(x)).bin);
+      }
+      if (own < 0) continue;
+      std::vector<const G*> slices;
+      for (const auto& v : values) slices.push_back(v.data());
+      // (cut top, store top): no store, equal, the store below by 1 and 3+, the cut above the values'.
+      const std::pair<int, int> tops[] = {
+          {own, -1}, {own, own}, {own, own - 1}, {own + 1, own - 3}, {own + 1, own + 1}};
+      for (auto [top, store_top] : tops)
+        for (bool round : {false, true}) {
+          if (store_top > top || top > 8) continue;
+          const std::string name = "cut sum of " + std::to_string(ranks) + " top " + std::to_string(top) + "," +
+                                   std::to_string(store_top) + (round ? " rounded" : "");
+          const std::vector<std::int64_t> s0 = words(n), s1 = words(n), s2 = words(n);
+          // The reference: the store (re-expressed for top; empty: zeros), each slice's cut added in turn.
+          std::vector<std::int64_t> e0(n), e1(n), e2(n);
+          std::vector<float> rounded_ref(n);
+          for (std::size_t j = 0; j < n; ++j) {
+            std::int64_t w[binned::words] = {s0[j], s1[j], s2[j]};
+            binned::realign(w, store_top, top);
+            for (std::size_t r = 0; r < ranks; ++r) {
+              std::int64_t c0, c1, c2;
+              elementwise::to_bins_rule{top}(0, values[r].data() + j, &c0, &c1, &c2);
+              elementwise::merge_bins_rule{top, top, top}(0, &w[0], &w[1], &w[2], &c0, &c1, &c2);
+            }
+            e0[j] = w[0], e1[j] = w[1], e2[j] = w[2];
+            elementwise::round_bins_rule{top}(0, &rounded_ref[j], &w[0], &w[1], &w[2]);
+          }
+          for (hl::isa level : isa_levels::available()) {
+            const isa_levels::cap_guard g(level);
+            std::vector<std::int64_t> t0 = s0, t1 = s1, t2 = s2;
+            std::vector<float> out(n, -1.0f);
+            sys::host::for_each_index(
+                n, elementwise::binned_cut_sum_rule<G>{slices.data(), ranks, top, store_top, t0.data(), t1.data(),
+                                                       t2.data(), round ? out.data() : nullptr});
+            INFO(name, " n=", n, " level=", std::string(hl::name(level)));
+            if (round) {
+              CHECK(std::memcmp(out.data(), rounded_ref.data(), n * sizeof(float)) == 0);
+              CHECK((t0 == s0 && t1 == s1 && t2 == s2));  // the store is only read
+            } else {
+              CHECK((t0 == e0 && t1 == e1 && t2 == e2));
+            }
+            checked += n;
+          }
+        }
+    }
+  CHECK(checked > 10000);
 }
 
 TEST_CASE("host loops: the binned merge equals the per-element rule bit for bit") {

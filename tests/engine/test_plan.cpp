@@ -174,9 +174,12 @@ void check_plan(int n, const zero::engine_options& options, const std::string& w
     CHECK(p.step_bytes_sent() == b.total);
     CHECK(p.step_comm.inter_node_bytes() == b.inter);
   } else if (options.reproducible)
-    CHECK(p.step_bytes_sent() ==
-          zero::formula::reproducible_comm_bytes_per_step(Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
-                                                          options.micro_batches, s.num_units(), 0, p.persistent));
+    CHECK(p.step_bytes_sent() == zero::formula::reproducible_comm_bytes_per_step(
+                                     Stage::stage, p.padded, n, sizeof(typename Prec::param_type),
+                                     options.micro_batches, s.num_units(), 0, p.persistent,
+                                     zero::formula::reproducible_exchanges_values(Stage::stage, n, 1, true)
+                                         ? sizeof(typename Prec::grad_type)
+                                         : 0));
   else
     CHECK(p.step_bytes_sent() ==
           zero::formula::comm_bytes_per_step(

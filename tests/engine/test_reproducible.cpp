@@ -593,8 +593,8 @@ TEST_CASE("reproducible: persistent units and offloaded states keep the bits; th
     CHECK(r.model_state_formula == zero::formula::reproducible_model_state_bytes(
                                        3, r.padded, n, {4, 0, 8}, r.persistent));
     for (const auto& c : r.comm) CHECK(c.last_step.total_bytes() == r.comm_formula);
-    CHECK(r.comm_formula == zero::formula::reproducible_comm_bytes_per_step(3, r.padded, n, 4, 8 / n, 4, 0,
-                                                                             r.persistent));
+    CHECK(r.comm_formula ==
+          zero::formula::reproducible_comm_bytes_per_step(3, r.padded, n, 4, 8 / n, 4, 0, r.persistent, 4));
   }
   // Master weights and moments in host memory and on disk, stages 1 and 3.
   // A fresh directory for the disk tier's files (each engine removes its own).
@@ -640,13 +640,15 @@ TEST_CASE("reproducible: model states and bytes per step equal the formulas, eve
                                                        : 2 * psi + (28 + 12) * psi / nn;
       CHECK(r.model_state_formula == states);
       for (const auto& mem : r.memory) CHECK(mem.model_state_bytes() == states);
-      // 24 bytes per element reduced, 8 (N - 1) per unit and micro-batch for the bins, and the bf16
-      // parameter all-gathers as in the default mode; 4 units.
+      // Per element reduced: stage 0's all-reduce of the 24 bytes of words; stages 1-3 send the bf16
+      // values to their slices' owners (all_to_all), 2 bytes. 8 (N - 1) per unit and micro-batch for the
+      // bins, and the bf16 parameter all-gathers as in the default mode; 4 units.
       const std::uint64_t part = psi / nn * (nn - 1);
-      const std::uint64_t grads = mm * ((Stage::stage == 0 ? 2 : 1) * 24 * part + 8 * (nn - 1) * 4);
+      const std::uint64_t grads = mm * ((Stage::stage == 0 ? 2 * 24 : 2) * part + 8 * (nn - 1) * 4);
       const std::uint64_t params = Stage::stage == 0 ? 0 : Stage::stage == 3 ? 2 * mm * 2 * part : 2 * part;
       CHECK(r.comm_formula == grads + params);
-      CHECK(r.comm_formula == zero::formula::reproducible_comm_bytes_per_step(Stage::stage, psi, n, 2, m, 4));
+      CHECK(r.comm_formula ==
+            zero::formula::reproducible_comm_bytes_per_step(Stage::stage, psi, n, 2, m, 4, 0, 0, Stage::stage ? 2 : 0));
       for (const auto& c : r.comm) {
         CHECK(c.last_step.total_bytes() == grads + params);
         // The norm's agreement: one summary, the optimizer's hash and four words per rank, all-gathered

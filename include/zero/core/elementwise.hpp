@@ -485,6 +485,67 @@ struct round_bins_rule {
   }
 };
 
+// The cut, with a store's words added as to_bins_adding_rule does (store_top < 0: no store, the cut
+// alone), rounded at once to fp32 as round_bins_rule rounds: a unit's last reduce of the step where its
+// sum is complete on this rank, so that the words are neither stored nor read back at step(). The
+// same integers rounded the same way: the same bits as the three passes. Arrays: g, the store's three
+// planes (not read when store_top < 0), the fp32 gradient written.
+struct to_bins_rounding_rule {
+  int top, store_top;
+  template <class G>
+  ZERO_HD void operator()(std::size_t j, const G* g, const std::int64_t* s0, const std::int64_t* s1,
+                          const std::int64_t* s2, float* out) const {
+    std::int64_t w[binned::words];
+    binned::to_words(static_cast<float>(g[j]), top, w);
+    if (store_top >= 0) {
+      std::int64_t s[binned::words] = {s0[j], s1[j], s2[j]};
+      if (store_top != top) binned::realign(s, store_top, top);
+      w[0] += s[0];
+      w[1] += s[1];
+      w[2] += s[2];
+    }
+    out[j] = binned::round<float>(w, top);
+  }
+};
+
+// The reduce that exchanges values (engine/reduce/binned.hpp): element j of `count` ranks' slices,
+// each cut into the words of top bin `top` and summed as integers, plus the store's words (store_top
+// < 0: none, the store not read), written back to the store's planes or, where `rounded` is given,
+// rounded once to fp32 there (the unit's sum complete). Exact integer sums: the order of the slices,
+// and whether the words pass through memory, change no bit. An index rule (it holds its arrays).
+template <class G>
+struct binned_cut_sum_rule {
+  const G* const* slices;
+  std::size_t count;
+  int top, store_top;
+  std::int64_t *s0, *s1, *s2;
+  float* rounded;  // nullptr: the sum stays in words, in the store
+  ZERO_HD void operator()(std::size_t j) const {
+    std::int64_t w[binned::words] = {0, 0, 0};
+    for (std::size_t r = 0; r < count; ++r) {
+      std::int64_t c[binned::words];
+      binned::to_words(static_cast<float>(slices[r][j]), top, c);
+      w[0] += c[0];
+      w[1] += c[1];
+      w[2] += c[2];
+    }
+    if (store_top >= 0) {
+      std::int64_t st[binned::words] = {s0[j], s1[j], s2[j]};
+      if (store_top != top) binned::realign(st, store_top, top);
+      w[0] += st[0];
+      w[1] += st[1];
+      w[2] += st[2];
+    }
+    if (rounded) {
+      rounded[j] = binned::round<float>(w, top);
+    } else {
+      s0[j] = w[0];
+      s1[j] = w[1];
+      s2[j] = w[2];
+    }
+  }
+};
+
 // The square of element j of the averaged, unscaled gradient, in double: the term the systems'
 // sum_of_squares (a reduction, not a for_each) adds up for the gradient norm.
 template <class G>

@@ -96,14 +96,16 @@ class formula_report {
     return {t.disk_read, t.disk_written, t.to_host, t.from_host};
   }
   // The paper's bytes per step, with the extra gathers of shared units (unit_spec::gathers) in stage 3;
-  // reproducible: formula::reproducible_comm_bytes_per_step; with ZeRO++ on, formula::bytes_per_step's.
+  // reproducible: formula::reproducible_comm_bytes_per_step (the values' bytes where the reduce exchanges
+  // them); with ZeRO++ on, formula::bytes_per_step's.
   // With replicated shard groups, the formulas at S ranks within the group plus
   // formula::replica_comm_bytes_per_step across the groups.
   std::uint64_t comm_bytes() const {
     if (ctx_.options.reproducible)
-      return formula::reproducible_comm_bytes_per_step(P::stage, padded(), ranks(), sizeof(param_type),
-                                                       ctx_.reduces_per_step(), ctx_.spec.num_units(),
-                                                       extra_gathered_elements(), placement_.persistent_elements()) +
+      return formula::reproducible_comm_bytes_per_step(
+                 P::stage, padded(), ranks(), sizeof(param_type), ctx_.reduces_per_step(), ctx_.spec.num_units(),
+                 extra_gathered_elements(), placement_.persistent_elements(),
+                 reduce::binned_method<Ctx>::exchanges_values(ctx_) ? sizeof(typename Ctx::grad_type) : 0) +
              replica_bytes();
     if (zeropp_on()) return comm_by_level().total;
     return formula::comm_bytes_per_step(P::stage, padded(), ranks(), sizeof(comm_type), ctx_.reduces_per_step(),

@@ -208,6 +208,8 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   ZERO_CHECK(!options.fp32_grad_accumulation || shards_grads, invalid_argument,
              "plan: fp32_grad_accumulation applies to stages 2 and 3, not stage ", stage);
   const bool repro = options.reproducible;
+  // Its reduces exchange the gradient values where they can (every backend of the library has all_to_all).
+  const bool values = repro && formula::reproducible_exchanges_values(stage, ranks, replicas, true);
   ZERO_CHECK(!repro || (options.accumulate == accumulation::reduce_each_micro_batch && !options.fp32_grad_accumulation),
              invalid_argument,
              "plan: reproducible reduces every micro-batch on its own, without fp32_grad_accumulation");
@@ -327,8 +329,9 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
     unit_plan up{spec.units()[u].name, ul.numel, ul.padded, ul.shard, gathers, persists(ul)};
     up.gathered_bytes = shards_params && !up.persistent ? bytes(ul.padded, precision.param_bytes) : 0;
     up.bucket_bytes = bucket ? bytes(ul.padded, precision.grad_bytes) : 0;
-    // Reproducible: reduce(u) converts the bucket into words (both held at once), then frees the bucket.
-    up.wire_bytes = repro ? ul.padded * formula::reproducible_wire_bytes : 0;
+    // Reproducible: reduce(u) converts the bucket into words (both held at once), then frees the bucket;
+    // where it exchanges values, it receives every rank's values of its slice beside the bucket.
+    up.wire_bytes = repro ? ul.padded * (values ? precision.grad_bytes : formula::reproducible_wire_bytes) : 0;
     up.gather_wire_bytes = z.qwz ? formula::qwz_gather_wire_bytes(ul.shard, ranks, z.weights) : 0;
     up.reduce_wire_bytes =
         z.qgz ? formula::qgz_exchange_bytes(formula::qgz_slice_wire_bytes({ul.shard}, z.gradients), ranks) : 0;
@@ -414,6 +417,7 @@ inline plan_report plan(const model_spec& spec, int world, int stage, plan_preci
   setup.grad_bytes = precision.grad_bytes;
   setup.overlapping = r.overlapping;
   setup.repro = repro;
+  setup.repro_values = values;
   setup.uses_bucket = bucket;
   setup.release_before_reduce = order == release_order::before_reduce;
   setup.model_states = states;

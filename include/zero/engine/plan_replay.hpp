@@ -53,6 +53,7 @@ class loop_replay {
     int stage = 0, ranks = 1, node_size = 1;  // node_size: G (N where one node)
     std::size_t param_bytes = 4, grad_bytes = 4;
     bool overlapping = false, repro = false, uses_bucket = false;
+    bool repro_values = false;           // its reduces exchange values (formula::reproducible_exchanges_values)
     bool release_before_reduce = false;  // the backward pass's order (plan(): release_order)
     std::uint64_t model_states = 0;  // what the account holds besides transients (memory_limit_bytes counts it)
     std::uint64_t norm_bytes = 0;
@@ -359,6 +360,22 @@ class loop_replay {
       alloc(summaries);
       count(comm::collective::all_gather, summaries, s_.ranks, s_.node_size);
       release(summaries);
+      if (s_.repro_values) {  // the bucket sent (a fused bucket's units gathered into one), the values received
+        if (parts.size() == 1) {
+          f.bucket = live_[parts[0]].bucket;
+          live_[parts[0]].bucket = 0;
+        } else {
+          f.bucket = shard_sum * n * s_.grad_bytes;
+          make_room(f.bucket);
+          alloc(f.bucket);
+          for (std::size_t u : parts) release(live_[u].bucket);
+        }
+        f.wire = shard_sum * n * s_.grad_bytes;
+        make_room(f.wire);
+        alloc(f.wire);
+        count(comm::collective::all_to_all, f.wire, s_.ranks, s_.node_size);
+        return f;
+      }
       f.wire = shard_sum * n * formula::reproducible_wire_bytes;
       make_room(f.wire);
       alloc(f.wire);

@@ -81,6 +81,12 @@ struct host {
     else
       for (std::size_t j = 0; j < n; ++j) rule(j);
   }
+  // The reproducible mode's cut and sum of several ranks' slices (elementwise::binned_cut_sum_rule) on
+  // packs (sys/host_binned.hpp), the rule's bits.
+  template <class G>
+  static void for_each_index(std::size_t n, const elementwise::binned_cut_sum_rule<G>& rule) {
+    host_binned::cut_sum(n, rule);
+  }
   // A matrix optimizer's products (optional for a system; sys::cuda has none yet): C = A B in the fixed
   // order of sys/host_products.hpp, on packs, `rows(n, f)` running f over ranges of its row blocks.
   template <class RowRunner>

@@ -173,14 +173,12 @@ inline constexpr bool shl = true, shr = false;  // shift<shl>, shift<shr>
 // the rounding mode nor flush-to-zero can change a bit. Every condition is a mask of all ones or
 // zeros made from a sign bit (x >> 63, arithmetic), not a comparison, which GCC 12 lowers lane by
 // lane for 64-bit lanes; a lane's unsigned 64 bits are held in int64 lanes.
-ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::int64_t* w0, const std::int64_t* w1,
-                                 const std::int64_t* w2) {
+// (The result through a reference: a vector returned by value from a function of the baseline ISA
+// would change its ABI.)
+ZERO_SIMD_INLINE void round_words(lanes<std::uint32_t, 8>& out, int top, const lanes<std::int64_t, 8>& a,
+                                  const lanes<std::int64_t, 8>& b, const lanes<std::int64_t, 8>& c) {
   using i64 = lanes<std::int64_t, 8>;
   using fmt = binned::format<float>;
-  i64 a, b, c;
-  std::memcpy(&a, w0 + j, sizeof a);
-  std::memcpy(&b, w1 + j, sizeof b);
-  std::memcpy(&c, w2 + j, sizeof c);
   // v = a 2^64 + b 2^32 + c as hi 2^64 + lo (hi signed); the carry out of the low halves' sum
   const i64 b_low = b << 32;
   const i64 lo = c + b_low;
@@ -236,7 +234,16 @@ ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::in
   bits |= negative & 0x80000000;
   const i64 all = mlo | mhi;
   bits &= (all | -all) >> 63;  // an exact zero is +0
-  const auto out = __builtin_convertvector(bits, lanes<std::uint32_t, 8>);
+  out = __builtin_convertvector(bits, lanes<std::uint32_t, 8>);
+}
+ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::int64_t* w0, const std::int64_t* w1,
+                                 const std::int64_t* w2) {
+  lanes<std::int64_t, 8> a, b, c;
+  std::memcpy(&a, w0 + j, sizeof a);
+  std::memcpy(&b, w1 + j, sizeof b);
+  std::memcpy(&c, w2 + j, sizeof c);
+  lanes<std::uint32_t, 8> out;
+  round_words(out, top, a, b, c);
   std::memcpy(g + j, &out, sizeof out);
 }
 
@@ -247,6 +254,68 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::round_bins_rule& r,
   if constexpr (W == 16)  // AVX-512 only: AVX2 has neither the 64-bit lanes' conversion nor their width
     for (; j + 8 <= n; j += 8) round_bins(j, r.top, g, w0, w1, w2);
   for (; j < n; ++j) r(j, g, w0, w1, w2);
+}
+
+// to_bins_rounding_rule: the cut, the store's words added (to_bins_adding_rule's loop; none where the
+// store is empty), rounded in registers (round_bins): the words never reach memory.
+template <int W, class G>
+ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rounding_rule& r, const G* g,
+                           const std::int64_t* s0, const std::int64_t* s1, const std::int64_t* s2, float* out) {
+  constexpr int K = binned::words;
+  const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
+  std::size_t j = 0;
+  if constexpr (W == 16) {  // (as the cut and the rounding: AVX-512 only)
+    if (d >= 0) {
+      const std::int64_t* const st[K] = {s0, s1, s2};
+      for (; j + 8 <= n; j += 8) {
+        lanes<std::int64_t, 8> words[K];
+        to_bins_words<8>(j, r.top, g, words);
+        for (int k = d; k < K; ++k) {
+          lanes<std::int64_t, 8> kept;
+          std::memcpy(&kept, st[k - d] + j, sizeof kept);
+          words[k] += kept;
+        }
+        lanes<std::uint32_t, 8> bits;
+        round_words(bits, r.top, words[0], words[1], words[2]);
+        std::memcpy(out + j, &bits, sizeof bits);
+      }
+    }
+  }
+  for (; j < n; ++j) r(j, g, s0, s1, s2, out);
+}
+
+// binned_cut_sum_rule: each slice's pack cut and summed in registers, the store's words added, then
+// stored or rounded (round_words): the rule's integers, eight elements at a time.
+template <int W, class G>
+ZERO_SIMD_INLINE void cut_sum(std::size_t n, const elementwise::binned_cut_sum_rule<G>& r) {
+  constexpr int K = binned::words;
+  const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
+  std::int64_t* const st[K] = {r.s0, r.s1, r.s2};
+  std::size_t j = 0;
+  if constexpr (W == 16) {  // (as the cut: AVX-512 only)
+    if (d >= 0) {
+      for (; j + 8 <= n; j += 8) {
+        lanes<std::int64_t, 8> sum[K] = {}, words[K];
+        for (std::size_t k = 0; k < r.count; ++k) {
+          to_bins_words<8>(j, r.top, r.slices[k], words);
+          for (int b = 0; b < K; ++b) sum[b] += words[b];
+        }
+        for (int b = d; b < K; ++b) {
+          lanes<std::int64_t, 8> kept;
+          std::memcpy(&kept, st[b - d] + j, sizeof kept);
+          sum[b] += kept;
+        }
+        if (r.rounded) {
+          lanes<std::uint32_t, 8> bits;
+          round_words(bits, r.top, sum[0], sum[1], sum[2]);
+          std::memcpy(r.rounded + j, &bits, sizeof bits);
+        } else {
+          for (int b = 0; b < K; ++b) std::memcpy(st[b] + j, &sum[b], sizeof sum[b]);
+        }
+      }
+    }
+  }
+  for (; j < n; ++j) r(j);
 }
 
 // The largest magnitude's bits and the non-finite flags of g[0, n) (over g / divisor when Divide): the
@@ -404,6 +473,12 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void run_
   loop<16>(n, rule, p...);
   _mm256_zeroupper();
 }
+template <class G>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void cut_sum_avx512(
+    std::size_t n, const elementwise::binned_cut_sum_rule<G>& rule) {
+  cut_sum<16>(n, rule);
+  _mm256_zeroupper();
+}
 template <class Rule, class... Ts>
 __attribute__((target("avx2"), flatten)) void run_avx2(std::size_t n, const Rule& rule, Ts*... p) {
   loop<8>(n, rule, p...);
@@ -460,6 +535,9 @@ struct packed<elementwise::to_bins_adding_rule, G, std::int64_t, std::int64_t, s
               std::int64_t, std::int64_t> : std::bool_constant<simd::lane_type<G>> {};
 template <>
 struct packed<elementwise::round_bins_rule, float, std::int64_t, std::int64_t, std::int64_t> : std::true_type {};
+template <class G>
+struct packed<elementwise::to_bins_rounding_rule, G, std::int64_t, std::int64_t, std::int64_t, float>
+    : std::bool_constant<simd::lane_type<G>> {};
 template <>
 struct packed<elementwise::merge_bins_rule, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
               std::int64_t> : std::true_type {};
@@ -467,7 +545,8 @@ struct packed<elementwise::merge_bins_rule, std::int64_t, std::int64_t, std::int
 }  // namespace detail
 
 // Whether run() has a packed loop for this rule over these operand types (those of sys::host::for_each):
-// the cut (from float, bf16 or fp16 gradients, with or without a store's words added) and the merge. (An operand may be const or not.)
+// the cut (from float, bf16 or fp16 gradients, with or without a store's words added, and rounded at
+// once), the merge and the rounding. (An operand may be const or not.)
 template <class Rule, class... Ts>
 concept vectorized = detail::packed<Rule, std::remove_const_t<Ts>...>::value;
 
@@ -484,6 +563,15 @@ void run(std::size_t n, const Rule& rule, Ts*... p) {
       break;
   }
   for (std::size_t j = 0; j < n; ++j) rule(j, p...);
+}
+
+// The cut and sum of several slices (elementwise::binned_cut_sum_rule): on packs with AVX-512, one
+// element at a time elsewhere (as the cut).
+template <class G>
+void cut_sum(std::size_t n, const elementwise::binned_cut_sum_rule<G>& rule) {
+  if constexpr (simd::lane_type<G>)
+    if (host_loop::active() == host_loop::isa::avx512) return detail::cut_sum_avx512(n, rule);
+  for (std::size_t j = 0; j < n; ++j) rule(j);
 }
 
 // The packed part of the summary loop over g[0, n) (g / divisor when divide): folds the whole packs
@@ -534,6 +622,10 @@ std::size_t square_digits(const G* g, std::size_t n, bool divide, float divisor,
 
 template <class Rule, class... Ts>
 concept vectorized = false;
+template <class G>
+void cut_sum(std::size_t n, const elementwise::binned_cut_sum_rule<G>& rule) {
+  for (std::size_t j = 0; j < n; ++j) rule(j);
+}
 template <class Rule, class... Ts>
 void run(std::size_t n, const Rule& rule, Ts*... p) {
   for (std::size_t j = 0; j < n; ++j) rule(j, p...);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero/comm/all_to_all.hpp"
 #include "zero/concepts/comm_backend.hpp"
 #include "zero/concepts/gradient_reducer.hpp"
 #include "zero/concepts/partitioner.hpp"
@@ -51,6 +52,15 @@ class binned_method {
     { y.binned_square_summary(f, n, n[0], 1.0f) } -> std::same_as<std::int64_t>;
     y.binned_sum_of_squares(f, n, n[0], 1.0f, 0, w);
   };
+  // The reduce exchanges the gradient values where it can (formula::reproducible_exchanges_values):
+  // one all_to_all brings each rank every rank's values of its slice, which it cuts and sums into its
+  // store itself (binned_cut_sum_rule), g bytes per element on the wire instead of 24, and no pass
+  // writes words for a collective to read back.
+  static constexpr bool can_exchange_values =
+      !updates_every_element<P> && comm::has_all_to_all<typename Ctx::comm_backend>;
+  static bool exchanges_values(const Ctx& c) {
+    return formula::reproducible_exchanges_values(P::stage, c.layout.ranks(), c.replica_count, can_exchange_values);
+  }
   static bool chosen(const engine_options& o) { return o.reproducible; }
   static std::size_t grad_bytes(const engine_options&) { return formula::reproducible_grad_bytes; }
   static std::uint64_t extra_state_bytes(const engine_options&, std::uint64_t) { return 0; }
@@ -74,8 +84,12 @@ class binned_method {
   // agreed summary, and whether the one unit's words went straight into its empty store. The request
   // is declared last: destroyed, and so waited for, first.
   struct in_flight {
-    std::vector<bucket_part> parts;  // at: where the unit's words start in a rank's block
+    std::vector<bucket_part> parts;  // at: where the unit's words (or values) start in a rank's block
     buffer<std::int64_t, system> wire;
+    // Where the reduce exchanges values: what this rank sends ([rank][unit][shard], a lone unit's bucket)
+    // and receives (every rank's values of this rank's slices).
+    bool exchanged = false;
+    buffer<grad_type, system> sent, values;
     std::size_t block = 0;
     std::vector<binned::summary> summaries;
     bool direct = false;
@@ -86,7 +100,12 @@ class binned_method {
   };
 
   explicit binned_method(Ctx& c)
-      : ctx_(c), sums_(c.spec.num_units()), started_(c.spec.num_units()), pending_(c.spec.num_units(), 0) {
+      : ctx_(c),
+        sums_(c.spec.num_units()),
+        started_(c.spec.num_units()),
+        pending_(c.spec.num_units(), 0),
+        reduces_(c.spec.num_units(), 0),
+        rounded_(c.spec.num_units(), 0) {
     const std::size_t n = sharded() ? c.layout.shard_total() : c.layout.padded();
     bins_ = buffer<std::int64_t, system>(K * n, mem_category::grads, c.acct);
     grads32_ = buffer<float, system>(n, mem_category::grads, c.acct);
@@ -128,13 +147,15 @@ class binned_method {
         busy[i] |= (table[r * count + i] & in_flight_mark) != 0;
       }
     if (ctx_.replicas) agree_across_replicas(agreed, busy, parts[0].unit);
+    if constexpr (can_exchange_values)
+      if (exchanges_values(ctx_)) {
+        note_started(parts, agreed);
+        return start_exchange(parts, agreed);
+      }
     in_flight f;
     f.first = parts[0].unit;
     const landing land = landing_of(parts, agreed, busy);
-    for (std::size_t i = 0; i < count; ++i) {
-      started_[parts[i].unit.index] = binned::merge(started_[parts[i].unit.index], agreed[i]);
-      ++pending_[parts[i].unit.index];
-    }
+    note_started(parts, agreed);
     std::size_t shard_sum = 0;
     for (const auto& p : parts) shard_sum += lay.unit(p.unit).shard;
     f.block = K * shard_sum;
@@ -144,13 +165,27 @@ class binned_method {
     // adds) into the store itself and the collective runs in place there (the wire, allocated as
     // always, stays unused).
     const bool in_place = land.direct && ranks == 1;
+    // And where that reduce is the unit's last of the step (and no replica group adds to the sum), the
+    // sum is complete here: the cut rounds it at once into the fp32 gradient (to_bins_rounding_rule),
+    // and the words are neither stored nor read back at step(). The same integers, the same rounding.
+    const bool rounds_now = in_place && count == 1 && !ctx_.replicas &&
+                            reduces_[parts[0].unit.index] == static_cast<std::size_t>(ctx_.reduces_per_step());
     std::size_t off = 0;
     for (std::size_t i = 0; i < count; ++i) {
       unit_part<Ctx>& p = parts[i];
       const std::size_t shard = lay.unit(p.unit).shard;
       // Cut at the landing's top (the agreed one, or the store's where it lands): a rank-independent bin.
       const binned::summary cut = count == 1 ? land.words : agreed[i];
-      for (std::size_t r = 0; r < ranks; ++r) {
+      if (rounds_now && cut.finite() && cut.bin >= 0) {
+        const unit_layout& ul = lay.unit(p.unit);
+        const std::int64_t* st = store_of(ul);
+        const int store_top = land.adds_store ? sums_[p.unit.index].bin : -1;
+        ctx_.sys.for_each(shard, elementwise::to_bins_rounding_rule{cut.bin, store_top},
+                          elementwise::in(p.bucket.data()), elementwise::in(st), elementwise::in(st + shard),
+                          elementwise::in(st + 2 * shard), elementwise::out(grads32_.data() + base(ul)));
+        rounded_[p.unit.index] = 1;
+      }
+      for (std::size_t r = 0; r < ranks && !rounded_[p.unit.index]; ++r) {
         std::int64_t* w = f.wire.data() + r * f.block + off;
         if (cut.finite() && cut.bin >= 0 && land.adds_store && r == me) {
           // the store's slice `me` (stage 0 keeps every slice, [rank][plane][shard])
@@ -193,6 +228,7 @@ class binned_method {
   void complete(in_flight& f) {
     ctx_.protocol.wait(f.pending);
     for (const bucket_part& p : f.parts) --pending_[p.unit.index];
+    if (f.exchanged) return complete_exchange(f);
     if (ctx_.replicas) {  // the integer words, exact in any order: the same sum as one group of N ranks
       const auto l = ctx_.label_on(ctx_.replicas->inner(), "reduce across replicas", f.first);
       ctx_.replicas->all_reduce(f.reduced, f.reduced, f.reduced_count, reduce_op::sum);
@@ -202,14 +238,14 @@ class binned_method {
   // The merge adds the words in place: completing allocates nothing.
   std::size_t completion_bytes(const in_flight&) const { return 0; }
 
-  // Each unit's binned sum rounded once into the fp32 gradient the norm and the optimizer read. A unit
-  // whose sum is empty keeps its zeros; one with a non-finite value is left alone (the norm reports it
-  // and every rank skips the update).
+  // Each unit's binned sum rounded once into the fp32 gradient the norm and the optimizer read (where
+  // its last reduce did not already: start's rounds_now). A unit whose sum is empty keeps its zeros;
+  // one with a non-finite value is left alone (the norm reports it and every rank skips the update).
   void settle() {
     const zero::layout& lay = ctx_.layout;
     for (std::size_t u = 0; u < sums_.size(); ++u) {
       const binned::summary s = sums_[u];
-      if (!s.finite() || s.bin < 0) continue;
+      if (!s.finite() || s.bin < 0 || rounded_[u]) continue;
       const unit_layout& ul = lay.unit(unit_id{u});
       for (std::size_t b = 0; b < kept_blocks(); ++b) {
         const std::int64_t* w = bins_.data() + K * base(ul) + b * K * ul.shard;
@@ -366,6 +402,8 @@ class binned_method {
     // there this step, and its first words are copied in (merge), not added.
     for (auto& s : sums_) s = binned::summary{};
     for (auto& s : started_) s = binned::summary{};
+    std::fill(reduces_.begin(), reduces_.end(), std::size_t{0});
+    std::fill(rounded_.begin(), rounded_.end(), char{0});
   }
 
  private:
@@ -401,6 +439,74 @@ class binned_method {
     return l;
   }
   std::int64_t* store_of(const unit_layout& ul) const { return bins_.data() + K * base(ul); }
+
+  // Every rank counts the reduces it starts: each unit's top so far, in flight, and started this step.
+  void note_started(const std::vector<unit_part<Ctx>>& parts, const std::vector<binned::summary>& agreed) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const std::size_t u = parts[i].unit.index;
+      started_[u] = binned::merge(started_[u], agreed[i]);
+      ++pending_[u];
+      ++reduces_[u];
+    }
+  }
+  // The reduce that exchanges values: rank r's slice of every unit goes to rank r by one all_to_all of
+  // the gradient type (a fused bucket's units side by side in each rank's block; a lone unit's bucket
+  // is that block already), and rank r cuts and sums the N slices when it completes (complete_exchange).
+  in_flight start_exchange(std::vector<unit_part<Ctx>>& parts, const std::vector<binned::summary>& agreed) {
+    const zero::layout& lay = ctx_.layout;
+    const auto ranks = static_cast<std::size_t>(lay.ranks());
+    in_flight f;
+    f.first = parts[0].unit;
+    f.exchanged = true;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      f.parts.push_back({parts[i].unit, parts[i].first, f.block});
+      f.summaries.push_back(agreed[i]);
+      f.block += lay.unit(parts[i].unit).shard;
+    }
+    if (parts.size() == 1) {
+      f.sent = std::move(parts[0].bucket);
+    } else {
+      ctx_.make_room(f.block * ranks * sizeof(grad_type));
+      f.sent = buffer<grad_type, system>(f.block * ranks, mem_category::transient, ctx_.acct, uninitialized);
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        const std::size_t shard = lay.unit(parts[i].unit).shard;
+        for (std::size_t r = 0; r < ranks; ++r)
+          ctx_.sys.copy(f.sent.data() + r * f.block + f.parts[i].at, parts[i].bucket.data() + r * shard,
+                        shard * sizeof(grad_type));
+        parts[i].bucket.reset();
+      }
+    }
+    ctx_.make_room(f.block * ranks * sizeof(grad_type));
+    f.values = buffer<grad_type, system>(f.block * ranks, mem_category::transient, ctx_.acct, uninitialized);
+    const auto l = ctx_.label(parts.size() > 1 ? "reduce bucket" : "reduce", parts[0].unit);
+    f.pending = ctx_.protocol.start_all_to_all(f.sent.data(), f.values.data(), f.block);
+    return f;
+  }
+  // Every rank's values of this rank's slices arrived: each unit's are cut at the larger of its top and
+  // the store's, summed with the store's words (the reduces complete in the order they started), and
+  // stored, or, at the unit's last reduce of the step, rounded at once into the fp32 gradient.
+  void complete_exchange(in_flight& f) {
+    const auto ranks = static_cast<std::size_t>(ctx_.layout.ranks());
+    std::vector<const grad_type*> slices(ranks);
+    for (std::size_t i = 0; i < f.parts.size(); ++i) {
+      const bucket_part& p = f.parts[i];
+      const std::size_t u = p.unit.index;
+      const binned::summary before = sums_[u], in = f.summaries[i];
+      sums_[u] = binned::merge(before, in);
+      if (!sums_[u].finite() || in.bin < 0) continue;  // nothing to add: zeros, or a step that will be skipped
+      const unit_layout& ul = ctx_.layout.unit(p.unit);
+      for (std::size_t r = 0; r < ranks; ++r) slices[r] = f.values.data() + r * f.block + p.at;
+      const bool last = reduces_[u] == static_cast<std::size_t>(ctx_.reduces_per_step()) && pending_[u] == 0;
+      std::int64_t* st = store_of(ul);
+      float* rounded = last ? grads32_.data() + base(ul) : nullptr;
+      ctx_.sys.for_each_index(
+          ul.shard, elementwise::binned_cut_sum_rule<grad_type>{slices.data(), ranks, sums_[u].bin, before.bin, st,
+                                                                st + ul.shard, st + 2 * ul.shard, rounded});
+      rounded_[u] = last;
+    }
+    f.values.reset();
+    f.sent.reset();
+  }
   // Where unit u's words start in bins_ (three planes of what the rank updates: the shard, or in stage
   // 0 every rank's slice, each as three planes, [rank][plane][shard]) and its fp32 rounding in grads32_.
   std::size_t base(const unit_layout& ul) const { return sharded() ? ul.shard_offset : ul.offset; }
@@ -488,6 +594,10 @@ class binned_method {
   // many of its reduces are in flight on this rank.
   std::vector<binned::summary> started_;
   std::vector<std::size_t> pending_;
+  // Each unit's reduces started in this step, and whether its last one already rounded the sum into
+  // grads32_ (settle skips it).
+  std::vector<std::size_t> reduces_;
+  std::vector<char> rounded_;
   // Set in a summary's word on the wire (above its flags) by a rank with a reduce of the unit in flight.
   static constexpr std::int64_t in_flight_mark = std::int64_t{1} << 48;
 };
