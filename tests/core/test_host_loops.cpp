@@ -384,18 +384,21 @@ TEST_CASE_TEMPLATE("host loops: the binned cut adding a store's words equals the
     }
 }
 
+// Words as a store holds them, sums of many terms of either sign (up to about 2^42 in magnitude):
+// carries between planes, cancellations, ties.
+static std::vector<std::int64_t> summed_words(std::mt19937_64& rng, std::size_t len) {
+  std::vector<std::int64_t> v(len);
+  for (auto& x : v) x = static_cast<std::int64_t>(rng() >> (22 + rng() % 30)) - (std::int64_t{1} << 30);
+  return v;
+}
+
 // The cut rounded at once (a unit's last reduce at one rank): the packed loop against the rule, and
 // the rule against the two passes it replaces, the cut adding the store's words, then the rounding.
 TEST_CASE_TEMPLATE("host loops: the binned cut rounded at once equals the cut into the store, then rounded", G, float,
                    bf16, fp16) {
   std::uint32_t seed = 900;
   std::mt19937_64 rng(23);
-  // Words as sums of many terms of either sign: carries between planes, cancellations, ties.
-  const auto words = [&](std::size_t len) {
-    std::vector<std::int64_t> v(len);
-    for (auto& x : v) x = static_cast<std::int64_t>(rng() >> (22 + rng() % 30)) - (std::int64_t{1} << 30);
-    return v;
-  };
+  const auto words = [&](std::size_t len) { return summed_words(rng, len); };
   std::size_t checked = 0;
   for (std::size_t n :
        {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{1003}})
@@ -443,11 +446,7 @@ TEST_CASE_TEMPLATE("host loops: the binned cut and sum of N slices equals the sl
                    float, bf16, fp16) {
   std::uint32_t seed = 1200;
   std::mt19937_64 rng(29);
-  const auto words = [&](std::size_t len) {
-    std::vector<std::int64_t> v(len);
-    for (auto& x : v) x = static_cast<std::int64_t>(rng() >> (22 + rng() % 30)) - (std::int64_t{1} << 30);
-    return v;
-  };
+  const auto words = [&](std::size_t len) { return summed_words(rng, len); };
   std::size_t checked = 0;
   for (std::size_t ranks : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{8}})
     for (std::size_t n :

@@ -342,6 +342,17 @@ class loop_replay {
     while (pending_.size() > limit) complete_oldest();
   }
 
+  // The bucket a reduce sends: a lone unit's own, or a fused bucket's units gathered into one (their
+  // buckets freed).
+  std::uint64_t sent_bucket(const std::vector<std::size_t>& parts, std::uint64_t shard_sum) {
+    if (parts.size() == 1) return std::exchange(live_[parts[0]].bucket, 0);
+    const std::uint64_t bucket = shard_sum * static_cast<std::uint64_t>(s_.ranks) * s_.grad_bytes;
+    make_room(bucket);
+    alloc(bucket);
+    for (std::size_t u : parts) release(live_[u].bucket);
+    return bucket;
+  }
+
   // The method's start: the binned words, or a summing reduce over the exact or quantized wire.
   in_flight start(const std::vector<std::size_t>& parts) {
     const auto n = static_cast<std::uint64_t>(s_.ranks);
@@ -360,16 +371,8 @@ class loop_replay {
       alloc(summaries);
       count(comm::collective::all_gather, summaries, s_.ranks, s_.node_size);
       release(summaries);
-      if (s_.repro_values) {  // the bucket sent (a fused bucket's units gathered into one), the values received
-        if (parts.size() == 1) {
-          f.bucket = live_[parts[0]].bucket;
-          live_[parts[0]].bucket = 0;
-        } else {
-          f.bucket = shard_sum * n * s_.grad_bytes;
-          make_room(f.bucket);
-          alloc(f.bucket);
-          for (std::size_t u : parts) release(live_[u].bucket);
-        }
+      if (s_.repro_values) {  // the bucket sent, the values received
+        f.bucket = sent_bucket(parts, shard_sum);
         f.wire = shard_sum * n * s_.grad_bytes;
         make_room(f.wire);
         alloc(f.wire);
@@ -384,15 +387,7 @@ class loop_replay {
             s_.node_size);
       return f;
     }
-    if (parts.size() == 1) {
-      f.bucket = live_[parts[0]].bucket;
-      live_[parts[0]].bucket = 0;
-    } else {
-      f.bucket = shard_sum * n * s_.grad_bytes;
-      make_room(f.bucket);
-      alloc(f.bucket);
-      for (std::size_t u : parts) release(live_[u].bucket);
-    }
+    f.bucket = sent_bucket(parts, shard_sum);
     if (s_.stage == 0) {
       count(comm::collective::all_reduce, units_[parts[0]].padded * s_.grad_bytes, s_.ranks, s_.node_size);
       return f;
