@@ -28,6 +28,34 @@ namespace detail {
 template <class T, int W>
 using lanes = simd::lanes<T, W>;
 
+// The three words of a magnitude m 2^S on 8 lanes (m < 2^24, S the shift of m above the lowest kept
+// bin's lowest bit, any int64): floor(m 2^S)'s bits [64, 96), [32, 64) and [0, 32), each with the sign
+// `sign` (0 or -1), as to_bins_words' per-word shifts give them. AVX-512's 64-bit shifts give 0 where
+// the count is outside [0, 64), so bits [0, 64) are m << S or m >> -S and bits [64, 96) are
+// m >> (64 - S) or m << (S - 64), one of each pair zero, with no lane out of range. (The masked forms:
+// the unmasked ones read an undefined register, GCC 12 warns.)
+__attribute__((target("avx512f"))) inline void words_of(lanes<std::int64_t, 8> (&out)[binned::words],
+                                                        const lanes<std::int64_t, 8>& m,
+                                                        const lanes<std::int64_t, 8>& shift,
+                                                        const lanes<std::int64_t, 8>& sign) {
+  __m512i mv, sv, gv;
+  std::memcpy(&mv, &m, sizeof mv);
+  std::memcpy(&sv, &shift, sizeof sv);
+  std::memcpy(&gv, &sign, sizeof gv);
+  const __m512i zero = _mm512_setzero_si512(), low32 = _mm512_set1_epi64(0xffffffff);
+  const __m512i above = _mm512_sub_epi64(sv, _mm512_set1_epi64(64));
+  const __m512i lo = _mm512_or_si512(_mm512_maskz_sllv_epi64(0xff, mv, sv),
+                                     _mm512_maskz_srlv_epi64(0xff, mv, _mm512_sub_epi64(zero, sv)));
+  const __m512i hi = _mm512_or_si512(_mm512_maskz_sllv_epi64(0xff, mv, above),
+                                     _mm512_maskz_srlv_epi64(0xff, mv, _mm512_sub_epi64(zero, above)));
+  const __m512i words[binned::words] = {_mm512_and_si512(hi, low32), _mm512_maskz_srli_epi64(0xff, lo, 32),
+                                        _mm512_and_si512(lo, low32)};
+  for (int k = 0; k < binned::words; ++k) {
+    const __m512i w = _mm512_sub_epi64(_mm512_xor_si512(words[k], gv), gv);
+    std::memcpy(&out[k], &w, sizeof w);
+  }
+}
+
 // binned::to_words for K = 3 on W floats at once. Word k of a value is its bits in bin top - k: with
 // |x| = m 2^e (m < 2^24) and s = e - (32 (top - k) + lowest), the word is m << s for 0 <= s < 32,
 // m >> -s for -32 < s < 0, and 0 otherwise (all of m's bits outside the bin), which is the 32-bit
@@ -48,6 +76,11 @@ ZERO_SIMD_INLINE void to_bins_words(std::size_t j, int top, const G* g, lanes<st
   simd::assign_where<W>(biased, field == 0u, u32{} + 1u);
   const i32 e = reinterpret_cast<const i32&>(biased) + (fmt::min_exponent - 1);
   const i64 sign = __builtin_convertvector(reinterpret_cast<const i32&>(u) >> 31, i64);  // 0 or -1
+  if constexpr (W == 8) {  // (the AVX-512 loops': all three words from two 64-bit shifts each)
+    const i32 shift = e - (binned::word_bits * (top - binned::words + 1) + fmt::lowest);
+    words_of(out, __builtin_convertvector(m, i64), __builtin_convertvector(shift, i64), sign);
+    return;
+  }
   for (int k = 0; k < binned::words; ++k) {
     const i32 s = e - (binned::word_bits * (top - k) + fmt::lowest);
     const u32 left = __builtin_convertvector(s & 31, u32), right = __builtin_convertvector((-s) & 31, u32);
