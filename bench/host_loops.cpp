@@ -226,6 +226,20 @@ void binned_cases(std::size_t n, int reps, bool levels) {
         sys::host::for_each(n, round, elementwise::out(out.data()), elementwise::in(c0), elementwise::in(c1),
                             elementwise::in(c2));
       });
+  {  // an owner's cut and sum of 4 ranks' slices (the reduce that exchanges values), rounded or stored
+    std::vector<host_array<float>> ranks;
+    std::vector<const float*> slices;
+    for (int r = 0; r < 4; ++r) ranks.push_back(filled<float>(n, 0.01f * static_cast<float>(r + 1) / 4));
+    for (const auto& r : ranks) slices.push_back(r.data());
+    for (bool rounded : {true, false}) {
+      const elementwise::binned_cut_sum_rule<float> rule{
+          slices.data(), 4, top, top, a0, a1, a2, rounded ? out.data() : nullptr};
+      run_levels(
+          rounded ? "binned cut sum of 4, rounded" : "binned cut sum of 4, stored", "fp32", n,
+          16 + (rounded ? 24 + 4 : 48), reps, levels, [&] { scalar_loop(n, rule); },
+          [&] { sys::host::for_each_index(n, rule); });
+    }
+  }
   std::int64_t sink = 0;
   run_levels(
       "binned summary", "fp32", n, 4, reps, levels,

@@ -504,6 +504,37 @@ TEST_CASE_TEMPLATE("host loops: the binned cut and sum of N slices equals the sl
   CHECK(checked > 10000);
 }
 
+#if defined(ZERO_HOST_SIMD)
+// The packed cut and rounding compute in doubles, which MXCSR's denormals-are-zero, flush-to-zero and
+// rounding mode would change: they run under the IEEE default and give the rules' bits (integers only)
+// whatever state the caller's thread is in, which they leave as it was.
+TEST_CASE("host loops: the binned cut and rounding keep their bits under any MXCSR state, which they restore") {
+  const unsigned saved = _mm_getcsr();
+  const unsigned hostile = 0x1f80u | 0x8000u | 0x0040u | 0x6000u;  // flush-to-zero, denormals-are-zero, toward zero
+  std::mt19937_64 rng(5);
+  const auto small_words = [&](std::size_t len) {  // the digits of sums of a few terms: the double path's inputs
+    std::vector<std::int64_t> v(len);
+    for (auto& x : v) x = static_cast<std::int64_t>(rng() >> 30) - (std::int64_t{1} << 33);
+    return v;
+  };
+  _mm_setcsr(hostile);
+  for (std::size_t n : {std::size_t{33}, std::size_t{1003}}) {
+    const std::vector<float> g = inputs<float>(n, 77 + static_cast<std::uint32_t>(n));  // subnormals among them
+    for (int top : {0, 1}) {  // where subnormals' bits are kept, and sums round to subnormals
+      const std::vector<std::int64_t> w(n, 0);
+      check_rule("to_bins under DAZ top " + std::to_string(top), elementwise::to_bins_rule{top}, n, 0,
+                 std::tuple{g, w, w, w}, {in_mode, out_mode, out_mode, out_mode});
+      check_rule("round under FTZ top " + std::to_string(top), elementwise::round_bins_rule{top}, n, 0,
+                 std::tuple{std::vector<float>(n, -1.0f), small_words(n), small_words(n), small_words(n)},
+                 {out_mode, in_mode, in_mode, in_mode});
+    }
+  }
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(saved);
+  CHECK((after & ~0x3fu) == (hostile & ~0x3fu));  // the caller's mode bits back (the exception flags are sticky)
+}
+#endif
+
 TEST_CASE("host loops: the binned merge equals the per-element rule bit for bit") {
   std::mt19937_64 rng(7);
   const auto words = [&](std::size_t len) {

@@ -11,14 +11,18 @@
 #include "zero/core/elementwise.hpp"
 #include "zero/sys/host_loop.hpp"
 
-// Why these are exact: every pass is integer arithmetic on the values' bits (the summary's largest
-// magnitude, the words' shifts and signs, the merge's int64 additions, the rounding's 128-bit
-// steps), which a lane does as the scalar code does, and the one float operation, the square
-// summary's division by the divisor, is the IEEE division lane by lane. The summary runs on packs at
-// every level; the cut, merge and rounding on AVX-512 only, whose 64-bit lanes have the shifts,
-// conversions and widths they need (with AVX2 and SSE2 the packed cut and merge measured slower than
-// the scalar loop, and the rounding needs AVX-512DQ's conversion), so other levels run the rules one
-// element at a time. The loops are compiled per ISA and picked at run time as in sys/host_loop.hpp.
+// Why these are exact: the scalar rules are integer arithmetic on the values' bits, and each packed
+// pass computes the same integers. The summary, the merge and the fallback rounding do it in integer
+// lanes (the largest magnitude's bits, int64 additions, 128-bit steps). The cut and the common
+// rounding do it in double lanes where every operation is exact or its rounding is the one the rule
+// needs: a float times a power of two, truncations, differences a double holds, sums below 2^53, and
+// a rounding to odd then to nearest (add_words, round_words_odd), under MXCSR's IEEE default
+// (ieee_default). The one float operation of the rules themselves, the square summary's division by
+// the divisor, is the IEEE division lane by lane. The summary runs on packs at every level; the cut,
+// merge and rounding on AVX-512 only, whose 64-bit lanes have the conversions and widths they need
+// (with AVX2 and SSE2 the packed cut and merge measured slower than the scalar loop), so other levels
+// run the rules one element at a time. The loops are compiled per ISA and picked at run time as in
+// sys/host_loop.hpp.
 namespace zero::sys::host_binned {
 
 #if defined(ZERO_HOST_SIMD)
@@ -28,112 +32,128 @@ namespace detail {
 template <class T, int W>
 using lanes = simd::lanes<T, W>;
 
-// The three words of a magnitude m 2^S on 8 lanes (m < 2^24, S the shift of m above the lowest kept
-// bin's lowest bit, any int64): floor(m 2^S)'s bits [64, 96), [32, 64) and [0, 32), each with the sign
-// `sign` (0 or -1), as to_bins_words' per-word shifts give them. AVX-512's 64-bit shifts give 0 where
-// the count is outside [0, 64), so bits [0, 64) are m << S or m >> -S and bits [64, 96) are
-// m >> (64 - S) or m << (S - 64), one of each pair zero, with no lane out of range. (The masked forms:
-// the unmasked ones read an undefined register, GCC 12 warns.)
-__attribute__((target("avx512f"))) inline void words_of(lanes<std::int64_t, 8> (&out)[binned::words],
-                                                        const lanes<std::int64_t, 8>& m,
-                                                        const lanes<std::int64_t, 8>& shift,
-                                                        const lanes<std::int64_t, 8>& sign) {
-  __m512i mv, sv, gv;
-  std::memcpy(&mv, &m, sizeof mv);
-  std::memcpy(&sv, &shift, sizeof sv);
-  std::memcpy(&gv, &sign, sizeof gv);
-  const __m512i zero = _mm512_setzero_si512(), low32 = _mm512_set1_epi64(0xffffffff);
-  const __m512i above = _mm512_sub_epi64(sv, _mm512_set1_epi64(64));
-  const __m512i lo = _mm512_or_si512(_mm512_maskz_sllv_epi64(0xff, mv, sv),
-                                     _mm512_maskz_srlv_epi64(0xff, mv, _mm512_sub_epi64(zero, sv)));
-  const __m512i hi = _mm512_or_si512(_mm512_maskz_sllv_epi64(0xff, mv, above),
-                                     _mm512_maskz_srlv_epi64(0xff, mv, _mm512_sub_epi64(zero, above)));
-  const __m512i words[binned::words] = {_mm512_and_si512(hi, low32), _mm512_maskz_srli_epi64(0xff, lo, 32),
-                                        _mm512_and_si512(lo, low32)};
-  for (int k = 0; k < binned::words; ++k) {
-    const __m512i w = _mm512_sub_epi64(_mm512_xor_si512(words[k], gv), gv);
-    std::memcpy(&out[k], &w, sizeof w);
+// MXCSR at the IEEE default (round to nearest, subnormals read and written, every exception masked)
+// for the object's life, the caller's state restored after it, flags included. The cut's conversion
+// and the rounding's arithmetic in double lanes are exact only there: with denormals-are-zero a
+// subnormal gradient would be cut as zero, with flush-to-zero a subnormal sum would round to zero.
+class ieee_default {
+ public:
+  ieee_default() : saved_(_mm_getcsr()) {
+    if ((saved_ & ~flags) != standard) _mm_setcsr(standard);
   }
-}
+  ~ieee_default() {
+    if ((saved_ & ~flags) != standard) _mm_setcsr(saved_);
+  }
+  ieee_default(const ieee_default&) = delete;
+  ieee_default& operator=(const ieee_default&) = delete;
 
-// binned::to_words for K = 3 on W floats at once. Word k of a value is its bits in bin top - k: with
-// |x| = m 2^e (m < 2^24) and s = e - (32 (top - k) + lowest), the word is m << s for 0 <= s < 32,
-// m >> -s for -32 < s < 0, and 0 otherwise (all of m's bits outside the bin), which is the 32-bit
-// part of to_words' 128-bit window that the word takes (the same bits dropped above the top bin and
-// below the lowest kept one). Shift counts are masked to 0..31 so that no lane shifts out of range.
-template <int W, class G>
-ZERO_SIMD_INLINE void to_bins_words(std::size_t j, int top, const G* g, lanes<std::int64_t, W> (&out)[binned::words]) {
-  using u32 = lanes<std::uint32_t, W>;
-  using i32 = lanes<std::int32_t, W>;
-  using i64 = lanes<std::int64_t, W>;
-  using fmt = binned::format<float>;
-  const u32 u = simd::load_lanes<W>(g + j).bits();
-  const u32 a = u & 0x7fffffffu, field = a >> 23;
-  u32 m = a;  // a subnormal: its fraction
-  simd::assign_where<W>(m, field != 0u, (a & 0x007fffffu) | 0x00800000u);
-  simd::assign_where<W>(m, field == 0xffu, u32{});  // an infinity or NaN: no bits
-  u32 biased = field;
-  simd::assign_where<W>(biased, field == 0u, u32{} + 1u);
-  const i32 e = reinterpret_cast<const i32&>(biased) + (fmt::min_exponent - 1);
-  const i64 sign = __builtin_convertvector(reinterpret_cast<const i32&>(u) >> 31, i64);  // 0 or -1
-  if constexpr (W == 8) {  // (the AVX-512 loops': all three words from two 64-bit shifts each)
-    const i32 shift = e - (binned::word_bits * (top - binned::words + 1) + fmt::lowest);
-    words_of(out, __builtin_convertvector(m, i64), __builtin_convertvector(shift, i64), sign);
-    return;
+ private:
+  static constexpr unsigned standard = 0x1f80, flags = 0x3f;  // the power-on state; the sticky exception flags
+  unsigned saved_;
+};
+
+// The powers of two a cut at `top` multiplies by: scale[k] = 2^-(lsb + 32 k), where lsb is the weight
+// of the lowest kept bin's lowest bit (bin top - 2). Normal doubles for every top.
+struct cut_scales {
+  lanes<double, 8> scale[binned::words + 1];
+  explicit cut_scales(int top) {
+    const int lsb = binned::word_bits * (top - binned::words + 1) + binned::format<float>::lowest;
+    for (int k = 0; k <= binned::words; ++k)
+      scale[k] = lanes<double, 8>{} + __builtin_ldexp(1.0, -(lsb + binned::word_bits * k));
   }
-  for (int k = 0; k < binned::words; ++k) {
-    const i32 s = e - (binned::word_bits * (top - k) + fmt::lowest);
-    const u32 left = __builtin_convertvector(s & 31, u32), right = __builtin_convertvector((-s) & 31, u32);
-    u32 word = u32{};
-    simd::assign_where<W>(word, (s >= 0) & (s < 32), m << left);
-    simd::assign_where<W>(word, (s < 0) & (s > -32), m >> right);
-    out[k] = (__builtin_convertvector(word, i64) ^ sign) - sign;
-  }
+};
+
+// binned::to_words for K = 3 on 8 values, in double lanes, added to d (d[0] the top bin's word). With
+// t_k = trunc(x 2^-(lsb + 32 k)), the word of bin top - 2 + k is t_k - 2^32 t_(k+1): t_k holds x's bits
+// from that bin up, less those above it, which is an integer below 2^32 in magnitude. Every step is
+// exact: x (24 significant bits) times a power of two stays far inside double's range, a truncation
+// drops bits only, and a difference whose exact value a double holds is that value. Truncation is odd,
+// so a negative value's words are its magnitude's negated, as to_words signs them; the bits above the
+// top bin drop as to_words drops them; an infinity or a NaN is cut as zero, as to_words has it. Sums of
+// up to 2^21 values' words stay below 2^53: exact. The conversion reads subnormals only under the IEEE
+// default of MXCSR (ieee_default above), which every loop here runs in. Written out in intrinsics
+// (GCC -O2 kept a loop over the four products, its values on the stack): 13 operations on 8 doubles,
+// where the same cut in 64-bit integer shifts took about 30 instructions. Not always_inline, as
+// floor_lanes below.
+__attribute__((target("avx512f,avx512dq,avx512vl"))) inline void add_words_of(lanes<double, 8> (&d)[binned::words],
+                                                                              const lanes<std::uint32_t, 8>& bits,
+                                                                              const cut_scales& c) {
+  constexpr int trunc = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+  __m256i u;
+  std::memcpy(&u, &bits, sizeof u);
+  const __m256i magnitude = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __mmask8 finite = _mm256_cmplt_epu32_mask(magnitude, _mm256_set1_epi32(0x7f800000));
+  const __m512d x = _mm512_maskz_cvtps_pd(finite, _mm256_castsi256_ps(u));  // an infinity or NaN: no bits
+  __m512d s[binned::words + 1];
+  std::memcpy(s, c.scale, sizeof s);
+  const __m512d t0 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[0]), trunc);
+  const __m512d t1 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[1]), trunc);
+  const __m512d t2 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[2]), trunc);
+  const __m512d t3 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[3]), trunc);
+  const __m512d base = _mm512_set1_pd(0x1p32);
+  __m512d w[binned::words];
+  std::memcpy(w, d, sizeof w);
+  w[0] = _mm512_add_pd(w[0], _mm512_fnmadd_pd(t3, base, t2));  // t2 - 2^32 t3, exact: fused or not
+  w[1] = _mm512_add_pd(w[1], _mm512_fnmadd_pd(t2, base, t1));
+  w[2] = _mm512_add_pd(w[2], _mm512_fnmadd_pd(t1, base, t0));
+  std::memcpy(d, w, sizeof w);
 }
-template <int W, class G>
-ZERO_SIMD_INLINE void to_bins(std::size_t j, int top, const G* g, std::int64_t* const* w) {
-  lanes<std::int64_t, W> words[binned::words];
-  to_bins_words<W>(j, top, g, words);
+template <class G>
+ZERO_SIMD_INLINE void add_words(std::size_t j, const cut_scales& c, const G* g, lanes<double, 8> (&d)[binned::words]) {
+  add_words_of(d, simd::load_lanes<8>(g + j).bits(), c);
+}
+template <class G>
+ZERO_SIMD_INLINE void to_bins_words(std::size_t j, const cut_scales& c, const G* g,
+                                    lanes<std::int64_t, 8> (&out)[binned::words]) {
+  lanes<double, 8> d[binned::words] = {};
+  add_words(j, c, g, d);
+  for (int k = 0; k < binned::words; ++k) out[k] = __builtin_convertvector(d[k], lanes<std::int64_t, 8>);
+}
+template <class G>
+ZERO_SIMD_INLINE void to_bins(std::size_t j, const cut_scales& c, const G* g, std::int64_t* const* w) {
+  lanes<std::int64_t, 8> words[binned::words];
+  to_bins_words(j, c, g, words);
   for (int k = 0; k < binned::words; ++k) std::memcpy(w[k] + j, &words[k], sizeof words[k]);
 }
 
-// The int64 lanes of a W-float register's loop: W / 2, so that a pack of words is one register (a
-// vector twice the register's width is lowered to slow generic code), and at least 4 (a pack's least).
-template <int W>
-inline constexpr int word_lanes = W / 2 < 4 ? 4 : W / 2;
-
+// The cut, the merge and the rounding are packed on AVX-512 only (W == 16, eight 64-bit lanes): with
+// AVX2 and SSE2 their integer forms measured slower than the scalar loop (AVX2 has no conversion
+// between doubles and 64-bit integers, and its 64-bit lanes no variable shifts both ways).
 template <int W, class G>
 ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rule& r, const G* g, std::int64_t* w0,
                            std::int64_t* w1, std::int64_t* w2) {
-  constexpr int V = word_lanes<W>;
   std::int64_t* const w[3] = {w0, w1, w2};
   std::size_t j = 0;
-  if constexpr (W == 16)  // measured slower than the scalar loop with AVX2 and SSE2 (their 64-bit lanes)
-    for (; j + V <= n; j += V) to_bins<V>(j, r.top, g, w);
+  if constexpr (W == 16) {
+    const cut_scales c(r.top);
+    for (; j + 8 <= n; j += 8) to_bins(j, c, g, w);
+  }
   for (; j < n; ++j) r(j, g, w0, w1, w2);
 }
 
 // to_bins_adding_rule: the cut, then the store's planes re-expressed for the cut's top (plane k takes
 // plane k - d, or nothing) added before the words are stored (where the store may be the output).
 template <int W, class G>
-ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_adding_rule& r, const G* g,
-                           const std::int64_t* s0, const std::int64_t* s1, const std::int64_t* s2, std::int64_t* w0,
-                           std::int64_t* w1, std::int64_t* w2) {
-  constexpr int V = word_lanes<W>;
+ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_adding_rule& r, const G* g, const std::int64_t* s0,
+                           const std::int64_t* s1, const std::int64_t* s2, std::int64_t* w0, std::int64_t* w1,
+                           std::int64_t* w2) {
   constexpr int K = binned::words;
   const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
   std::size_t j = 0;
-  if (W == 16 && d >= 0) {  // (as the cut: AVX-512 only)
-    const std::int64_t* const st[K] = {s0, s1, s2};
-    std::int64_t* const out[K] = {w0, w1, w2};
-    for (; j + V <= n; j += V) {
-      lanes<std::int64_t, V> words[K], kept[K];
-      to_bins_words<V>(j, r.top, g, words);
-      // every store plane loaded before any is written: the output may be the store itself
-      for (int k = 0; k < K; ++k) std::memcpy(&kept[k], st[k] + j, sizeof kept[k]);
-      for (int k = 0; k < K; ++k) {
-        if (k - d >= 0) words[k] += kept[k - d];
-        std::memcpy(out[k] + j, &words[k], sizeof words[k]);
+  if constexpr (W == 16) {
+    if (d >= 0) {
+      const cut_scales c(r.top);
+      const std::int64_t* const st[K] = {s0, s1, s2};
+      std::int64_t* const out[K] = {w0, w1, w2};
+      for (; j + 8 <= n; j += 8) {
+        lanes<std::int64_t, 8> words[K], kept[K];
+        to_bins_words(j, c, g, words);
+        // every store plane loaded before any is written: the output may be the store itself
+        for (int k = 0; k < K; ++k) std::memcpy(&kept[k], st[k] + j, sizeof kept[k]);
+        for (int k = 0; k < K; ++k) {
+          if (k - d >= 0) words[k] += kept[k - d];
+          std::memcpy(out[k] + j, &words[k], sizeof words[k]);
+        }
       }
     }
   }
@@ -146,16 +166,15 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_adding_rule
 template <int W>
 ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::merge_bins_rule& r, std::int64_t* s0, std::int64_t* s1,
                            std::int64_t* s2, const std::int64_t* w0, const std::int64_t* w1, const std::int64_t* w2) {
-  constexpr int V = word_lanes<W>;
-  using i64 = lanes<std::int64_t, V>;
+  using i64 = lanes<std::int64_t, 8>;
   constexpr int K = binned::words;
   const auto shift = [&](int from) { return from == r.to ? 0 : from < 0 ? K : r.to - from; };  // binned::realign's d
   const int ds = shift(r.store_top), dw = shift(r.in_top);
   std::size_t j = 0;
-  if (W == 16 && ds >= 0 && dw >= 0) {  // (as the cut: AVX-512 only)
+  if (W == 16 && ds >= 0 && dw >= 0) {
     std::int64_t* const st[K] = {s0, s1, s2};
     const std::int64_t* const in[K] = {w0, w1, w2};
-    for (; j + V <= n; j += V) {
+    for (; j + 8 <= n; j += 8) {
       i64 a[K], b[K];
       for (int k = 0; k < K; ++k) {
         std::memcpy(&a[k], st[k] + j, sizeof(i64));
@@ -269,6 +288,57 @@ ZERO_SIMD_INLINE void round_words(lanes<std::uint32_t, 8>& out, int top, const l
   bits &= (all | -all) >> 63;  // an exact zero is +0
   out = __builtin_convertvector(bits, lanes<std::uint32_t, 8>);
 }
+// binned::round_128<float> on 8 lanes through doubles, for packs whose magnitude is below 2^116 (any
+// sum of up to 2^19 terms: their top words' digits are below 2^32). The sum a 2^64 + b 2^32 + c is
+// normalized to hi 2^64 + lo (the carries of c and b moved up with arithmetic shifts, lo below 2^64),
+// its magnitude is H 2^64 + L, and it is rounded to odd in 53 bits: H is exact as a double, L and then
+// H 2^64 + L are rounded toward zero, and the lowest bit is set where either dropped a bit (the sum's
+// drop measured exactly: S - H 2^64 is exact by Sterbenz's lemma). Toward zero twice is toward zero
+// once, as H 2^64 lies on the sum's grid while the sum is below 2^117. Scaled by 2^lsb (exact) and
+// converted to float to nearest: a value rounded to odd with two or more extra bits rounds as the value
+// itself (Boldo and Melquiond), subnormal results and overflow to infinity included. Every operation's
+// rounding is given in the instruction, not read from MXCSR. About 30 operations, where round_words'
+// 128-bit steps take about 80. Returns false, having written nothing, where a lane's H is 2^52 or more.
+__attribute__((target("avx512f,avx512dq,avx512vl"))) inline bool round_words_odd(lanes<std::uint32_t, 8>& out, int top,
+                                                                                 const lanes<std::int64_t, 8>& a,
+                                                                                 const lanes<std::int64_t, 8>& b,
+                                                                                 const lanes<std::int64_t, 8>& c) {
+  constexpr int zero_ward = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC,
+                nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  constexpr __mmask8 all = 0xff;  // (the masked forms: see shift above)
+  __m512i av, bv, cv;
+  std::memcpy(&av, &a, sizeof av);
+  std::memcpy(&bv, &b, sizeof bv);
+  std::memcpy(&cv, &c, sizeof cv);
+  const __m512i carried = _mm512_add_epi64(bv, _mm512_maskz_srai_epi64(all, cv, 32));
+  const __m512i lo =
+      _mm512_or_si512(_mm512_maskz_slli_epi64(all, carried, 32), _mm512_and_si512(cv, _mm512_set1_epi64(0xffffffff)));
+  const __m512i hi = _mm512_add_epi64(av, _mm512_maskz_srai_epi64(all, carried, 32));
+  // the magnitude: 0 - (hi 2^64 + lo) = (~hi + [lo == 0]) 2^64 + (0 - lo) where negative
+  const __mmask8 negative = _mm512_movepi64_mask(hi);
+  const __m512i mlo = _mm512_mask_sub_epi64(lo, negative, _mm512_setzero_si512(), lo);
+  __m512i mhi = _mm512_mask_xor_epi64(hi, negative, hi, _mm512_set1_epi64(-1));
+  mhi = _mm512_mask_add_epi64(mhi, negative & _mm512_testn_epi64_mask(lo, lo), mhi, _mm512_set1_epi64(1));
+  if (_mm512_cmpge_epu64_mask(mhi, _mm512_set1_epi64(std::int64_t{1} << 52)) != 0) return false;
+  const __m512d high = _mm512_mul_pd(_mm512_maskz_cvtepu64_pd(all, mhi), _mm512_set1_pd(0x1p64));  // exact
+  const __m512d low = _mm512_maskz_cvt_roundepu64_pd(all, mlo, zero_ward);
+  __mmask8 inexact = _mm512_cmpneq_epu64_mask(_mm512_maskz_cvtt_roundpd_epu64(all, low, _MM_FROUND_NO_EXC), mlo);
+  const __m512d sum = _mm512_maskz_add_round_pd(all, high, low, zero_ward);
+  inexact |= _mm512_cmp_pd_mask(_mm512_maskz_sub_round_pd(all, sum, high, nearest), low, _CMP_NEQ_OQ);
+  const __m512i odd =
+      _mm512_mask_or_epi64(_mm512_castpd_si512(sum), inexact, _mm512_castpd_si512(sum), _mm512_set1_epi64(1));
+  const int lsb = binned::word_bits * (top - binned::words + 1) + binned::format<float>::lowest;
+  const __m512d scaled = _mm512_mul_pd(_mm512_castsi512_pd(odd), _mm512_set1_pd(__builtin_ldexp(1.0, lsb)));
+  __m256i bits = _mm256_castps_si256(_mm512_maskz_cvt_roundpd_ps(all, scaled, nearest));
+  bits = _mm256_mask_or_epi32(bits, negative, bits, _mm256_set1_epi32(std::int32_t{-2147483647 - 1}));
+  std::memcpy(&out, &bits, sizeof out);
+  return true;
+}
+// The rounding of 8 lanes: round_words_odd, or round_words where its magnitude is too large.
+ZERO_SIMD_INLINE void round_pack(lanes<std::uint32_t, 8>& out, int top, const lanes<std::int64_t, 8>& a,
+                                 const lanes<std::int64_t, 8>& b, const lanes<std::int64_t, 8>& c) {
+  if (!round_words_odd(out, top, a, b, c)) round_words(out, top, a, b, c);
+}
 ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::int64_t* w0, const std::int64_t* w1,
                                  const std::int64_t* w2) {
   lanes<std::int64_t, 8> a, b, c;
@@ -276,7 +346,7 @@ ZERO_SIMD_INLINE void round_bins(std::size_t j, int top, float* g, const std::in
   std::memcpy(&b, w1 + j, sizeof b);
   std::memcpy(&c, w2 + j, sizeof c);
   lanes<std::uint32_t, 8> out;
-  round_words(out, top, a, b, c);
+  round_pack(out, top, a, b, c);
   std::memcpy(g + j, &out, sizeof out);
 }
 
@@ -297,19 +367,20 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rounding_ru
   constexpr int K = binned::words;
   const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
   std::size_t j = 0;
-  if constexpr (W == 16) {  // (as the cut and the rounding: AVX-512 only)
+  if constexpr (W == 16) {
     if (d >= 0) {
+      const cut_scales c(r.top);
       const std::int64_t* const st[K] = {s0, s1, s2};
       for (; j + 8 <= n; j += 8) {
         lanes<std::int64_t, 8> words[K];
-        to_bins_words<8>(j, r.top, g, words);
+        to_bins_words(j, c, g, words);
         for (int k = d; k < K; ++k) {
           lanes<std::int64_t, 8> kept;
           std::memcpy(&kept, st[k - d] + j, sizeof kept);
           words[k] += kept;
         }
         lanes<std::uint32_t, 8> bits;
-        round_words(bits, r.top, words[0], words[1], words[2]);
+        round_pack(bits, r.top, words[0], words[1], words[2]);
         std::memcpy(out + j, &bits, sizeof bits);
       }
     }
@@ -317,21 +388,25 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rounding_ru
   for (; j < n; ++j) r(j, g, s0, s1, s2, out);
 }
 
-// binned_cut_sum_rule: each slice's pack cut and summed in registers, the store's words added, then
-// stored or rounded (round_words): the rule's integers, eight elements at a time.
+// binned_cut_sum_rule: each slice's pack cut and summed in registers (in double lanes, exact: see
+// add_words; in groups of 2^21 slices), the store's words added, then stored or rounded, eight elements
+// at a time.
 template <int W, class G>
 ZERO_SIMD_INLINE void cut_sum(std::size_t n, const elementwise::binned_cut_sum_rule<G>& r) {
   constexpr int K = binned::words;
+  constexpr std::size_t group = std::size_t{1} << 21;
   const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
   std::int64_t* const st[K] = {r.s0, r.s1, r.s2};
   std::size_t j = 0;
-  if constexpr (W == 16) {  // (as the cut: AVX-512 only)
+  if constexpr (W == 16) {
     if (d >= 0) {
+      const cut_scales c(r.top);
       for (; j + 8 <= n; j += 8) {
-        lanes<std::int64_t, 8> sum[K] = {}, words[K];
-        for (std::size_t k = 0; k < r.count; ++k) {
-          to_bins_words<8>(j, r.top, r.slices[k], words);
-          for (int b = 0; b < K; ++b) sum[b] += words[b];
+        lanes<std::int64_t, 8> sum[K] = {};
+        for (std::size_t first = 0; first < r.count; first += group) {
+          lanes<double, 8> words[K] = {};
+          for (std::size_t k = first; k < r.count && k < first + group; ++k) add_words(j, c, r.slices[k], words);
+          for (int b = 0; b < K; ++b) sum[b] += __builtin_convertvector(words[b], lanes<std::int64_t, 8>);
         }
         for (int b = d; b < K; ++b) {
           lanes<std::int64_t, 8> kept;
@@ -340,7 +415,7 @@ ZERO_SIMD_INLINE void cut_sum(std::size_t n, const elementwise::binned_cut_sum_r
         }
         if (r.rounded) {
           lanes<std::uint32_t, 8> bits;
-          round_words(bits, r.top, sum[0], sum[1], sum[2]);
+          round_pack(bits, r.top, sum[0], sum[1], sum[2]);
           std::memcpy(r.rounded + j, &bits, sizeof bits);
         } else {
           for (int b = 0; b < K; ++b) std::memcpy(st[b] + j, &sum[b], sizeof sum[b]);
@@ -503,12 +578,14 @@ ZERO_SIMD_INLINE std::size_t square_digits(const G* g, std::size_t n, float divi
 template <class Rule, class... Ts>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void run_avx512(std::size_t n, const Rule& rule,
                                                                                        Ts*... p) {
+  const ieee_default scope;
   loop<16>(n, rule, p...);
   _mm256_zeroupper();
 }
 template <class G>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void cut_sum_avx512(
     std::size_t n, const elementwise::binned_cut_sum_rule<G>& rule) {
+  const ieee_default scope;
   cut_sum<16>(n, rule);
   _mm256_zeroupper();
 }
