@@ -2,6 +2,7 @@
 // scalar code's bits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -54,12 +55,20 @@ class ieee_default {
 
 // The powers of two a cut at `top` multiplies by: scale[k] = 2^-(lsb + 32 k), where lsb is the weight
 // of the lowest kept bin's lowest bit (bin top - 2). Normal doubles for every top.
+// `above`: the bits of the least float magnitude with bits above the top bin, 2^(lsb + 96) (every
+// float is at or above a subnormal's bits; none is above where that power passes the largest finite).
 struct cut_scales {
   lanes<double, 8> scale[binned::words + 1];
+  std::uint32_t above;
   explicit cut_scales(int top) {
-    const int lsb = binned::word_bits * (top - binned::words + 1) + binned::format<float>::lowest;
+    using fmt = binned::format<float>;
+    const int lsb = binned::word_bits * (top - binned::words + 1) + fmt::lowest;
     for (int k = 0; k <= binned::words; ++k)
       scale[k] = lanes<double, 8>{} + __builtin_ldexp(1.0, -(lsb + binned::word_bits * k));
+    const int e = lsb + binned::word_bits * binned::words;  // at least -128, past float's subnormals
+    above = e > 127     ? 0x7f800000u
+            : e >= -126 ? static_cast<std::uint32_t>(e + 127) << 23
+                        : 1u << (e - fmt::min_exponent);
   }
 };
 
@@ -68,16 +77,20 @@ struct cut_scales {
 // from that bin up, less those above it, which is an integer below 2^32 in magnitude. Every step is
 // exact: x (24 significant bits) times a power of two stays far inside double's range, a truncation
 // drops bits only, and a difference whose exact value a double holds is that value. Truncation is odd,
-// so a negative value's words are its magnitude's negated, as to_words signs them; the bits above the
-// top bin drop as to_words drops them; an infinity or a NaN is cut as zero, as to_words has it. Sums of
-// up to 2^21 values' words stay below 2^53: exact. The conversion reads subnormals only under the IEEE
-// default of MXCSR (ieee_default above), which every loop here runs in. Written out in intrinsics
-// (GCC -O2 kept a loop over the four products, its values on the stack): 13 operations on 8 doubles,
-// where the same cut in 64-bit integer shifts took about 30 instructions. Not always_inline, as
-// floor_lanes below.
-__attribute__((target("avx512f,avx512dq,avx512vl"))) inline void add_words_of(lanes<double, 8> (&d)[binned::words],
-                                                                              const lanes<std::uint32_t, 8>& bits,
-                                                                              const cut_scales& c) {
+// so a negative value's words are its magnitude's negated, as to_words signs them; an infinity or a NaN
+// is cut as zero, as to_words has it. Sums of up to 2^21 values' words stay below 2^53: exact. The
+// conversion reads subnormals only under the IEEE default of MXCSR (ieee_default above), which every
+// loop here runs in. Written out in intrinsics (GCC -O2 kept a loop over the products, its values on
+// the stack), not always_inline (as floor_lanes below).
+//
+// The bits above the top bin drop as to_words drops them: t_3 is subtracted from the top word. A cut
+// at the agreed top never has such bits, so Above = false leaves t_3 out (10 operations on 8 doubles
+// instead of 13, where the same cut in 64-bit integer shifts took about 30 instructions) and returns
+// the lanes that do have them, which the caller cuts again with Above = true.
+template <bool Above>
+__attribute__((target("avx512f,avx512dq,avx512vl"))) inline unsigned add_words_of(lanes<double, 8> (&d)[binned::words],
+                                                                                  const lanes<std::uint32_t, 8>& bits,
+                                                                                  const cut_scales& c) {
   constexpr int trunc = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
   __m256i u;
   std::memcpy(&u, &bits, sizeof u);
@@ -89,24 +102,35 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) inline void add_words_of(la
   const __m512d t0 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[0]), trunc);
   const __m512d t1 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[1]), trunc);
   const __m512d t2 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[2]), trunc);
-  const __m512d t3 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[3]), trunc);
   const __m512d base = _mm512_set1_pd(0x1p32);
   __m512d w[binned::words];
   std::memcpy(w, d, sizeof w);
-  w[0] = _mm512_add_pd(w[0], _mm512_fnmadd_pd(t3, base, t2));  // t2 - 2^32 t3, exact: fused or not
+  __mmask8 above = 0;
+  if constexpr (Above) {
+    const __m512d t3 = _mm512_maskz_roundscale_pd(0xff, _mm512_mul_pd(x, s[3]), trunc);
+    w[0] = _mm512_add_pd(w[0], _mm512_fnmadd_pd(t3, base, t2));  // t2 - 2^32 t3, exact: fused or not
+  } else {
+    above = _mm256_mask_cmpge_epu32_mask(finite, magnitude, _mm256_set1_epi32(static_cast<int>(c.above)));
+    w[0] = _mm512_add_pd(w[0], t2);
+  }
   w[1] = _mm512_add_pd(w[1], _mm512_fnmadd_pd(t2, base, t1));
   w[2] = _mm512_add_pd(w[2], _mm512_fnmadd_pd(t1, base, t0));
   std::memcpy(d, w, sizeof w);
+  return above;
 }
-template <class G>
-ZERO_SIMD_INLINE void add_words(std::size_t j, const cut_scales& c, const G* g, lanes<double, 8> (&d)[binned::words]) {
-  add_words_of(d, simd::load_lanes<8>(g + j).bits(), c);
+template <bool Above, class G>
+ZERO_SIMD_INLINE unsigned add_words(std::size_t j, const cut_scales& c, const G* g,
+                                    lanes<double, 8> (&d)[binned::words]) {
+  return add_words_of<Above>(d, simd::load_lanes<8>(g + j).bits(), c);
 }
 template <class G>
 ZERO_SIMD_INLINE void to_bins_words(std::size_t j, const cut_scales& c, const G* g,
                                     lanes<std::int64_t, 8> (&out)[binned::words]) {
   lanes<double, 8> d[binned::words] = {};
-  add_words(j, c, g, d);
+  if (add_words<false>(j, c, g, d) != 0) {
+    for (auto& x : d) x = lanes<double, 8>{};
+    add_words<true>(j, c, g, d);
+  }
   for (int k = 0; k < binned::words; ++k) out[k] = __builtin_convertvector(d[k], lanes<std::int64_t, 8>);
 }
 template <class G>
@@ -328,7 +352,8 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) inline bool round_words_odd
   const __m512i odd =
       _mm512_mask_or_epi64(_mm512_castpd_si512(sum), inexact, _mm512_castpd_si512(sum), _mm512_set1_epi64(1));
   const int lsb = binned::word_bits * (top - binned::words + 1) + binned::format<float>::lowest;
-  const __m512d scaled = _mm512_mul_pd(_mm512_castsi512_pd(odd), _mm512_set1_pd(__builtin_ldexp(1.0, lsb)));
+  const __m512i power = _mm512_set1_epi64(static_cast<std::int64_t>(1023 + lsb) << 52);  // 2^lsb, a normal double
+  const __m512d scaled = _mm512_mul_pd(_mm512_castsi512_pd(odd), _mm512_castsi512_pd(power));
   __m256i bits = _mm256_castps_si256(_mm512_maskz_cvt_roundpd_ps(all, scaled, nearest));
   bits = _mm256_mask_or_epi32(bits, negative, bits, _mm256_set1_epi32(std::int32_t{-2147483647 - 1}));
   std::memcpy(&out, &bits, sizeof out);
@@ -404,8 +429,14 @@ ZERO_SIMD_INLINE void cut_sum(std::size_t n, const elementwise::binned_cut_sum_r
       for (; j + 8 <= n; j += 8) {
         lanes<std::int64_t, 8> sum[K] = {};
         for (std::size_t first = 0; first < r.count; first += group) {
+          const std::size_t last = std::min(r.count, first + group);
           lanes<double, 8> words[K] = {};
-          for (std::size_t k = first; k < r.count && k < first + group; ++k) add_words(j, c, r.slices[k], words);
+          unsigned above = 0;
+          for (std::size_t k = first; k < last; ++k) above |= add_words<false>(j, c, r.slices[k], words);
+          if (above != 0) {  // bits above the top bin (never at the agreed top): the full cut
+            for (auto& x : words) x = lanes<double, 8>{};
+            for (std::size_t k = first; k < last; ++k) add_words<true>(j, c, r.slices[k], words);
+          }
           for (int b = 0; b < K; ++b) sum[b] += __builtin_convertvector(words[b], lanes<std::int64_t, 8>);
         }
         for (int b = d; b < K; ++b) {
