@@ -460,12 +460,13 @@ TEST_CASE_TEMPLATE("host loops: the binned cut and sum of N slices equals the sl
       if (own < 0) continue;
       std::vector<const G*> slices;
       for (const auto& v : values) slices.push_back(v.data());
-      // (cut top, store top): no store, equal, the store below by 1 and 3+, the cut above the values'.
-      const std::pair<int, int> tops[] = {
-          {own, -1}, {own, own}, {own, own - 1}, {own + 1, own - 3}, {own + 1, own + 1}};
+      // (cut top, store top): no store, equal, the store below by 1 and 3+, the cut above the values',
+      // and below them (their bits above the top bin drop, as the cut's rule drops them).
+      const std::pair<int, int> tops[] = {{own, -1},          {own, own},         {own, own - 1},
+                                          {own + 1, own - 3}, {own + 1, own + 1}, {own - 1, -1}};
       for (auto [top, store_top] : tops)
         for (bool round : {false, true}) {
-          if (store_top > top || top > 8) continue;
+          if (store_top > top || top > 8 || top < 0) continue;
           const std::string name = "cut sum of " + std::to_string(ranks) + " top " + std::to_string(top) + "," +
                                    std::to_string(store_top) + (round ? " rounded" : "");
           const std::vector<std::int64_t> s0 = words(n), s1 = words(n), s2 = words(n);
