@@ -640,15 +640,15 @@ TEST_CASE("reproducible: model states and bytes per step equal the formulas, eve
                                                        : 2 * psi + (28 + 12) * psi / nn;
       CHECK(r.model_state_formula == states);
       for (const auto& mem : r.memory) CHECK(mem.model_state_bytes() == states);
-      // Per element reduced: stage 0's all-reduce of the 24 bytes of words; stages 1-3 send the bf16
-      // values to their slices' owners (all_to_all), 2 bytes. 8 (N - 1) per unit and micro-batch for the
-      // bins, and the bf16 parameter all-gathers as in the default mode; 4 units.
+      // Per element reduced: every stage sends the bf16 values to their slices' owners (all_to_all), 2
+      // bytes; 8 (N - 1) per unit and micro-batch for the bins; then the bf16 parameter all-gathers as
+      // in the default mode, and in stage 0 the all-gather of the rounded fp32 gradient, once; 4 units.
       const std::uint64_t part = psi / nn * (nn - 1);
-      const std::uint64_t grads = mm * ((Stage::stage == 0 ? 2 * 24 : 2) * part + 8 * (nn - 1) * 4);
-      const std::uint64_t params = Stage::stage == 0 ? 0 : Stage::stage == 3 ? 2 * mm * 2 * part : 2 * part;
+      const std::uint64_t grads = mm * (2 * part + 8 * (nn - 1) * 4);
+      const std::uint64_t params = Stage::stage == 0 ? 4 * part : Stage::stage == 3 ? 2 * mm * 2 * part : 2 * part;
       CHECK(r.comm_formula == grads + params);
       CHECK(r.comm_formula ==
-            zero::formula::reproducible_comm_bytes_per_step(Stage::stage, psi, n, 2, m, 4, 0, 0, Stage::stage ? 2 : 0));
+            zero::formula::reproducible_comm_bytes_per_step(Stage::stage, psi, n, 2, m, 4, 0, 0, n > 1 ? 2 : 0));
       for (const auto& c : r.comm) {
         CHECK(c.last_step.total_bytes() == grads + params);
         // The norm's agreement: one summary, the optimizer's hash and four words per rank, all-gathered

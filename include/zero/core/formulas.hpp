@@ -186,13 +186,17 @@ inline constexpr std::size_t reproducible_wire_bytes = 3 * 8;  // on the wire, p
 inline constexpr std::size_t reproducible_grad_bytes = reproducible_wire_bytes + 4;
 // and each reduce first agrees on the bins: one int64 per unit and rank, all-gathered.
 inline constexpr std::size_t reproducible_summary_bytes = 8;
-// Where the optimizer states are sharded over more than one rank, without replicated shard groups,
-// over a backend with all_to_all (every backend of the library), a reduce exchanges the gradient
-// values instead: each slice goes to the rank that holds its words (all_to_all, the gradient type's
-// bytes per element), which cuts and sums them itself. Elsewhere the words travel.
+// Over more than one rank, without replicated shard groups, over a backend with all_to_all (every
+// backend of the library), a reduce exchanges the gradient values instead: each slice goes to the
+// rank that holds its words (all_to_all, the gradient type's bytes per element), which cuts and sums
+// them itself. In stage 0, where every rank updates every element, each rank then rounds its slice at
+// the unit's last reduce of the step and one all-gather of the fp32 gradient (4 bytes per element)
+// gives every rank the whole. Elsewhere the words travel.
 inline constexpr bool reproducible_exchanges_values(int stage, int n, int replicas, bool has_all_to_all) {
-  return stage >= 1 && n > 1 && replicas == 1 && has_all_to_all;
+  return stage >= 0 && n > 1 && replicas == 1 && has_all_to_all;
 }
+// The rounded fp32 gradient's element, all-gathered once per unit and step where stage 0 exchanges values.
+inline constexpr std::size_t reproducible_gathered_bytes = 4;
 
 // Model-state bytes per rank in that mode. Every stage reduces into a transient bucket (kernels never
 // write the persistent store), so the store covers what the rank updates: all of Psi in stage 0, its
@@ -213,7 +217,8 @@ inline std::uint64_t reproducible_model_state_bytes(int stage, std::uint64_t psi
 // stages 1-3), or where it exchanges values (value_bytes > 0: reproducible_exchanges_values) their
 // g = value_bytes per element by all_to_all, after the all-gather of one summary per unit and rank,
 // and the parameters move as in the default mode (param_bytes per element):
-//   stage 0:     M (2 x 24 Psi (N-1)/N + 8 (N-1) U)
+//   stage 0:     M (2 x 24 Psi (N-1)/N + 8 (N-1) U)     (values: M (g Psi (N-1)/N + 8 (N-1) U) + 4 Psi (N-1)/N,
+//                                                        the rounded gradient all-gathered once)
 //   stages 1-2:  M (24 Psi (N-1)/N + 8 (N-1) U) + p Psi (N-1)/N   (values: g for 24)
 //   stage 3:     M (24 Psi (N-1)/N + 8 (N-1) U) + p (2M (Psi - Psi_p + extra_gathered) + Psi_p) (N-1)/N
 // (Psi_p: the persistent units' elements, gathered once after the update instead of in every pass;
@@ -234,14 +239,14 @@ inline std::uint64_t reproducible_comm_bytes_per_step(int stage, std::uint64_t p
   using detail::add, detail::mul;
   const auto m = static_cast<std::uint64_t>(micro_batches), nn = static_cast<std::uint64_t>(n);
   const std::uint64_t part = psi / nn * (nn - 1);  // Psi (N-1)/N elements
-  ZERO_CHECK(value_bytes == 0 || stage >= 1, invalid_argument, "formula: stage 0 reduces the words, not the values");
   const std::uint64_t grads = mul(value_bytes > 0 ? value_bytes : (stage == 0 ? 2 : 1) * reproducible_wire_bytes, part);
   const std::uint64_t summaries = mul(reproducible_summary_bytes * (nn - 1), units);
+  const std::uint64_t gathered = stage == 0 && value_bytes > 0 ? mul(part, reproducible_gathered_bytes) : 0;
   std::uint64_t params = 0;
   if (stage == 1 || stage == 2) params = mul(part, param_bytes);
   if (stage == 3)
     params = mul(add(mul(2 * m, add(psi - persistent, extra_gathered)), persistent) / nn * (nn - 1), param_bytes);
-  return add(mul(m, add(grads, summaries)), params);
+  return add(add(mul(m, add(grads, summaries)), params), gathered);
 }
 
 // Replicated shard groups (engine_options::shard_group_size = S, R = N / S groups): the bytes each

@@ -99,6 +99,7 @@ class loop_replay {
     std::uint64_t prefetched = 0, prefetch_wire = 0;  // a prefetch's buffer and qwZ wire
     std::size_t gather_bucket = no_bucket;            // the gather bucket it arrives in (gather_wires_)
     std::uint64_t bucket = 0;                         // grads(u)'s bucket until reduce(u)
+    int reduces = 0, pending = 0;                     // its reduces started this step, and those in flight
   };
   static constexpr std::size_t no_bucket = static_cast<std::size_t>(-1);
 
@@ -364,6 +365,10 @@ class loop_replay {
       shard_sum += units_[u].shard;
       shards.push_back(units_[u].shard);
     }
+    for (std::size_t u : parts) {
+      ++live_[u].reduces;
+      ++live_[u].pending;
+    }
     if (s_.repro) {
       // One summary per unit and rank, all-gathered; then the words (three planes of the shards).
       std::uint64_t summaries = parts.size() * n * formula::reproducible_summary_bytes;
@@ -436,12 +441,21 @@ class loop_replay {
     }
     release(f.wire);
     release(f.bucket);
+    for (std::size_t u : f.units) {
+      unit_state& t = live_[u];
+      --t.pending;
+      // Stage 0 exchanging values: at a unit's last reduce, its rounded fp32 gradient all-gathered in place.
+      if (s_.repro_values && s_.stage == 0 && t.pending == 0 && t.reduces == o_.micro_batches)
+        count(comm::collective::all_gather, units_[u].padded * formula::reproducible_gathered_bytes, s_.ranks,
+              s_.node_size);
+    }
   }
 
   // step(): every reduce completed, the prefetches dropped, the norm's buffer, the parameters' all-gathers.
   void step() {
     flush();
     while (!pending_.empty()) complete_oldest();
+    for (unit_state& t : live_) t.reduces = 0;
     drop_prefetches();
     gather_order_ = std::move(step_order_);
     step_order_.clear();

@@ -55,9 +55,9 @@ class binned_method {
   // The reduce exchanges the gradient values where it can (formula::reproducible_exchanges_values):
   // one all_to_all brings each rank every rank's values of its slice, which it cuts and sums into its
   // store itself (binned_cut_sum_rule), g bytes per element on the wire instead of 24, and no pass
-  // writes words for a collective to read back.
-  static constexpr bool can_exchange_values =
-      !updates_every_element<P> && comm::has_all_to_all<typename Ctx::comm_backend>;
+  // writes words for a collective to read back. In stage 0 each rank's slice is rounded at the unit's
+  // last reduce and one all-gather of the fp32 gradient gives every rank the whole unit.
+  static constexpr bool can_exchange_values = comm::has_all_to_all<typename Ctx::comm_backend>;
   static bool exchanges_values(const Ctx& c) {
     return formula::reproducible_exchanges_values(P::stage, c.layout.ranks(), c.replica_count, can_exchange_values);
   }
@@ -484,25 +484,38 @@ class binned_method {
   }
   // Every rank's values of this rank's slices arrived: each unit's are cut at the larger of its top and
   // the store's, summed with the store's words (the reduces complete in the order they started), and
-  // stored, or, at the unit's last reduce of the step, rounded at once into the fp32 gradient.
+  // stored, or, at the unit's last reduce of the step, rounded at once into the fp32 gradient. Stage 0
+  // keeps every slice: its own one is cut into its part of the store, and at the last reduce the
+  // rounded slices are all-gathered (for every unit, a zero or non-finite sum's too: the same calls
+  // and bytes every step).
   void complete_exchange(in_flight& f) {
-    const auto ranks = static_cast<std::size_t>(ctx_.layout.ranks());
+    const auto ranks = static_cast<std::size_t>(ctx_.layout.ranks()), me = static_cast<std::size_t>(ctx_.rank);
     std::vector<const grad_type*> slices(ranks);
     for (std::size_t i = 0; i < f.parts.size(); ++i) {
       const bucket_part& p = f.parts[i];
       const std::size_t u = p.unit.index;
       const binned::summary before = sums_[u], in = f.summaries[i];
       sums_[u] = binned::merge(before, in);
-      if (!sums_[u].finite() || in.bin < 0) continue;  // nothing to add: zeros, or a step that will be skipped
-      const unit_layout& ul = ctx_.layout.unit(p.unit);
-      for (std::size_t r = 0; r < ranks; ++r) slices[r] = f.values.data() + r * f.block + p.at;
       const bool last = reduces_[u] == static_cast<std::size_t>(ctx_.reduces_per_step()) && pending_[u] == 0;
-      std::int64_t* st = store_of(ul);
-      float* rounded = last ? grads32_.data() + base(ul) : nullptr;
-      ctx_.sys.for_each_index(
-          ul.shard, elementwise::binned_cut_sum_rule<grad_type>{slices.data(), ranks, sums_[u].bin, before.bin, st,
-                                                                st + ul.shard, st + 2 * ul.shard, rounded});
+      const unit_layout& ul = ctx_.layout.unit(p.unit);
+      const std::size_t slice = updates_every_element<P> ? me : 0;  // of the unit's store and fp32 gradient
+      float* gradient = grads32_.data() + base(ul);
+      // Nothing to add where the values are zeros (the store alone is rounded if this is the last
+      // reduce), or where the step will be skipped (a non-finite value).
+      const std::size_t count = in.bin >= 0 ? ranks : 0;
+      if (sums_[u].finite() && sums_[u].bin >= 0 && (count > 0 || last)) {
+        for (std::size_t r = 0; r < count; ++r) slices[r] = f.values.data() + r * f.block + p.at;
+        std::int64_t* st = store_of(ul) + slice * K * ul.shard;
+        float* rounded = last ? gradient + slice * ul.shard : nullptr;
+        ctx_.sys.for_each_index(
+            ul.shard, elementwise::binned_cut_sum_rule<grad_type>{slices.data(), count, sums_[u].bin, before.bin, st,
+                                                                  st + ul.shard, st + 2 * ul.shard, rounded});
+      }
       rounded_[u] = last;
+      if (updates_every_element<P> && last) {
+        const auto l = ctx_.label("reduce gather", p.unit);
+        ctx_.protocol.all_gather(gradient + me * ul.shard, gradient, ul.shard);
+      }
     }
     f.values.reset();
     f.sent.reset();
