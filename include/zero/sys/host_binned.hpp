@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -59,12 +60,15 @@ class ieee_default {
 // float is at or above a subnormal's bits; none is above where that power passes the largest finite).
 struct cut_scales {
   lanes<double, 8> scale[binned::words + 1];
+  double factor[binned::words + 1];  // the same, one lane's
   std::uint32_t above;
   explicit cut_scales(int top) {
     using fmt = binned::format<float>;
     const int lsb = binned::word_bits * (top - binned::words + 1) + fmt::lowest;
-    for (int k = 0; k <= binned::words; ++k)
-      scale[k] = lanes<double, 8>{} + __builtin_ldexp(1.0, -(lsb + binned::word_bits * k));
+    for (int k = 0; k <= binned::words; ++k) {
+      factor[k] = __builtin_ldexp(1.0, -(lsb + binned::word_bits * k));
+      scale[k] = lanes<double, 8>{} + factor[k];
+    }
     const int e = lsb + binned::word_bits * binned::words;  // at least -128, past float's subnormals
     above = e > 127     ? 0x7f800000u
             : e >= -126 ? static_cast<std::uint32_t>(e + 127) << 23
@@ -118,39 +122,91 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) inline unsigned add_words_o
   std::memcpy(d, w, sizeof w);
   return above;
 }
-template <bool Above, class G>
-ZERO_SIMD_INLINE unsigned add_words(std::size_t j, const cut_scales& c, const G* g,
-                                    lanes<double, 8> (&d)[binned::words]) {
-  return add_words_of<Above>(d, simd::load_lanes<8>(g + j).bits(), c);
-}
-template <class G>
-ZERO_SIMD_INLINE void to_bins_words(std::size_t j, const cut_scales& c, const G* g,
-                                    lanes<std::int64_t, 8> (&out)[binned::words]) {
-  lanes<double, 8> d[binned::words] = {};
-  if (add_words<false>(j, c, g, d) != 0) {
-    for (auto& x : d) x = lanes<double, 8>{};
-    add_words<true>(j, c, g, d);
+// The same on 4 values with AVX2 (AVX's truncation; no FMA needed: 2^32 t is exact, so is the difference).
+template <bool Above>
+__attribute__((target("avx2"))) inline unsigned add_words_of(lanes<double, 4> (&d)[binned::words],
+                                                             const lanes<std::uint32_t, 4>& bits, const cut_scales& c) {
+  constexpr int trunc = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+  __m128i u;
+  std::memcpy(&u, &bits, sizeof u);
+  const __m128i magnitude = _mm_and_si128(u, _mm_set1_epi32(0x7fffffff));
+  // (signed comparisons: every magnitude's bits are below 2^31)
+  const __m128i finite = _mm_cmplt_epi32(magnitude, _mm_set1_epi32(0x7f800000));
+  const __m256d x = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(u, finite)));  // an infinity or NaN: +0
+  const __m256d t0 = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(c.factor[0])), trunc);
+  const __m256d t1 = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(c.factor[1])), trunc);
+  const __m256d t2 = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(c.factor[2])), trunc);
+  const __m256d base = _mm256_set1_pd(0x1p32);
+  __m256d w[binned::words];
+  std::memcpy(w, d, sizeof w);
+  unsigned above = 0;
+  if constexpr (Above) {
+    const __m256d t3 = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(c.factor[3])), trunc);
+    w[0] = _mm256_add_pd(w[0], _mm256_sub_pd(t2, _mm256_mul_pd(t3, base)));
+  } else {
+    const __m128i high = _mm_cmpgt_epi32(magnitude, _mm_set1_epi32(static_cast<int>(c.above - 1)));
+    above = static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(_mm_and_si128(high, finite))));
+    w[0] = _mm256_add_pd(w[0], t2);
   }
-  for (int k = 0; k < binned::words; ++k) out[k] = __builtin_convertvector(d[k], lanes<std::int64_t, 8>);
+  w[1] = _mm256_add_pd(w[1], _mm256_sub_pd(t1, _mm256_mul_pd(t2, base)));
+  w[2] = _mm256_add_pd(w[2], _mm256_sub_pd(t0, _mm256_mul_pd(t1, base)));
+  std::memcpy(d, w, sizeof w);
+  return above;
 }
-template <class G>
+// Integer-valued double lanes below 2^51 in magnitude as int64 lanes: AVX-512DQ's conversion, or on
+// AVX2 the bits of x + 1.5 2^52 (whose ulp is 1 there, so the sum is exact) less that constant's.
+ZERO_SIMD_INLINE void to_int64(lanes<std::int64_t, 8>& out, const lanes<double, 8>& x) {
+  out = __builtin_convertvector(x, lanes<std::int64_t, 8>);
+}
+ZERO_SIMD_INLINE void to_int64(lanes<std::int64_t, 4>& out, const lanes<double, 4>& x) {
+  constexpr double magic = 0x1.8p52;
+  const lanes<double, 4> shifted = x + magic;
+  lanes<std::int64_t, 4> bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  out = bits - std::bit_cast<std::int64_t>(magic);
+}
+
+template <bool Above, int L, class G>
+ZERO_SIMD_INLINE unsigned add_words(std::size_t j, const cut_scales& c, const G* g,
+                                    lanes<double, L> (&d)[binned::words]) {
+  return add_words_of<Above>(d, simd::load_lanes<L>(g + j).bits(), c);
+}
+template <int L, class G>
+ZERO_SIMD_INLINE void to_bins_words(std::size_t j, const cut_scales& c, const G* g,
+                                    lanes<std::int64_t, L> (&out)[binned::words]) {
+  lanes<double, L> d[binned::words] = {};
+  if (add_words<false, L>(j, c, g, d) != 0) {
+    for (auto& x : d) x = lanes<double, L>{};
+    add_words<true, L>(j, c, g, d);
+  }
+  for (int k = 0; k < binned::words; ++k) to_int64(out[k], d[k]);
+}
+template <int L, class G>
 ZERO_SIMD_INLINE void to_bins(std::size_t j, const cut_scales& c, const G* g, std::int64_t* const* w) {
-  lanes<std::int64_t, 8> words[binned::words];
-  to_bins_words(j, c, g, words);
+  lanes<std::int64_t, L> words[binned::words];
+  to_bins_words<L>(j, c, g, words);
   for (int k = 0; k < binned::words; ++k) std::memcpy(w[k] + j, &words[k], sizeof words[k]);
 }
 
-// The cut, the merge and the rounding are packed on AVX-512 only (W == 16, eight 64-bit lanes): with
-// AVX2 and SSE2 their integer forms measured slower than the scalar loop (AVX2 has no conversion
-// between doubles and 64-bit integers, and its 64-bit lanes no variable shifts both ways).
+// The cut's lanes in a W-float loop: 8 doubles with AVX-512, 4 with AVX2; SSE2 runs the rule (0).
+template <int W>
+inline constexpr int cut_lanes = W == 16  ? 8
+                                 : W == 8 ? 4
+                                          : 0;
+
+// The cut is packed with AVX-512 and AVX2, the merge and the rounding with AVX-512 only (W == 16,
+// eight 64-bit lanes): with AVX2 and SSE2 their integer forms measured slower than the scalar loop
+// (AVX2 has no conversion between doubles and 64-bit integers, and its 64-bit lanes no variable
+// shifts both ways).
 template <int W, class G>
 ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rule& r, const G* g, std::int64_t* w0,
                            std::int64_t* w1, std::int64_t* w2) {
+  constexpr int L = cut_lanes<W>;
   std::int64_t* const w[3] = {w0, w1, w2};
   std::size_t j = 0;
-  if constexpr (W == 16) {
+  if constexpr (L > 0) {
     const cut_scales c(r.top);
-    for (; j + 8 <= n; j += 8) to_bins(j, c, g, w);
+    for (; j + L <= n; j += L) to_bins<L>(j, c, g, w);
   }
   for (; j < n; ++j) r(j, g, w0, w1, w2);
 }
@@ -161,17 +217,17 @@ template <int W, class G>
 ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_adding_rule& r, const G* g, const std::int64_t* s0,
                            const std::int64_t* s1, const std::int64_t* s2, std::int64_t* w0, std::int64_t* w1,
                            std::int64_t* w2) {
-  constexpr int K = binned::words;
+  constexpr int K = binned::words, L = cut_lanes<W>;
   const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
   std::size_t j = 0;
-  if constexpr (W == 16) {
+  if constexpr (L > 0) {
     if (d >= 0) {
       const cut_scales c(r.top);
       const std::int64_t* const st[K] = {s0, s1, s2};
       std::int64_t* const out[K] = {w0, w1, w2};
-      for (; j + 8 <= n; j += 8) {
-        lanes<std::int64_t, 8> words[K], kept[K];
-        to_bins_words(j, c, g, words);
+      for (; j + L <= n; j += L) {
+        lanes<std::int64_t, L> words[K], kept[K];
+        to_bins_words<L>(j, c, g, words);
         // every store plane loaded before any is written: the output may be the store itself
         for (int k = 0; k < K; ++k) std::memcpy(&kept[k], st[k] + j, sizeof kept[k]);
         for (int k = 0; k < K; ++k) {
@@ -384,29 +440,41 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::round_bins_rule& r,
   for (; j < n; ++j) r(j, g, w0, w1, w2);
 }
 
+// Eight lanes' sums rounded in registers (round_pack); four rounded one at a time (binned::round: AVX2
+// has neither the 64-bit lanes' conversions nor their width for round_words).
+ZERO_SIMD_INLINE void round_lanes(float* out, int top, const lanes<std::int64_t, 8> (&w)[binned::words]) {
+  lanes<std::uint32_t, 8> bits;
+  round_pack(bits, top, w[0], w[1], w[2]);
+  std::memcpy(out, &bits, sizeof bits);
+}
+ZERO_SIMD_INLINE void round_lanes(float* out, int top, const lanes<std::int64_t, 4> (&w)[binned::words]) {
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t lane[binned::words] = {w[0][i], w[1][i], w[2][i]};
+    out[i] = binned::round<float>(lane, top);
+  }
+}
+
 // to_bins_rounding_rule: the cut, the store's words added (to_bins_adding_rule's loop; none where the
-// store is empty), rounded in registers (round_bins): the words never reach memory.
+// store is empty), rounded in registers: the words never reach memory.
 template <int W, class G>
 ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rounding_rule& r, const G* g,
                            const std::int64_t* s0, const std::int64_t* s1, const std::int64_t* s2, float* out) {
-  constexpr int K = binned::words;
+  constexpr int K = binned::words, L = cut_lanes<W>;
   const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
   std::size_t j = 0;
-  if constexpr (W == 16) {
+  if constexpr (L > 0) {
     if (d >= 0) {
       const cut_scales c(r.top);
       const std::int64_t* const st[K] = {s0, s1, s2};
-      for (; j + 8 <= n; j += 8) {
-        lanes<std::int64_t, 8> words[K];
-        to_bins_words(j, c, g, words);
+      for (; j + L <= n; j += L) {
+        lanes<std::int64_t, L> words[K];
+        to_bins_words<L>(j, c, g, words);
         for (int k = d; k < K; ++k) {
-          lanes<std::int64_t, 8> kept;
+          lanes<std::int64_t, L> kept;
           std::memcpy(&kept, st[k - d] + j, sizeof kept);
           words[k] += kept;
         }
-        lanes<std::uint32_t, 8> bits;
-        round_pack(bits, r.top, words[0], words[1], words[2]);
-        std::memcpy(out + j, &bits, sizeof bits);
+        round_lanes(out + j, r.top, words);
       }
     }
   }
@@ -414,43 +482,44 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rounding_ru
 }
 
 // binned_cut_sum_rule: each slice's pack cut and summed in registers (in double lanes, exact: see
-// add_words; in groups of 2^21 slices), the store's words added, then stored or rounded, eight elements
-// at a time.
+// add_words_of; in groups of 2^21 slices, 2^18 for AVX2's conversion), the store's words added, then
+// stored or rounded, L elements at a time.
 template <int W, class G>
 ZERO_SIMD_INLINE void cut_sum(std::size_t n, const elementwise::binned_cut_sum_rule<G>& r) {
-  constexpr int K = binned::words;
-  constexpr std::size_t group = std::size_t{1} << 21;
+  constexpr int K = binned::words, L = cut_lanes<W>;
+  constexpr std::size_t group = std::size_t{1} << (L == 8 ? 21 : 18);
   const int d = r.store_top == r.top ? 0 : r.store_top < 0 ? K : r.top - r.store_top;  // binned::realign's
   std::int64_t* const st[K] = {r.s0, r.s1, r.s2};
   std::size_t j = 0;
-  if constexpr (W == 16) {
+  if constexpr (L > 0) {
     if (d >= 0) {
       const cut_scales c(r.top);
-      for (; j + 8 <= n; j += 8) {
-        lanes<std::int64_t, 8> sum[K] = {};
+      for (; j + L <= n; j += L) {
+        lanes<std::int64_t, L> sum[K] = {};
         for (std::size_t first = 0; first < r.count; first += group) {
           const std::size_t last = std::min(r.count, first + group);
-          lanes<double, 8> words[K] = {};
+          lanes<double, L> words[K] = {};
           unsigned above = 0;
-          for (std::size_t k = first; k < last; ++k) above |= add_words<false>(j, c, r.slices[k], words);
+          for (std::size_t k = first; k < last; ++k) above |= add_words<false, L>(j, c, r.slices[k], words);
           if (above != 0) {  // bits above the top bin (never at the agreed top): the full cut
-            for (auto& x : words) x = lanes<double, 8>{};
-            for (std::size_t k = first; k < last; ++k) add_words<true>(j, c, r.slices[k], words);
+            for (auto& x : words) x = lanes<double, L>{};
+            for (std::size_t k = first; k < last; ++k) add_words<true, L>(j, c, r.slices[k], words);
           }
-          for (int b = 0; b < K; ++b) sum[b] += __builtin_convertvector(words[b], lanes<std::int64_t, 8>);
+          for (int b = 0; b < K; ++b) {
+            lanes<std::int64_t, L> x;
+            to_int64(x, words[b]);
+            sum[b] += x;
+          }
         }
         for (int b = d; b < K; ++b) {
-          lanes<std::int64_t, 8> kept;
+          lanes<std::int64_t, L> kept;
           std::memcpy(&kept, st[b - d] + j, sizeof kept);
           sum[b] += kept;
         }
-        if (r.rounded) {
-          lanes<std::uint32_t, 8> bits;
-          round_pack(bits, r.top, sum[0], sum[1], sum[2]);
-          std::memcpy(r.rounded + j, &bits, sizeof bits);
-        } else {
+        if (r.rounded)
+          round_lanes(r.rounded + j, r.top, sum);
+        else
           for (int b = 0; b < K; ++b) std::memcpy(st[b] + j, &sum[b], sizeof sum[b]);
-        }
       }
     }
   }
@@ -622,7 +691,15 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void cut_
 }
 template <class Rule, class... Ts>
 __attribute__((target("avx2"), flatten)) void run_avx2(std::size_t n, const Rule& rule, Ts*... p) {
+  const ieee_default scope;
   loop<8>(n, rule, p...);
+  _mm256_zeroupper();
+}
+template <class G>
+__attribute__((target("avx2"), flatten)) void cut_sum_avx2(std::size_t n,
+                                                           const elementwise::binned_cut_sum_rule<G>& rule) {
+  const ieee_default scope;
+  cut_sum<8>(n, rule);
   _mm256_zeroupper();
 }
 template <class Rule, class... Ts>
@@ -710,8 +787,10 @@ void run(std::size_t n, const Rule& rule, Ts*... p) {
 // element at a time elsewhere (as the cut).
 template <class G>
 void cut_sum(std::size_t n, const elementwise::binned_cut_sum_rule<G>& rule) {
-  if constexpr (simd::lane_type<G>)
+  if constexpr (simd::lane_type<G>) {
     if (host_loop::active() == host_loop::isa::avx512) return detail::cut_sum_avx512(n, rule);
+    if (host_loop::active() == host_loop::isa::avx2) return detail::cut_sum_avx2(n, rule);
+  }
   for (std::size_t j = 0; j < n; ++j) rule(j);
 }
 
