@@ -105,7 +105,8 @@ class binned_method {
         started_(c.spec.num_units()),
         pending_(c.spec.num_units(), 0),
         reduces_(c.spec.num_units(), 0),
-        rounded_(c.spec.num_units(), 0) {
+        rounded_(c.spec.num_units(), 0),
+        held_(c.spec.num_units(), 0) {
     const std::size_t n = sharded() ? c.layout.shard_total() : c.layout.padded();
     bins_ = buffer<std::int64_t, system>(K * n, mem_category::grads, c.acct);
     grads32_ = buffer<float, system>(n, mem_category::grads, c.acct);
@@ -404,6 +405,7 @@ class binned_method {
     for (auto& s : started_) s = binned::summary{};
     std::fill(reduces_.begin(), reduces_.end(), std::size_t{0});
     std::fill(rounded_.begin(), rounded_.end(), char{0});
+    std::fill(held_.begin(), held_.end(), char{0});
   }
 
  private:
@@ -488,9 +490,15 @@ class binned_method {
   // keeps every slice: its own one is cut into its part of the store, and at the last reduce the
   // rounded slices are all-gathered (for every unit, a zero or non-finite sum's too: the same calls
   // and bytes every step).
+  //
+  // With two reduces per step (micro_batches = 2) the first one's values are held instead: copied
+  // into the unit's empty store as they are (N slices of g bytes per element fit in its 24 where
+  // N g <= 24), and the last reduce cuts all 2N slices at once and rounds them. Words never reach
+  // memory: the store is written g N and read g N bytes per element instead of 24 each, and the same
+  // integers are summed (the cut of a value does not depend on when it is made).
   void complete_exchange(in_flight& f) {
     const auto ranks = static_cast<std::size_t>(ctx_.layout.ranks()), me = static_cast<std::size_t>(ctx_.rank);
-    std::vector<const grad_type*> slices(ranks);
+    std::vector<const grad_type*> slices(2 * ranks);
     for (std::size_t i = 0; i < f.parts.size(); ++i) {
       const bucket_part& p = f.parts[i];
       const std::size_t u = p.unit.index;
@@ -499,17 +507,28 @@ class binned_method {
       const bool last = reduces_[u] == static_cast<std::size_t>(ctx_.reduces_per_step()) && pending_[u] == 0;
       const unit_layout& ul = ctx_.layout.unit(p.unit);
       const std::size_t slice = updates_every_element<P> ? me : 0;  // of the unit's store and fp32 gradient
+      std::int64_t* st = store_of(ul) + slice * K * ul.shard;
       float* gradient = grads32_.data() + base(ul);
+      // The held values, N slices of the shard: bytes copied in and read as values (the store's words are
+      // neither read nor written while it holds them).
+      auto* held = reinterpret_cast<grad_type*>(st);
       // Nothing to add where the values are zeros (the store alone is rounded if this is the last
       // reduce), or where the step will be skipped (a non-finite value).
-      const std::size_t count = in.bin >= 0 ? ranks : 0;
-      if (sums_[u].finite() && sums_[u].bin >= 0 && (count > 0 || last)) {
-        for (std::size_t r = 0; r < count; ++r) slices[r] = f.values.data() + r * f.block + p.at;
-        std::int64_t* st = store_of(ul) + slice * K * ul.shard;
+      std::size_t count = in.bin >= 0 ? ranks : 0;
+      for (std::size_t r = 0; r < count; ++r) slices[r] = f.values.data() + r * f.block + p.at;
+      if (sums_[u].finite() && count > 0 && !last && before.bin < 0 && holds_values()) {
+        for (std::size_t r = 0; r < ranks; ++r)
+          ctx_.sys.copy(held + r * ul.shard, slices[r], ul.shard * sizeof(grad_type));
+        held_[u] = 1;
+      } else if (sums_[u].finite() && sums_[u].bin >= 0 && (count > 0 || last || held_[u])) {
+        ZERO_CHECK(last || !held_[u], protocol, "rank ", ctx_.rank, ": unit ", u,
+                   " holds its first reduce's values, and its second reduce is not the step's last");
+        if (held_[u])
+          for (std::size_t r = 0; r < ranks; ++r) slices[count++] = held + r * ul.shard;
         float* rounded = last ? gradient + slice * ul.shard : nullptr;
-        ctx_.sys.for_each_index(
-            ul.shard, elementwise::binned_cut_sum_rule<grad_type>{slices.data(), count, sums_[u].bin, before.bin, st,
-                                                                  st + ul.shard, st + 2 * ul.shard, rounded});
+        ctx_.sys.for_each_index(ul.shard, elementwise::binned_cut_sum_rule<grad_type>{
+                                              slices.data(), count, sums_[u].bin, held_[u] ? -1 : before.bin, st,
+                                              st + ul.shard, st + 2 * ul.shard, rounded});
       }
       rounded_[u] = last;
       if (updates_every_element<P> && last) {
@@ -519,6 +538,12 @@ class binned_method {
     }
     f.values.reset();
     f.sent.reset();
+  }
+  // Whether a first reduce's values are held until the second (complete_exchange): two reduces per
+  // step, and N slices of the gradient type fit in the store's three words per element.
+  bool holds_values() const {
+    return ctx_.reduces_per_step() == 2 &&
+           static_cast<std::size_t>(ctx_.layout.ranks()) * sizeof(grad_type) <= K * sizeof(std::int64_t);
   }
   // Where unit u's words start in bins_ (three planes of what the rank updates: the shard, or in stage
   // 0 every rank's slice, each as three planes, [rank][plane][shard]) and its fp32 rounding in grads32_.
@@ -611,6 +636,8 @@ class binned_method {
   // grads32_ (settle skips it).
   std::vector<std::size_t> reduces_;
   std::vector<char> rounded_;
+  // Whether a unit's store holds its first reduce's values, not words (complete_exchange).
+  std::vector<char> held_;
   // Set in a summary's word on the wire (above its flags) by a rank with a reduce of the unit in flight.
   static constexpr std::int64_t in_flight_mark = std::int64_t{1} << 48;
 };
