@@ -231,12 +231,16 @@ void binned_cases(std::size_t n, int reps, bool levels) {
     std::vector<const float*> slices;
     for (int r = 0; r < 4; ++r) ranks.push_back(filled<float>(n, 0.01f * static_cast<float>(r + 1) / 4));
     for (const auto& r : ranks) slices.push_back(r.data());
-    for (bool rounded : {true, false}) {
+    // With a store's words added (a later reduce of the step), and without (a unit's only reduce: its
+    // rounded sum in doubles where exact, which these values' few binades allow).
+    for (const auto& [rounded, store] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
       const elementwise::binned_cut_sum_rule<float> rule{
-          slices.data(), 4, top, top, a0, a1, a2, rounded ? out.data() : nullptr};
+          slices.data(), 4, top, store ? top : -1, a0, a1, a2, rounded ? out.data() : nullptr};
       run_levels(
-          rounded ? "binned cut sum of 4, rounded" : "binned cut sum of 4, stored", "fp32", n,
-          16 + (rounded ? 24 + 4 : 48), reps, levels, [&] { scalar_loop(n, rule); },
+          !store    ? "binned cut sum of 4, rounded, no store"
+          : rounded ? "binned cut sum of 4, rounded"
+                    : "binned cut sum of 4, stored",
+          "fp32", n, 16 + (rounded ? (store ? 24 : 0) + 4 : 48), reps, levels, [&] { scalar_loop(n, rule); },
           [&] { sys::host::for_each_index(n, rule); });
     }
   }

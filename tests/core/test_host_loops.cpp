@@ -506,6 +506,115 @@ TEST_CASE_TEMPLATE("host loops: the binned cut and sum of N slices equals the sl
 }
 
 #if defined(ZERO_HOST_SIMD)
+// The rounded cut and sum without a store (a unit's only reduce, or its second with the first one's
+// values held) runs in doubles where a lane's values are whole at the cut and span few enough binades
+// for the double sum to be exact (host_binned's sum_in_doubles), else as words. Values drawn so that
+// lanes fall on both sides of each bound: fields within bands of 0 (subnormals) to 254 (sums past
+// the largest float), spans at and around 29 - ceil(log2 count), zeros of both signs, exact
+// cancellations, a double rounding's trap, values below the cut; tops at and above the values'. Every level gives the
+// rule's bits, and the MXCSR state of the caller changes none of them.
+TEST_CASE_TEMPLATE("host loops: the rounded cut and sum without a store equals the rule, in doubles or in words", G,
+                   float, bf16, fp16) {
+  std::mt19937 rng(41);
+  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const unsigned saved = _mm_getcsr();
+  std::size_t checked = 0, lanes_in_span = 0;
+  for (std::size_t count : {1, 2, 3, 4, 5, 8, 16})
+    for (int band : {0, 60, 120, 150, 170, 185, 200, 224}) {
+      int log2_count = 0;
+      while ((std::size_t{1} << log2_count) < count) ++log2_count;
+      const int span = 29 - log2_count;
+      const std::size_t n = 203;
+      std::vector<std::vector<G>> values(count, std::vector<G>(n));
+      const auto set = [&](std::size_t r, std::size_t j, std::uint32_t bits) {
+        values[r][j] = from_float<G>(__builtin_bit_cast(float, bits));
+      };
+      const auto sign = [&] { return uniform(0, 1) ? 0x80000000u : 0u; };
+      // By packs of 8 lanes (the widest pack's): every lane within the span, worst cases at and past
+      // it (count - 1 full significands at the top field, one lowest bit at the bottom, one sign),
+      // zeros and cancellations, double rounding traps, or spans drawn per lane.
+      for (std::size_t first = 0; first < n; first += 8) {
+        const int mode = uniform(0, 4);
+        for (std::size_t j = first; j < std::min(n, first + 8); ++j) {
+          const int spread =
+              mode == 1 ? span + uniform(0, 2)
+              : mode == 0
+                  ? std::array{0, 3, span - 1, span}[static_cast<std::size_t>(uniform(0, 3))]
+                  : std::array{0, 3, span - 1, span, span + 1, span + 2}[static_cast<std::size_t>(uniform(0, 5))];
+          const int base = std::min(band + uniform(0, 30), 254 - spread);
+          lanes_in_span += spread <= span;
+          const std::uint32_t s = sign();
+          for (std::size_t r = 0; r < count; ++r) {
+            const auto random_bits = [&](int field) {
+              return static_cast<std::uint32_t>(field) << 23 | (static_cast<std::uint32_t>(rng()) & 0x7fffffu) | sign();
+            };
+            if (mode == 4) {
+              // A double rounding's trap: 2^E + 2^(E-24) (a float's midpoint) + 2^(E-54), the last from
+              // -2^(E-31) + (2^(E-31) + 2^(E-54)); rounded to double first, it would fall on the
+              // midpoint and round to even, down, where the rule rounds up. Its span is 31 fields.
+              const std::uint32_t f = static_cast<std::uint32_t>(std::max(base, 32));
+              const std::uint32_t trap[] = {f << 23, (f - 24) << 23, 0x80000000u | (f - 31) << 23, (f - 31) << 23 | 1u};
+              set(r, j, r < 4 && count >= 4 ? s ^ trap[r] : 0u);
+            } else if (mode == 1)
+              set(r, j,
+                  r + 1 < count ? s | static_cast<std::uint32_t>(base + spread) << 23 | 0x7fffffu
+                                : s | static_cast<std::uint32_t>(base) << 23 | 1u |
+                                      (static_cast<std::uint32_t>(rng()) & 0x7ffffeu));
+            else if (mode == 2)
+              set(r, j,
+                  r % 2 == 1 && uniform(0, 1)
+                      ? __builtin_bit_cast(std::uint32_t, static_cast<float>(values[r - 1][j])) ^ 0x80000000u
+                  : uniform(0, 3) ? sign()
+                                  : random_bits(base));
+            else if (uniform(0, 19) == 0)
+              set(r, j, sign());  // a zero of either sign
+            else
+              set(r, j, random_bits(r == 0 ? base + spread : base + uniform(0, spread)));  // the lane's span reached
+          }
+        }
+      }
+      int own = -1;
+      std::vector<const G*> slices;
+      for (const auto& v : values) {
+        slices.push_back(v.data());
+        for (const G& x : v) own = std::max(own, binned::summary_of(static_cast<float>(x)).bin);
+      }
+      for (int top : {own, own + 1, own + 2}) {
+        if (own < 0 || top > 8) continue;
+        std::vector<float> expected(n);
+        for (std::size_t j = 0; j < n; ++j) {
+          std::int64_t w[binned::words] = {0, 0, 0};
+          for (std::size_t r = 0; r < count; ++r) {
+            std::int64_t c[binned::words];
+            binned::to_words(static_cast<float>(values[r][j]), top, c);
+            for (int k = 0; k < binned::words; ++k) w[k] += c[k];
+          }
+          expected[j] = binned::round<float>(w, top);
+        }
+        for (unsigned csr : {saved, 0x1f80u | 0x8000u | 0x0040u | 0x6000u})  // and FTZ, DAZ, toward zero
+          for (hl::isa level : isa_levels::available()) {
+            const isa_levels::cap_guard g(level);
+            std::vector<std::int64_t> unused(n, 7);
+            std::vector<float> out(n, -1.0f);
+            _mm_setcsr(csr);
+            sys::host::for_each_index(
+                n, elementwise::binned_cut_sum_rule<G>{slices.data(), count, top, -1, unused.data(), unused.data(),
+                                                       unused.data(), out.data()});
+            const unsigned after = _mm_getcsr();
+            _mm_setcsr(saved);
+            INFO("count ", count, " band ", band, " top ", top, " mxcsr ", csr, " level ",
+                 std::string(hl::name(level)));
+            CHECK(after == csr);
+            CHECK(std::memcmp(out.data(), expected.data(), n * sizeof(float)) == 0);
+            CHECK(unused == std::vector<std::int64_t>(n, 7));
+            checked += n;
+          }
+      }
+    }
+  CHECK(checked > 50000);
+  CHECK(lanes_in_span > 1000);
+}
+
 // The packed cut and rounding compute in doubles, which MXCSR's denormals-are-zero, flush-to-zero and
 // rounding mode would change: they run under the IEEE default and give the rules' bits (integers only)
 // whatever state the caller's thread is in, which they leave as it was.

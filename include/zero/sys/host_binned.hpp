@@ -19,7 +19,9 @@
 // rounding do it in double lanes where every operation is exact or its rounding is the one the rule
 // needs: a float times a power of two, truncations, differences a double holds, sums below 2^53, and
 // a rounding to odd then to nearest (add_words, round_words_odd), under MXCSR's IEEE default
-// (ieee_default). The one float operation of the rules themselves, the square summary's division by
+// (ieee_default). Where a rounded sum has no store and its values lie within few enough binades, it
+// skips the words: their sum in doubles is exact there, and its float conversion the rule's rounding
+// (sum_in_doubles). The one float operation of the rules themselves, the square summary's division by
 // the divisor, is the IEEE division lane by lane. The summary runs on packs at every level; the cut,
 // merge and rounding on AVX-512 only, whose 64-bit lanes have the conversions and widths they need
 // (with AVX2 and SSE2 the packed cut and merge measured slower than the scalar loop), so other levels
@@ -43,8 +45,10 @@ class ieee_default {
   ieee_default() : saved_(_mm_getcsr()) {
     if ((saved_ & ~flags) != standard) _mm_setcsr(standard);
   }
+  // Restored whenever anything differs, the flags too: a float conversion of a double sum that is
+  // not a float (sum_in_doubles) raises the inexact flag, which the caller's state need not have.
   ~ieee_default() {
-    if ((saved_ & ~flags) != standard) _mm_setcsr(saved_);
+    if (_mm_getcsr() != saved_) _mm_setcsr(saved_);
   }
   ieee_default(const ieee_default&) = delete;
   ieee_default& operator=(const ieee_default&) = delete;
@@ -481,6 +485,65 @@ ZERO_SIMD_INLINE void loop(std::size_t n, const elementwise::to_bins_rounding_ru
   for (; j < n; ++j) r(j, g, s0, s1, s2, out);
 }
 
+// The rounded sum of slices whose store is empty, where it is exact in doubles: the common case of a
+// unit's only reduce of the step (or the second, its first one's values held), whose values lie within
+// a few binades of each other. Where, in every lane, (1) each value is whole at the cut (its lowest
+// bit's weight, 2^(f - 150) for its exponent field f (1 for a subnormal), is at least the cut's lowest
+// bit 2^lsb: the cut drops none of its bits), (2) none reaches above the top bin, and (3) the fields
+// of the largest and the least nonzero magnitude differ by at most 29 - ceil(log2 count): every value
+// is a multiple of 2^(lo - 150) below 2^(hi - 126), so every partial sum of the count values is an
+// integer multiple of 2^(lo - 150) below 2^53 of them, which a double holds. The double sum is then
+// the exact sum of the cut, the words' value, and its conversion to float (to nearest, MXCSR's IEEE
+// default) is binned::round's rounding of it; an exact zero is +0 as there, the sum starting from +0.
+// The least field is taken from the magnitude less one (a zero's is then the largest of all, a
+// power of two's one field lower): at most the true one, which only makes the checks stricter.
+struct exact_sum_bounds {
+  std::int32_t span = -1;         // the largest difference of fields (3); -1: never exact
+  std::int32_t lowest_field = 0;  // the least field whose values are whole at the cut (1)
+  std::uint32_t above = 0;        // cut_scales::above (2)
+  exact_sum_bounds(int top, std::size_t count, std::uint32_t above_bits) : above(above_bits) {
+    int log2_count = 0;
+    while (log2_count < 30 && (std::size_t{1} << log2_count) < count) ++log2_count;
+    span = count == 0 ? -1 : 29 - log2_count;
+    using fmt = binned::format<float>;
+    lowest_field = binned::word_bits * (top - binned::words + 1) + fmt::lowest + 1 - fmt::min_exponent;
+  }
+};
+// Whether every one of 8 (or 4) comparison lanes is set.
+__attribute__((target("avx"))) inline bool all_set(const lanes<std::int32_t, 8>& c) {
+  __m256 m;
+  std::memcpy(&m, &c, sizeof m);
+  return _mm256_movemask_ps(m) == 0xff;
+}
+inline bool all_set(const lanes<std::int32_t, 4>& c) {
+  __m128 m;
+  std::memcpy(&m, &c, sizeof m);
+  return _mm_movemask_ps(m) == 0xf;
+}
+// Elements j..j+L of the slices summed in double lanes and rounded to out, where exact_sum_bounds
+// allows it in every lane; false (nothing written) elsewhere.
+template <int L, class G>
+ZERO_SIMD_INLINE bool sum_in_doubles(std::size_t j, const G* const* slices, std::size_t count,
+                                     const exact_sum_bounds& b, float* out) {
+  using u32 = lanes<std::uint32_t, L>;
+  using i32 = lanes<std::int32_t, L>;
+  lanes<double, L> sum = {};  // +0
+  u32 largest = {}, least = u32{} - 1u;
+  for (std::size_t k = 0; k < count; ++k) {
+    const simd::pack<L> x = simd::load_lanes<L>(slices[k] + j);
+    const u32 magnitude = x.bits() & 0x7fffffffu, less = magnitude - 1u;
+    largest = magnitude > largest ? magnitude : largest;
+    least = less < least ? less : least;
+    sum += __builtin_convertvector(x.v, lanes<double, L>);
+  }
+  const i32 hi = __builtin_convertvector(largest >> 23, i32), lo = __builtin_convertvector(least >> 23, i32);
+  const i32 exact = (hi - lo <= b.span) & (lo >= b.lowest_field) & (largest < b.above);
+  if (!all_set(exact)) return false;
+  const lanes<float, L> rounded = __builtin_convertvector(sum, lanes<float, L>);
+  std::memcpy(out + j, &rounded, sizeof rounded);
+  return true;
+}
+
 // binned_cut_sum_rule: each slice's pack cut and summed in registers (in double lanes, exact: see
 // add_words_of; in groups of 2^21 slices, 2^18 for AVX2's conversion), the store's words added, then
 // stored or rounded, L elements at a time.
@@ -494,7 +557,11 @@ ZERO_SIMD_INLINE void cut_sum(std::size_t n, const elementwise::binned_cut_sum_r
   if constexpr (L > 0) {
     if (d >= 0) {
       const cut_scales c(r.top);
+      // A rounded sum without a store: exact in doubles where its values' binades allow (sum_in_doubles).
+      const bool in_doubles = r.rounded && d == K;
+      const exact_sum_bounds bounds(r.top, in_doubles ? r.count : 0, c.above);
       for (; j + L <= n; j += L) {
+        if (in_doubles && sum_in_doubles<L>(j, r.slices, r.count, bounds, r.rounded)) continue;
         lanes<std::int64_t, L> sum[K] = {};
         for (std::size_t first = 0; first < r.count; first += group) {
           const std::size_t last = std::min(r.count, first + group);
