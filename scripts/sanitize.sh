@@ -52,7 +52,8 @@ for kind in "${kinds[@]}"; do
       # The suites where threads of one process meet: the collectives' rendezvous, the engine's
       # protocol over thread ranks in every stage (equivalence), failures crossing ranks (errors), a
       # manifest shared by the ranks of a process and their files (checkpoint, corruption, kill), the
-      # offload tier's I/O thread. The engine's other suites (options, state_access, precision,
+      # offload tier's I/O thread. The equivalence suite without its parameter groups' file
+      # (tests/meson.build: they meet threads as its other files do, and run under ASan). The engine's other suites (options, state_access, precision,
       # tied_weights) run the same collectives and are under ASan above. Not checkpoint_export: it
       # replaces the global operator new to measure memory, which TSan's runtime defines itself.
       tests=(collectives equivalence errors checkpoint checkpoint_corruption checkpoint_kill checkpoint_async offload)
