@@ -286,7 +286,7 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"A complete small training loop with ZeRO: an MLP on synthetic data, warm-up + cosine schedule, "
                "clipping, held-out evaluation, checkpoints and resume."};
-  auto* ranks_flag =
+  [[maybe_unused]] auto* ranks_flag =  // (read under MPI only)
       app.add_option_function<std::string>(
              "--ranks",
              [&o](const std::string& v) {

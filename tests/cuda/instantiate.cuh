@@ -57,7 +57,7 @@ void every_member(typename E::comm_backend& comm, const zero::model_spec& spec) 
   (void)e.comm_formula_bytes();
   (void)e.spec();
   (void)e.layout();
-  (void)e.optimizer_state();
+  (void)e.optimizer_settings();  // (optimizer_state(), its deprecated name, returns the same)
   (void)e.rank();
   (void)e.world_size();
   (void)e.steps();
